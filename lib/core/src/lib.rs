@@ -1,0 +1,14 @@
+//! gradkit-core: the data contract and the shared command-line layer.
+//!
+//! It owns the three tables of DESIGN §2 (`tensor/1` gradients and selections, `plan/1`
+//! partition plans, `metrics/1` measurements) as typed rows, their validated Parquet I/O
+//! (atomic writes, stdin/stdout pipes), and the CLI plumbing every `grad…` tool shares.
+//! It knows nothing of communication or algorithms.
+
+pub mod cli;
+pub mod io;
+pub mod tables;
+pub mod trace;
+
+pub use io::{read_table, read_tensor, write_table, Input, Loaded, Meta, Output, ReadOptions, TableWriter};
+pub use tables::{MetricRow, PlanRow, SchemaKind, Table, TensorRow};

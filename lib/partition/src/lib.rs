@@ -1,0 +1,7 @@
+//! gradkit-partition: who works on which part of the gradient.
+//!
+//! DEFT's layer partitioning, norm-based k allocation and bin-packing ([`deft`], DEFT §3),
+//! and Ok-Topk's balanced space partition ([`oktopk`], Ok-Topk §3.1.1 Step B). Plans are
+//! plain data (`plan/1` rows); nothing here communicates.
+
+pub mod oktopk;

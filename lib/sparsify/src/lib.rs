@@ -1,0 +1,1 @@
+//! gradkit-sparsify

@@ -1,0 +1,1 @@
+fn main() { eprintln!("coming"); std::process::exit(2) }
