@@ -123,7 +123,8 @@ pub trait Comm {
     fn backend(&self) -> &'static str;
     /// Posts every send without blocking, then completes the receives in the order given,
     /// then waits for the sends: one bucket of overlapping messages.
-    fn exchange_raw(&self, tag: u32, sends: Vec<(usize, Buf)>, recvs: &[(usize, Kind)]) -> Vec<Buf>;
+    fn exchange_raw(&self, tag: u32, sends: Vec<(usize, Buf)>, recvs: &[(usize, Kind)])
+        -> Vec<Buf>;
     fn barrier(&self);
     /// The backend's own sum-allreduce (MPI_Allreduce under MPI).
     fn allreduce_native_f32(&self, data: &mut [f32]);

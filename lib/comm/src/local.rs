@@ -108,7 +108,8 @@ impl LocalComm {
             }
         }
         drop(all);
-        self.shared.slots.lock().unwrap_or_else(|e| e.into_inner())[self.rank] = Some(Arc::new(chunk));
+        self.shared.slots.lock().unwrap_or_else(|e| e.into_inner())[self.rank] =
+            Some(Arc::new(chunk));
         self.barrier();
         {
             let s = self.shared.slots.lock().unwrap_or_else(|e| e.into_inner());
@@ -132,23 +133,39 @@ impl Comm for LocalComm {
     fn backend(&self) -> &'static str {
         "local"
     }
-    fn exchange_raw(&self, tag: u32, sends: Vec<(usize, Buf)>, recvs: &[(usize, Kind)]) -> Vec<Buf> {
+    fn exchange_raw(
+        &self,
+        tag: u32,
+        sends: Vec<(usize, Buf)>,
+        recvs: &[(usize, Kind)],
+    ) -> Vec<Buf> {
         self.shared.check();
         for (d, buf) in sends {
-            assert!(d < self.shared.size, "send to rank {d} of {}", self.shared.size);
+            assert!(
+                d < self.shared.size,
+                "send to rank {d} of {}",
+                self.shared.size
+            );
             let mb = &self.shared.boxes[d];
-            mb.queue.lock().unwrap_or_else(|e| e.into_inner()).push(Msg {
-                src: self.rank,
-                tag,
-                buf,
-            });
+            mb.queue
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Msg {
+                    src: self.rank,
+                    tag,
+                    buf,
+                });
             mb.cv.notify_all();
         }
         recvs
             .iter()
             .map(|&(s, k)| {
                 let b = self.take(s, tag);
-                assert_eq!(b.kind(), k, "message kind mismatch from rank {s} (algorithm bug)");
+                assert_eq!(
+                    b.kind(),
+                    k,
+                    "message kind mismatch from rank {s} (algorithm bug)"
+                );
                 b
             })
             .collect()
@@ -232,7 +249,8 @@ where
                                 shared: shared.clone(),
                                 traffic: Traffic::default(),
                             };
-                            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&comm)));
+                            let r =
+                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&comm)));
                             if !matches!(r, Ok(Ok(_))) {
                                 shared.fail();
                             }
@@ -257,7 +275,8 @@ where
             }
             Err(p) if p.is::<PeerFailed>() => peer_failed = true,
             Err(p) => {
-                first_err.get_or_insert(anyhow!("rank {rank} panicked: {}", panic_text(p.as_ref())));
+                first_err
+                    .get_or_insert(anyhow!("rank {rank} panicked: {}", panic_text(p.as_ref())));
             }
         }
     }

@@ -61,7 +61,12 @@ impl Comm for MpiComm {
     fn backend(&self) -> &'static str {
         "mpi"
     }
-    fn exchange_raw(&self, tag: u32, sends: Vec<(usize, Buf)>, recvs: &[(usize, Kind)]) -> Vec<Buf> {
+    fn exchange_raw(
+        &self,
+        tag: u32,
+        sends: Vec<(usize, Buf)>,
+        recvs: &[(usize, Kind)],
+    ) -> Vec<Buf> {
         let t = tag_of(tag);
         let world = &self.world;
         mpi::request::scope(|scope| {

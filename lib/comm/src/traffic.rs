@@ -52,7 +52,8 @@ pub struct PhaseGuard<'a> {
 impl Drop for PhaseGuard<'_> {
     fn drop(&mut self) {
         let cur = self.t.phase.borrow().clone();
-        self.t.map.borrow_mut().entry(cur).or_default().seconds += self.start.elapsed().as_secs_f64();
+        self.t.map.borrow_mut().entry(cur).or_default().seconds +=
+            self.start.elapsed().as_secs_f64();
         *self.t.phase.borrow_mut() = std::mem::take(&mut self.prev);
     }
 }
@@ -61,7 +62,11 @@ impl Traffic {
     pub fn enter(&self, name: &str) -> PhaseGuard<'_> {
         let prev = self.phase.replace(name.to_string());
         self.map.borrow_mut().entry(name.to_string()).or_default();
-        PhaseGuard { t: self, prev, start: Instant::now() }
+        PhaseGuard {
+            t: self,
+            prev,
+            start: Instant::now(),
+        }
     }
     pub fn add_sent(&self, bytes: usize) {
         let p = self.phase.borrow().clone();

@@ -15,7 +15,9 @@ fn allgatherv_alltoallv_broadcast_for_many_p() {
             for (q, b) in g.iter().enumerate() {
                 assert_eq!(b, &block(q, q + 1));
             }
-            let sends: Vec<Vec<u32>> = (0..c.size()).map(|d| vec![(r * 10 + d) as u32; d + r]).collect();
+            let sends: Vec<Vec<u32>> = (0..c.size())
+                .map(|d| vec![(r * 10 + d) as u32; d + r])
+                .collect();
             let got = c.alltoallv(sends);
             for (s, b) in got.iter().enumerate() {
                 assert_eq!(b, &vec![(s * 10 + r) as u32; r + s]);

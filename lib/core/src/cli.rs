@@ -108,7 +108,8 @@ impl TextTable {
         }
     }
     pub fn push<S: ToString>(&mut self, row: impl IntoIterator<Item = S>) {
-        self.rows.push(row.into_iter().map(|s| s.to_string()).collect());
+        self.rows
+            .push(row.into_iter().map(|s| s.to_string()).collect());
     }
 
     pub fn render(&self, format: Format) -> String {
@@ -121,7 +122,11 @@ impl TextTable {
 
     fn markdown(&self) -> String {
         let n = self.header.len();
-        let mut w: Vec<usize> = self.header.iter().map(|h| h.chars().count().max(3)).collect();
+        let mut w: Vec<usize> = self
+            .header
+            .iter()
+            .map(|h| h.chars().count().max(3))
+            .collect();
         for r in &self.rows {
             for (i, c) in r.iter().enumerate().take(n) {
                 w[i] = w[i].max(c.chars().count());
@@ -129,10 +134,10 @@ impl TextTable {
         }
         let numeric = |i: usize| {
             !self.rows.is_empty()
-                && self
-                    .rows
-                    .iter()
-                    .all(|r| r.get(i).is_some_and(|c| c.parse::<f64>().is_ok() || c == "-"))
+                && self.rows.iter().all(|r| {
+                    r.get(i)
+                        .is_some_and(|c| c.parse::<f64>().is_ok() || c == "-")
+                })
         };
         let line = |cells: &[String]| {
             let mut s = String::from("|");

@@ -15,7 +15,9 @@ use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 use parquet::schema::types::ColumnPath;
 
-use crate::tables::{batch_to_rows, validate_tensor_row, LayerRegistry, SchemaKind, Table, TensorRow};
+use crate::tables::{
+    batch_to_rows, validate_tensor_row, LayerRegistry, SchemaKind, Table, TensorRow,
+};
 
 /// Key-value metadata of a gradkit file (`gradkit.schema`, `gradkit.producer`, parameters…).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -28,7 +30,11 @@ impl Meta {
         let mut m = Meta::default();
         m.set(
             "gradkit.producer",
-            format!("{tool} {} argv={}", env!("CARGO_PKG_VERSION"), argv.join(" ")),
+            format!(
+                "{tool} {} argv={}",
+                env!("CARGO_PKG_VERSION"),
+                argv.join(" ")
+            ),
         );
         m
     }
@@ -230,7 +236,10 @@ impl<T: Table> TableWriter<T> {
                 let tmp = PathBuf::from(name);
                 let f = File::create(&tmp)
                     .with_context(|| format!("cannot create {}", tmp.display()))?;
-                (Box::new(std::io::BufWriter::with_capacity(1 << 20, f)), Some(tmp))
+                (
+                    Box::new(std::io::BufWriter::with_capacity(1 << 20, f)),
+                    Some(tmp),
+                )
             }
         };
         let mut writer = ArrowWriter::try_new(sink, T::schema(), Some(writer_properties(T::KIND)))?;

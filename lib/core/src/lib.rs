@@ -7,8 +7,11 @@
 
 pub mod cli;
 pub mod io;
+pub mod synth;
 pub mod tables;
 pub mod trace;
 
-pub use io::{read_table, read_tensor, write_table, Input, Loaded, Meta, Output, ReadOptions, TableWriter};
+pub use io::{
+    read_table, read_tensor, write_table, Input, Loaded, Meta, Output, ReadOptions, TableWriter,
+};
 pub use tables::{MetricRow, PlanRow, SchemaKind, Table, TensorRow};

@@ -230,10 +230,12 @@ impl Table for TensorRow {
                 idx.extend_from_slice(i);
             }
         }
-        let idx_nulls = arrow_buffer::NullBuffer::from_iter(rows.iter().map(|r| r.indices.is_some()));
+        let idx_nulls =
+            arrow_buffer::NullBuffer::from_iter(rows.iter().map(|r| r.indices.is_some()));
         let indices = list_array(
             DataType::UInt32,
-            rows.iter().map(|r| r.indices.as_ref().map_or(0, |i| i.len())),
+            rows.iter()
+                .map(|r| r.indices.as_ref().map_or(0, |i| i.len())),
             UInt32Array::from(idx),
             Some(idx_nulls),
         );
@@ -323,8 +325,12 @@ impl Table for PlanRow {
             vec![
                 Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.step))),
                 Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.worker))),
-                Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.layer_id))),
-                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.layer.as_str()))),
+                Arc::new(UInt32Array::from_iter_values(
+                    rows.iter().map(|r| r.layer_id),
+                )),
+                Arc::new(StringArray::from_iter_values(
+                    rows.iter().map(|r| r.layer.as_str()),
+                )),
                 Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.start))),
                 Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.end))),
                 Arc::new(UInt64Array::from_iter(rows.iter().map(|r| r.k))),
@@ -383,7 +389,9 @@ impl Table for MetricRow {
                 s(|r| &r.run),
                 s(|r| &r.tool),
                 s(|r| &r.algo),
-                Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.world_size))),
+                Arc::new(UInt32Array::from_iter_values(
+                    rows.iter().map(|r| r.world_size),
+                )),
                 Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.step))),
                 Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.rank))),
                 s(|r| &r.metric),
@@ -394,7 +402,16 @@ impl Table for MetricRow {
     fn from_batch(b: &RecordBatch) -> Result<Vec<Self>> {
         no_nulls(
             b,
-            &["run", "tool", "algo", "world_size", "step", "rank", "metric", "value"],
+            &[
+                "run",
+                "tool",
+                "algo",
+                "world_size",
+                "step",
+                "rank",
+                "metric",
+                "value",
+            ],
         )?;
         let (run, tool, algo, metric) = (
             strings(b, "run")?,
@@ -403,7 +420,10 @@ impl Table for MetricRow {
             strings(b, "metric")?,
         );
         let (ws, step, rank) = (u32s(b, "world_size")?, u32s(b, "step")?, u32s(b, "rank")?);
-        let value = col(b, "value")?.as_primitive::<Float64Type>().values().to_vec();
+        let value = col(b, "value")?
+            .as_primitive::<Float64Type>()
+            .values()
+            .to_vec();
         Ok((0..b.num_rows())
             .map(|i| MetricRow {
                 run: run[i].clone(),
@@ -423,9 +443,13 @@ impl Table for MetricRow {
 /// (list item names and nullability are not compared: pyarrow and arrow-rs differ there).
 pub fn check_schema(expected: &Schema, actual: &Schema) -> Result<()> {
     for f in expected.fields() {
-        let a = actual
-            .field_with_name(f.name())
-            .map_err(|_| anyhow!("missing column `{}` (expected {})", f.name(), type_name(f.data_type())))?;
+        let a = actual.field_with_name(f.name()).map_err(|_| {
+            anyhow!(
+                "missing column `{}` (expected {})",
+                f.name(),
+                type_name(f.data_type())
+            )
+        })?;
         let ok = match (f.data_type(), a.data_type()) {
             (DataType::List(e), DataType::List(g)) => e.data_type() == g.data_type(),
             (e, g) => e == g,

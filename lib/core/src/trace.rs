@@ -57,7 +57,11 @@ impl Layout {
                 e.2 = r.shape.clone();
             }
         }
-        Layout::new(seen.into_iter().map(|(id, (n, s, sh))| (id, n, s, sh)).collect())
+        Layout::new(
+            seen.into_iter()
+                .map(|(id, (n, s, sh))| (id, n, s, sh))
+                .collect(),
+        )
     }
     /// Total number of elements (the flat index space's size).
     pub fn total(&self) -> u64 {
@@ -136,7 +140,9 @@ pub fn steps_and_ranks(rows: &[TensorRow]) -> (Vec<u32>, Vec<u32>) {
 pub fn check_complete(rows: &[TensorRow], layout: &Layout, want_dense: Option<bool>) -> Result<()> {
     let (steps, ranks) = steps_and_ranks(rows);
     if let Some((i, r)) = ranks.iter().enumerate().find(|(i, r)| **r as usize != *i) {
-        bail!("column `rank`: ranks must be 0..P without gaps, but rank {i} is missing (next is {r})");
+        bail!(
+            "column `rank`: ranks must be 0..P without gaps, but rank {i} is missing (next is {r})"
+        );
     }
     let groups = group_step_rank(rows);
     let mut have: BTreeMap<u32, usize> = BTreeMap::new();
@@ -246,7 +252,12 @@ pub fn unflatten_sparse(s: &Sparse, layout: &Layout, step: u32, rank: u32) -> Ve
             layer: l.name.clone(),
             numel: l.numel,
             shape: l.shape.clone(),
-            indices: Some(s.indices[pos..stop].iter().map(|&i| i - l.offset as u32).collect()),
+            indices: Some(
+                s.indices[pos..stop]
+                    .iter()
+                    .map(|&i| i - l.offset as u32)
+                    .collect(),
+            ),
             values: s.values[pos..stop].to_vec(),
         });
         pos = stop;

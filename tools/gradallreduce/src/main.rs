@@ -1,1 +1,4 @@
-fn main() { eprintln!("coming"); std::process::exit(2) }
+fn main() {
+    eprintln!("coming");
+    std::process::exit(2)
+}

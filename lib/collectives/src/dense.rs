@@ -1,0 +1,230 @@
+//! Dense allreduces, the baselines of every paper (Ok-Topk Table 1 "Dense"; Thakur,
+//! Rabenseifner & Gropp 2005): ring, Rabenseifner (recursive halving + doubling, any P),
+//! binomial tree, and the backend's native allreduce. Correct for any n, also n < P.
+
+use anyhow::{bail, Result};
+use gradkit_comm::{Comm, CommExt};
+use gradkit_core::trace::Layout;
+
+use crate::{Flat, Op, Reducer, StepOutput};
+
+/// Start of chunk `i` when n elements are cut into p near-equal contiguous chunks.
+pub fn chunk_start(n: usize, p: usize, i: usize) -> usize {
+    (n as u128 * i as u128 / p as u128) as usize
+}
+
+fn chunk(n: usize, p: usize, i: usize) -> std::ops::Range<usize> {
+    chunk_start(n, p, i)..chunk_start(n, p, i + 1)
+}
+
+fn add_into(dst: &mut [f32], src: &[f32]) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d += *s;
+    }
+}
+
+/// Ring allreduce (sum) in place: P−1 reduce-scatter steps, then P−1 allgather steps, each
+/// sending one chunk to the right neighbour. Rank r sends `n − |c_{r+1}| − |c_{r+2}| + n`
+/// elements in 2(P−1) messages (chunks cut as `i·n/P`).
+pub fn ring(comm: &dyn Comm, data: &mut [f32]) {
+    let (p, r, n) = (comm.size(), comm.rank(), data.len());
+    if p == 1 {
+        return;
+    }
+    let right = (r + 1) % p;
+    let left = (r + p - 1) % p;
+    {
+        let _ph = comm.phase("reduce_scatter");
+        for s in 0..p - 1 {
+            let send_c = (r + p - s) % p;
+            let recv_c = (r + 2 * p - s - 1) % p;
+            let got: Vec<f32> = comm.sendrecv(right, data[chunk(n, p, send_c)].to_vec(), left);
+            add_into(&mut data[chunk(n, p, recv_c)], &got);
+        }
+    }
+    let _ph = comm.phase("allgather");
+    for s in 0..p - 1 {
+        let send_c = (r + 1 + p - s) % p;
+        let recv_c = (r + p - s) % p;
+        let got: Vec<f32> = comm.sendrecv(right, data[chunk(n, p, send_c)].to_vec(), left);
+        data[chunk(n, p, recv_c)].copy_from_slice(&got);
+    }
+}
+
+/// Rabenseifner's allreduce (sum) in place, for any P: with p' the largest power of two
+/// ≤ P and q = P − p', ranks 0..2q first fold pairwise (even → odd), the p' remaining ranks
+/// run recursive-halving reduce-scatter and recursive-doubling allgather, and the folded
+/// ranks get the result back.
+pub fn rabenseifner(comm: &dyn Comm, data: &mut [f32]) {
+    let (p, r, n) = (comm.size(), comm.rank(), data.len());
+    if p == 1 {
+        return;
+    }
+    let pp = 1usize << (usize::BITS - 1 - p.leading_zeros());
+    let q = p - pp;
+    // Fold the extra ranks into their odd neighbours.
+    let newrank: Option<usize> = {
+        let _ph = comm.phase("fold");
+        if r < 2 * q {
+            if r % 2 == 0 {
+                comm.send(r + 1, data.to_vec());
+                None
+            } else {
+                let got: Vec<f32> = comm.recv(r - 1);
+                add_into(data, &got);
+                Some(r / 2)
+            }
+        } else {
+            Some(r - q)
+        }
+    };
+    let real = |nr: usize| if nr < q { 2 * nr + 1 } else { nr + q };
+    if let Some(nr) = newrank {
+        // Recursive halving: keep the half of the current range on this rank's side.
+        let mut ranges = Vec::new();
+        let (mut lo, mut hi) = (0usize, n);
+        let mut mask = pp >> 1;
+        {
+            let _ph = comm.phase("reduce_scatter");
+            while mask > 0 {
+                let partner = real(nr ^ mask);
+                let mid = lo + (hi - lo) / 2;
+                let (keep, give) = if nr & mask == 0 {
+                    ((lo, mid), (mid, hi))
+                } else {
+                    ((mid, hi), (lo, mid))
+                };
+                let got: Vec<f32> = comm.sendrecv(partner, data[give.0..give.1].to_vec(), partner);
+                add_into(&mut data[keep.0..keep.1], &got);
+                ranges.push((lo, hi));
+                (lo, hi) = keep;
+                mask >>= 1;
+            }
+        }
+        // Recursive doubling: retrace the halving steps in reverse.
+        let _ph = comm.phase("allgather");
+        let mut mask = 1;
+        while mask < pp {
+            let partner = real(nr ^ mask);
+            let (plo, phi) = ranges.pop().expect("one range per halving step");
+            let mid = plo + (phi - plo) / 2;
+            let other = if nr & mask == 0 {
+                (mid, phi)
+            } else {
+                (plo, mid)
+            };
+            let got: Vec<f32> = comm.sendrecv(partner, data[lo..hi].to_vec(), partner);
+            data[other.0..other.1].copy_from_slice(&got);
+            (lo, hi) = (plo, phi);
+            mask <<= 1;
+        }
+    }
+    let _ph = comm.phase("unfold");
+    if r < 2 * q {
+        if r % 2 == 1 {
+            comm.send(r - 1, data.to_vec());
+        } else {
+            let got: Vec<f32> = comm.recv(r + 1);
+            data.copy_from_slice(&got);
+        }
+    }
+}
+
+/// Binomial-tree allreduce (sum) in place: reduce to rank 0 (each rank adds its children's
+/// vectors, then sends the sum to its parent), then a binomial broadcast.
+pub fn tree(comm: &dyn Comm, data: &mut [f32]) {
+    let (p, r) = (comm.size(), comm.rank());
+    if p == 1 {
+        return;
+    }
+    {
+        let _ph = comm.phase("reduce");
+        // Children of r are r + 2^j for every j above r's highest set bit (mirror of broadcast).
+        let start = if r == 0 {
+            0
+        } else {
+            usize::BITS - r.leading_zeros()
+        };
+        let mut bit = 1usize << start;
+        while bit < p {
+            if r + bit < p {
+                let got: Vec<f32> = comm.recv(r + bit);
+                add_into(data, &got);
+            }
+            bit <<= 1;
+        }
+        if r != 0 {
+            let hb = usize::BITS - 1 - r.leading_zeros();
+            comm.send(r - (1 << hb), data.to_vec());
+        }
+    }
+    let _ph = comm.phase("broadcast");
+    let res = comm.broadcast(0, (r == 0).then(|| data.to_vec()));
+    data.copy_from_slice(&res);
+}
+
+/// The backend's own allreduce (MPI_Allreduce under MPI, shared memory on Local ranks).
+pub fn native(comm: &dyn Comm, data: &mut [f32]) {
+    let _ph = comm.phase("native");
+    comm.allreduce_native_f32(data);
+}
+
+/// The dense algorithms by `--algo` name.
+pub fn by_name(name: &str) -> Option<fn(&dyn Comm, &mut [f32])> {
+    Some(match name {
+        "ring" => ring,
+        "rabenseifner" => rabenseifner,
+        "tree" => tree,
+        "native" => native,
+        _ => return None,
+    })
+}
+
+/// Allreduce with `op` by the named algorithm.
+pub fn allreduce(comm: &dyn Comm, name: &str, op: Op, data: &mut [f32]) -> Result<()> {
+    let Some(f) = by_name(name) else {
+        bail!("unknown dense algorithm `{name}`")
+    };
+    f(comm, data);
+    if op == Op::Mean {
+        let inv = 1.0 / comm.size() as f32;
+        data.iter_mut().for_each(|v| *v *= inv);
+    }
+    Ok(())
+}
+
+/// A dense algorithm as a [`Reducer`]: sparse input is densified first.
+pub struct DenseReducer {
+    name: &'static str,
+    op: Op,
+}
+
+impl DenseReducer {
+    pub fn new(name: &str, op: Op) -> Result<Self> {
+        let name = match name {
+            "ring" => "ring",
+            "rabenseifner" => "rabenseifner",
+            "tree" => "tree",
+            "native" => "native",
+            _ => bail!("unknown dense algorithm `{name}`"),
+        };
+        Ok(DenseReducer { name, op })
+    }
+}
+
+impl Reducer for DenseReducer {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn reduce(
+        &mut self,
+        comm: &dyn Comm,
+        _step: u32,
+        layout: &Layout,
+        input: Flat,
+    ) -> Result<StepOutput> {
+        let mut data = input.to_dense(layout.total() as usize);
+        allreduce(comm, self.name, self.op, &mut data)?;
+        Ok(StepOutput::new(Flat::Dense(data)))
+    }
+}

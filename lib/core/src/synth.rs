@@ -1,0 +1,1 @@
+//! Synthetic gradient traces (filled in with `gradtrace synthetic`).
