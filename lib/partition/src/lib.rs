@@ -4,4 +4,5 @@
 //! and Ok-Topk's balanced space partition ([`oktopk`], Ok-Topk §3.1.1 Step B). Plans are
 //! plain data (`plan/1` rows); nothing here communicates.
 
+pub mod deft;
 pub mod oktopk;

@@ -1,0 +1,268 @@
+//! DEFT's work division (DEFT §3; deft.md §1): cut the gradient into pieces, give each piece a
+//! share of k by its L2 norm, and pack the pieces into P bins of equal selection cost so every
+//! worker searches a disjoint part of the gradient.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+use gradkit_core::trace::Layout;
+use gradkit_core::PlanRow;
+
+/// A contiguous range `[start, end)` of one layer (`layer` indexes `Layout.layers`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Piece {
+    pub layer: usize,
+    pub start: u64,
+    pub end: u64,
+}
+
+impl Piece {
+    /// Number of elements in the piece.
+    pub fn size(&self) -> u64 {
+        self.end - self.start
+    }
+    /// The piece's range in the flat index space of `layout`.
+    pub fn flat_range(&self, layout: &Layout) -> std::ops::Range<usize> {
+        let off = layout.layers[self.layer].offset;
+        (off + self.start) as usize..(off + self.end) as usize
+    }
+}
+
+/// Two-stage partitioning (DEFT Alg. 2, deft.md §1.1): layers in `layer_id` order; a layer with
+/// more than n_g/P elements (real division) is cut into P contiguous pieces, the first
+/// `size mod P` one element longer; smaller layers stay whole; empty pieces are skipped.
+/// The pieces tile the flat index space in order.
+pub fn pieces(layout: &Layout, p: usize) -> Vec<Piece> {
+    let p = p.max(1);
+    let threshold = layout.total() as f64 / p as f64;
+    let mut out = Vec::new();
+    for (li, l) in layout.layers.iter().enumerate() {
+        let size = l.numel;
+        if size as f64 > threshold {
+            let (q, r) = (size / p as u64, size % p as u64);
+            let mut start = 0;
+            for i in 0..p as u64 {
+                let len = q + u64::from(i < r);
+                if len > 0 {
+                    out.push(Piece {
+                        layer: li,
+                        start,
+                        end: start + len,
+                    });
+                }
+                start += len;
+            }
+        } else if size > 0 {
+            out.push(Piece {
+                layer: li,
+                start: 0,
+                end: size,
+            });
+        }
+    }
+    out
+}
+
+/// Piece indices by descending norm; equal norms keep the lower piece index first
+/// (a stable sort; NaN norms sort as the largest, by `f64::total_cmp`).
+pub fn priority(norms: &[f64]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..norms.len()).collect();
+    order.sort_by(|&a, &b| norms[b].total_cmp(&norms[a]));
+    order
+}
+
+/// Norm-based local-k allocation (DEFT Alg. 3, deft.md §1.2): pieces by descending L2 norm
+/// ([`priority`]), `k_x = clamp(floor(k_remain·norm_x/norm_remain), 1, size_x)`, both remainders
+/// reduced after each piece. `norm_remain` is the sum of the norms not yet visited, summed from
+/// the smallest up so the last piece sees exactly its own norm (the reference subtracts in
+/// floating point and can leave the last piece one short). With `topup`, leftover k is handed
+/// out in priority order up to each piece's size (the reference code's pass), and an overshoot
+/// from the forced `k_x ≥ 1` is taken back from the lowest-priority pieces with k_x > 1, so
+/// Σk_x = k exactly whenever L ≤ k ≤ n_g (our addition; docs/gradpartition.md).
+pub fn allocate_k(pieces: &[Piece], norms: &[f64], k: u64, topup: bool) -> Vec<u64> {
+    assert_eq!(pieces.len(), norms.len(), "one norm per piece");
+    let order = priority(norms);
+    // suffix[i] = Σ norms of order[i..], accumulated from the end.
+    let mut suffix = vec![0.0f64; order.len() + 1];
+    for i in (0..order.len()).rev() {
+        let n = norms[order[i]];
+        suffix[i] = if n.is_finite() && n > 0.0 { n } else { 0.0 } + suffix[i + 1];
+    }
+    let mut ks = vec![0u64; pieces.len()];
+    let mut k_remain = k as i128;
+    for (i, &x) in order.iter().enumerate() {
+        let size = pieces[x].size();
+        let norm_x = if norms[x].is_finite() && norms[x] > 0.0 {
+            norms[x]
+        } else {
+            0.0
+        };
+        let norm_remain = suffix[i];
+        let k_temp = if norm_remain > 0.0 && k_remain > 0 {
+            let ratio = (norm_x / norm_remain).min(1.0);
+            (k_remain as f64 * ratio).floor() as u64
+        } else {
+            0
+        };
+        let kx = if size < k_temp { size } else { k_temp.max(1) };
+        ks[x] = kx;
+        k_remain -= kx as i128;
+    }
+    if topup {
+        for &x in &order {
+            if k_remain <= 0 {
+                break;
+            }
+            let room = (pieces[x].size() - ks[x]) as i128;
+            let add = room.min(k_remain);
+            ks[x] += add as u64;
+            k_remain -= add;
+        }
+        for &x in order.iter().rev() {
+            if k_remain >= 0 {
+                break;
+            }
+            let spare = (ks[x] - 1) as i128;
+            let take = spare.min(-k_remain);
+            ks[x] -= take as u64;
+            k_remain += take;
+        }
+    }
+    ks
+}
+
+/// Selection cost of a piece (DEFT Eq. 3, deft.md §1.3): `size·log2(k_x)`, or `size` when
+/// k_x ≤ 1 (the reference code's guard against a zero cost).
+pub fn cost(size: u64, k: u64) -> f64 {
+    if k > 1 {
+        size as f64 * (k as f64).log2()
+    } else {
+        size as f64
+    }
+}
+
+/// A bin in the min-heap: least load first, then the lower bin index.
+#[derive(PartialEq)]
+struct Bin(f64, usize);
+impl Eq for Bin {}
+impl Ord for Bin {
+    fn cmp(&self, o: &Self) -> Ordering {
+        // Reversed: BinaryHeap is a max-heap.
+        o.0.total_cmp(&self.0).then(o.1.cmp(&self.1))
+    }
+}
+impl PartialOrd for Bin {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+/// Greedy LPT bin-packing (DEFT Alg. 4, deft.md §1.3): cost [`cost`]; the costliest remaining
+/// piece goes to the least-loaded bin; ties go to the lower piece index, then the lower bin
+/// index (the reference's `list.index(max)` / `list.index(min)`). Returns each piece's bin.
+pub fn bin_pack(pieces: &[Piece], ks: &[u64], p: usize) -> Vec<usize> {
+    assert_eq!(pieces.len(), ks.len(), "one k per piece");
+    let p = p.max(1);
+    let costs: Vec<f64> = pieces
+        .iter()
+        .zip(ks)
+        .map(|(pc, &k)| cost(pc.size(), k))
+        .collect();
+    let mut order: Vec<usize> = (0..pieces.len()).collect();
+    order.sort_by(|&a, &b| costs[b].total_cmp(&costs[a]));
+    let mut heap: BinaryHeap<Bin> = (0..p).map(|b| Bin(0.0, b)).collect();
+    let mut bins = vec![0usize; pieces.len()];
+    for x in order {
+        let Bin(load, b) = heap.pop().expect("p ≥ 1 bins");
+        bins[x] = b;
+        heap.push(Bin(load + costs[x], b));
+    }
+    bins
+}
+
+/// Cost load of each bin (DEFT Eq. 4: C_i = Σ_{x ∈ bin i} cost_x).
+pub fn bin_loads(pieces: &[Piece], ks: &[u64], bins: &[usize], p: usize) -> Vec<f64> {
+    let mut loads = vec![0.0; p.max(1)];
+    for ((pc, &k), &b) in pieces.iter().zip(ks).zip(bins) {
+        loads[b] += cost(pc.size(), k);
+    }
+    loads
+}
+
+/// The worker that takes bin `bin` at step `step` (deft.md §1.3: worker r takes bin
+/// `(t + r) mod P`, so the bin→worker mapping shifts by one each step).
+pub fn worker_of_bin(bin: usize, step: u32, p: usize) -> usize {
+    let t = step as usize % p;
+    (bin + p - t) % p
+}
+
+/// Per-piece L2 norms of a flat vector (one pass; f64 accumulation, sequential inside a piece
+/// so the result does not depend on threading).
+pub fn piece_norms(layout: &Layout, pieces: &[Piece], flat: &[f32]) -> Vec<f64> {
+    pieces
+        .iter()
+        .map(|pc| {
+            let s = &flat[pc.flat_range(layout)];
+            let mut acc = [0.0f64; 4];
+            let mut chunks = s.chunks_exact(4);
+            for c in &mut chunks {
+                for j in 0..4 {
+                    let v = c[j] as f64;
+                    acc[j] += v * v;
+                }
+            }
+            let mut tail = 0.0f64;
+            for &v in chunks.remainder() {
+                tail += v as f64 * v as f64;
+            }
+            (acc[0] + acc[1] + acc[2] + acc[3] + tail).sqrt()
+        })
+        .collect()
+}
+
+/// One step's plan (deft.md §1.7): norms of the leader's error-compensated gradient, k
+/// allocation, bin-packing, then `plan/1` rows where worker r takes bin `(step + r) mod P` and
+/// each row's k is the leader's k_x. Rows are ordered by worker, then piece order.
+pub fn plan_step(
+    layout: &Layout,
+    pieces: &[Piece],
+    leader_acc_flat: &[f32],
+    k: u64,
+    p: usize,
+    step: u32,
+    topup: bool,
+) -> Vec<PlanRow> {
+    let norms = piece_norms(layout, pieces, leader_acc_flat);
+    let ks = allocate_k(pieces, &norms, k, topup);
+    let bins = bin_pack(pieces, &ks, p);
+    plan_rows(layout, pieces, &ks, &bins, p, step)
+}
+
+/// `plan/1` rows for given k and bins (worker r takes bin `(step + r) mod P`).
+pub fn plan_rows(
+    layout: &Layout,
+    pieces: &[Piece],
+    ks: &[u64],
+    bins: &[usize],
+    p: usize,
+    step: u32,
+) -> Vec<PlanRow> {
+    let p = p.max(1);
+    let mut idx: Vec<usize> = (0..pieces.len()).collect();
+    idx.sort_by_key(|&x| (worker_of_bin(bins[x], step, p), x));
+    idx.into_iter()
+        .map(|x| {
+            let pc = &pieces[x];
+            let l = &layout.layers[pc.layer];
+            PlanRow {
+                step,
+                worker: worker_of_bin(bins[x], step, p) as u32,
+                layer_id: l.layer_id,
+                layer: l.name.clone(),
+                start: pc.start,
+                end: pc.end,
+                k: Some(ks[x]),
+            }
+        })
+        .collect()
+}
