@@ -266,3 +266,139 @@ pub fn plan_rows(
         })
         .collect()
 }
+
+/// DEFT's plan for one step, with what the leader decided and what it costs.
+#[derive(Clone, Debug)]
+pub struct DeftStep {
+    pub step: u32,
+    /// The trace rank whose accumulator set the norms (`step mod P`, then mod the trace's ranks).
+    pub leader: usize,
+    pub rows: Vec<PlanRow>,
+    /// k_x of each piece (the leader's).
+    pub ks: Vec<u64>,
+    /// Bin of each piece.
+    pub bins: Vec<usize>,
+    /// Cost load of each worker (Eq. 4), indexed by worker.
+    pub loads: Vec<f64>,
+    /// k and elements assigned to each worker.
+    pub worker_k: Vec<u64>,
+    pub worker_elements: Vec<u64>,
+    /// Size of the union of all workers' DEFT selections (disjoint: Σ k_x).
+    pub union_deft: u64,
+    /// Size of the union of all ranks' plain top-k selections on the same accumulators
+    /// (`None` when not asked for).
+    pub union_topk: Option<u64>,
+}
+
+/// A selection function: indices of the k largest |x| of a slice, any order.
+pub type Select<'a> = &'a (dyn Fn(&[f32], usize) -> Vec<u32> + Sync);
+
+/// DEFT over a trace (deft.md §1.0, §1.7): per-rank error feedback (`acc = residual + grad`),
+/// the rotating leader's plan, each worker's layer-wise top-k in its own pieces (Alg. 5), and
+/// the residual update (`acc[idx] = 0` on every rank for the union of the selections).
+pub struct DeftPlanner {
+    pub layout: Layout,
+    pub pieces: Vec<Piece>,
+    pub p: usize,
+    pub k: u64,
+    pub topup: bool,
+    /// Error feedback on (`--no-residual` turns it off).
+    pub residual: bool,
+    acc: Vec<Vec<f32>>,
+}
+
+impl DeftPlanner {
+    /// A planner for `p` workers selecting `k` of the model's elements per step.
+    pub fn new(layout: &Layout, p: usize, k: u64, topup: bool, residual: bool) -> Self {
+        DeftPlanner {
+            pieces: pieces(layout, p),
+            layout: layout.clone(),
+            p: p.max(1),
+            k,
+            topup,
+            residual,
+            acc: Vec::new(),
+        }
+    }
+
+    /// Plans one step from every trace rank's flat gradient. Worker w searches with trace rank
+    /// `w mod R`'s accumulator. `select` picks the top-k of a slice; with `buildup`, plain
+    /// top-k over each rank's whole accumulator is also run to measure the union it would send.
+    pub fn step(
+        &mut self,
+        step: u32,
+        grads: &[Vec<f32>],
+        select: Select,
+        buildup: bool,
+    ) -> DeftStep {
+        let r = grads.len().max(1);
+        if !self.residual || self.acc.len() != grads.len() {
+            self.acc = grads.to_vec();
+        } else {
+            for (a, g) in self.acc.iter_mut().zip(grads) {
+                for (x, y) in a.iter_mut().zip(g) {
+                    *x += *y;
+                }
+            }
+        }
+        let p = self.p;
+        let leader = (step as usize % p) % r;
+        let norms = piece_norms(&self.layout, &self.pieces, &self.acc[leader]);
+        let ks = allocate_k(&self.pieces, &norms, self.k, self.topup);
+        let bins = bin_pack(&self.pieces, &ks, p);
+        let rows = plan_rows(&self.layout, &self.pieces, &ks, &bins, p, step);
+        let mut loads = vec![0.0; p];
+        let mut worker_k = vec![0u64; p];
+        let mut worker_elements = vec![0u64; p];
+        let mut chosen: Vec<u32> = Vec::new();
+        for (x, pc) in self.pieces.iter().enumerate() {
+            let w = worker_of_bin(bins[x], step, p);
+            loads[w] += cost(pc.size(), ks[x]);
+            worker_k[w] += ks[x];
+            worker_elements[w] += pc.size();
+            let range = pc.flat_range(&self.layout);
+            let base = range.start as u32;
+            let acc = &self.acc[w % r];
+            chosen.extend(
+                select(&acc[range], ks[x] as usize)
+                    .into_iter()
+                    .map(|i| i + base),
+            );
+        }
+        let union_deft = chosen.len() as u64;
+        let union_topk = buildup.then(|| {
+            let mut all: Vec<u32> = self
+                .acc
+                .iter()
+                .flat_map(|a| select(a, self.k as usize))
+                .collect();
+            all.sort_unstable();
+            all.dedup();
+            all.len() as u64
+        });
+        if self.residual {
+            for a in &mut self.acc {
+                for &i in &chosen {
+                    a[i as usize] = 0.0;
+                }
+            }
+        }
+        DeftStep {
+            step,
+            leader,
+            rows,
+            ks,
+            bins,
+            loads,
+            worker_k,
+            worker_elements,
+            union_deft,
+            union_topk,
+        }
+    }
+}
+
+/// Plain Top-k's selection cost on the whole model, `n_g·log2 k` (deft.md §3).
+pub fn topk_cost(n: u64, k: u64) -> f64 {
+    cost(n, k)
+}

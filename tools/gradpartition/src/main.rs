@@ -1,4 +1,447 @@
-fn main() {
-    eprintln!("coming");
-    std::process::exit(2)
+//! gradpartition: decide which worker works on which part of the gradient (`plan/1`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, ValueEnum};
+use gradkit_core::cli::{self, fmt_num, Format, IoArgs, TextTable};
+use gradkit_core::io::{Meta, Output};
+use gradkit_core::trace::{self, Layout, MetricSink};
+use gradkit_core::{read_tensor, write_table, MetricRow, PlanRow, TensorRow};
+use gradkit_partition::{deft, oktopk};
+
+const ABOUT: &str = "Decide which worker works on which part of the gradient: write a plan/1 table.
+
+--method deft (DEFT, Yoon & Oh, ICPP'23): layers larger than n/P are cut into P pieces; every
+step the leader (rank step mod P) gives each piece a share of k proportional to the L2 norm of
+its error-compensated gradient, and packs the pieces into P bins of equal selection cost
+(size·log2 k_x, greedy longest-processing-time first). Worker r takes bin (step + r) mod P and
+selects k_x entries in each of its pieces, so the workers' selections are disjoint and their
+union stays at k (no gradient build-up). Input: a dense tensor/1 trace. Error feedback is on:
+entries not selected by any worker accumulate per rank into the next step (--no-residual).
+
+--method oktopk (Ok-Topk, Li & Hoefler, PPoPP'22, balanced space partition): every --period
+steps each rank cuts its sorted selected indices into P equal-count groups; the P−1 region
+boundaries are the integer average of the ranks' cut points. Region i of the flat index space
+(layers concatenated by layer_id) is reduced by worker i; a region spanning layers becomes one
+row per layer. Input: a sparse tensor/1 (the ranks' local selections, e.g. from gradselect).
+--naive gives equal-size regions instead, for comparison.
+
+A summary goes to stderr (load per worker, imbalance max/mean, build-up or received words);
+--metrics writes the same numbers as a metrics/1 table (docs/gradpartition.md lists them).";
+
+const AFTER: &str = "Examples:
+  # DEFT plans for 8 workers at density 0.01, with load and build-up metrics
+  gradtrace synthetic --shape lstm --scale 0.01 --ranks 8 --steps 20 --overlap 0.2 --seed 1 \\
+    | gradpartition --method deft --density 0.01 --metrics deft-m.parquet -o deft-plan.parquet
+
+  # Ok-Topk regions from local top-k selections, recomputed every 16 steps
+  gradtrace synthetic --shape vgg16 --scale 0.1 --ranks 4 --steps 32 --seed 1 \\
+    | gradselect --method topk --density 0.01 \\
+    | gradpartition --method oktopk --period 16 -o regions.parquet
+
+  # the same with equal-size regions, to compare the imbalance
+  gradpartition --method oktopk --naive sel.parquet -o naive.parquet";
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Method {
+    /// DEFT: norm-based k allocation and LPT bin-packing of layer pieces (dense input)
+    Deft,
+    /// Ok-Topk: balanced reduce regions from local selections (sparse input)
+    Oktopk,
+}
+
+#[derive(Parser, Debug)]
+#[command(name = "gradpartition", version, about = ABOUT, long_about = ABOUT, after_help = AFTER)]
+struct Cli {
+    /// Which partition to compute
+    #[arg(long, value_enum)]
+    method: Method,
+    /// Number of workers P (default: the trace's number of ranks)
+    #[arg(long, value_name = "P")]
+    workers: Option<usize>,
+    /// DEFT: fraction of the model's elements selected per step, k = floor(D·n), in (0, 1]
+    #[arg(long, value_name = "D")]
+    density: Option<f64>,
+    /// DEFT: hand leftover k to the highest-norm pieces (and take back an overshoot) so Σk_x = k
+    #[arg(long)]
+    topup: bool,
+    /// DEFT: no error feedback (norms taken on each step's raw gradient)
+    #[arg(long)]
+    no_residual: bool,
+    /// DEFT: skip plain top-k on every rank (the build-up comparison; the slowest part)
+    #[arg(long)]
+    no_buildup: bool,
+    /// Ok-Topk: recompute the boundaries every τ steps, counted from the trace's first step
+    #[arg(long, value_name = "TAU", default_value_t = 64)]
+    period: u32,
+    /// Ok-Topk: equal-size regions instead of balanced ones
+    #[arg(long)]
+    naive: bool,
+    /// Also write the metrics (metrics/1) to this Parquet file
+    #[arg(long, value_name = "M.parquet")]
+    metrics: Option<PathBuf>,
+    /// Run name in the metrics table (default: the input file's stem)
+    #[arg(long, value_name = "NAME")]
+    run: Option<String>,
+    /// Format of the summary on stderr
+    #[arg(long, value_enum, default_value_t = Format::Md)]
+    format: Format,
+    #[command(flatten)]
+    io: IoArgs,
+}
+
+fn main() -> ExitCode {
+    let args = Cli::parse();
+    cli::run(|| body(&args))
+}
+
+fn body(a: &Cli) -> Result<()> {
+    // Argument checks first: nothing is read or written when they fail.
+    if a.workers == Some(0) {
+        bail!("--workers must be at least 1");
+    }
+    match a.method {
+        Method::Deft => {
+            let d = a
+                .density
+                .context("--method deft needs --density D (0 < D ≤ 1)")?;
+            if !(d > 0.0 && d <= 1.0) {
+                bail!("--density must lie in (0, 1], got {d}");
+            }
+            if a.naive {
+                bail!("--naive applies to --method oktopk only");
+            }
+        }
+        Method::Oktopk => {
+            if a.period == 0 {
+                bail!("--period must be at least 1");
+            }
+            for (set, flag) in [
+                (a.density.is_some(), "--density"),
+                (a.topup, "--topup"),
+                (a.no_residual, "--no-residual"),
+            ] {
+                if set {
+                    bail!("{flag} applies to --method deft only");
+                }
+            }
+        }
+    }
+    let input = a.io.input()?;
+    let output = a.io.output()?;
+    let metrics_out = a.metrics.as_deref().map(|p| Output::Path(p.to_path_buf()));
+    let loaded = read_tensor(&input, a.io.read_options())?;
+    let rows = loaded.rows;
+    if rows.is_empty() {
+        bail!("the input has no rows ({})", loaded.source);
+    }
+    let layout = Layout::of_rows(&rows);
+    let want_dense = a.method == Method::Deft;
+    trace::check_complete(&rows, &layout, Some(want_dense)).with_context(|| {
+        format!(
+            "--method {} needs {} input ({})",
+            if want_dense { "deft" } else { "oktopk" },
+            if want_dense {
+                "a dense tensor/1 trace"
+            } else {
+                "a sparse tensor/1 of local selections (gradselect's output)"
+            },
+            loaded.source
+        )
+    })?;
+    let (_, ranks) = trace::steps_and_ranks(&rows);
+    let p = a.workers.unwrap_or(ranks.len());
+    let n = layout.total();
+    if p as u64 > n {
+        bail!("--workers {p} is larger than the number of gradient elements ({n})");
+    }
+    if n > u32::MAX as u64 {
+        bail!("the model has {n} elements; the flat index space is u32");
+    }
+    let run = a.run.clone().unwrap_or_else(|| match &a.io.input {
+        Some(p) if p.as_os_str() != "-" => p
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        _ => "stdin".into(),
+    });
+    let mut meta = Meta::producer("gradpartition");
+    meta.set("world_size", p);
+    let mut sink = MetricSink::new(&run, "gradpartition", "", p as u32);
+    let plan = match a.method {
+        Method::Deft => {
+            let d = a.density.expect("checked");
+            let k = ((d * n as f64).floor() as u64).clamp(1, n);
+            meta.set("method", "deft")
+                .set("density", d)
+                .set("k", k)
+                .set("topup", a.topup)
+                .set("residual", !a.no_residual);
+            sink.algo = "deft".into();
+            run_deft(a, &rows, &layout, p, k, &mut sink)?
+        }
+        Method::Oktopk => {
+            meta.set("method", "oktopk")
+                .set("period", a.period)
+                .set("naive", a.naive);
+            sink.algo = if a.naive { "oktopk-naive" } else { "oktopk" }.into();
+            run_oktopk(a, &rows, &layout, p, &mut sink)?
+        }
+    };
+    if let Some(m) = &metrics_out {
+        let mut mm = Meta::producer("gradpartition");
+        mm.set("method", &sink.algo);
+        write_table::<MetricRow>(m, &mm, &sink.rows)?;
+    }
+    write_table::<PlanRow>(&output, &meta, &plan)?;
+    Ok(())
+}
+
+/// Each step's flat dense gradients, one per rank (ranks 0..R, checked complete).
+fn steps_of(rows: &[TensorRow]) -> Vec<(u32, Vec<Vec<f32>>)> {
+    let mut out: Vec<(u32, Vec<Vec<f32>>)> = Vec::new();
+    for g in trace::group_step_rank(rows) {
+        let flat = trace::flatten_dense(&g.rows);
+        match out.last_mut() {
+            Some((s, v)) if *s == g.step => v.push(flat),
+            _ => out.push((g.step, vec![flat])),
+        }
+    }
+    out
+}
+
+/// Indices of the k largest |x| (any order; ties broken arbitrarily but deterministically).
+fn topk(x: &[f32], k: usize) -> Vec<u32> {
+    let k = k.min(x.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    let mut idx: Vec<u32> = (0..x.len() as u32).collect();
+    let key = |i: &u32| x[*i as usize].to_bits() & 0x7fff_ffff;
+    idx.select_nth_unstable_by(k - 1, |a, b| key(b).cmp(&key(a)).then(a.cmp(b)));
+    idx.truncate(k);
+    idx
+}
+
+fn run_deft(
+    a: &Cli,
+    rows: &[TensorRow],
+    layout: &Layout,
+    p: usize,
+    k: u64,
+    sink: &mut MetricSink,
+) -> Result<Vec<PlanRow>> {
+    let mut planner = deft::DeftPlanner::new(layout, p, k, a.topup, !a.no_residual);
+    let n = layout.total();
+    let topk_cost = deft::topk_cost(n, k);
+    let steps = steps_of(rows);
+    let pb = cli::progress("deft", steps.len() as u64, a.io.quiet);
+    let mut plan = Vec::new();
+    let mut sum_loads = vec![0.0; p];
+    let (mut sum_imb, mut sum_cmax, mut sum_bd, mut sum_bt) = (0.0, 0.0, 0.0, 0.0);
+    let mut worst_imb: f64 = 0.0;
+    for (step, grads) in &steps {
+        let st = planner.step(*step, grads, &topk, !a.no_buildup);
+        let cmax = st.loads.iter().cloned().fold(0.0, f64::max);
+        let mean = st.loads.iter().sum::<f64>() / p as f64;
+        let imb = if mean > 0.0 { cmax / mean } else { 1.0 };
+        for (w, total) in sum_loads.iter_mut().enumerate() {
+            sink.push(*step, w as u32, "cost_load", st.loads[w]);
+            sink.push(*step, w as u32, "k_assigned", st.worker_k[w] as f64);
+            sink.push(
+                *step,
+                w as u32,
+                "elements_assigned",
+                st.worker_elements[w] as f64,
+            );
+            *total += st.loads[w];
+        }
+        let bd = st.union_deft as f64 / k as f64;
+        sink.push(*step, 0, "leader", st.leader as f64);
+        sink.push(*step, 0, "pieces", st.ks.len() as f64);
+        sink.push(*step, 0, "cost_max", cmax);
+        sink.push(*step, 0, "cost_imbalance", imb);
+        sink.push(*step, 0, "cost_topk", topk_cost);
+        sink.push(*step, 0, "selection_speedup", topk_cost / cmax);
+        sink.push(*step, 0, "k_total", st.ks.iter().sum::<u64>() as f64);
+        sink.push(*step, 0, "buildup_deft", bd);
+        if let Some(u) = st.union_topk {
+            let bt = u as f64 / k as f64;
+            sink.push(*step, 0, "buildup_topk", bt);
+            sum_bt += bt;
+        }
+        sum_imb += imb;
+        sum_cmax += cmax;
+        sum_bd += bd;
+        worst_imb = worst_imb.max(imb);
+        plan.extend(st.rows);
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    if !a.io.quiet {
+        let s = steps.len() as f64;
+        let mean_load = sum_loads.iter().sum::<f64>() / (p as f64 * s);
+        eprintln!(
+            "deft: {} steps, P = {p}, n = {n}, k = {k}, {} pieces",
+            steps.len(),
+            planner.pieces.len()
+        );
+        let mut t = TextTable::new(["worker", "mean_cost_load", "load/mean"]);
+        for (w, l) in sum_loads.iter().enumerate() {
+            t.push([
+                w.to_string(),
+                fmt_num(l / s, 4),
+                fmt_num(l / s / mean_load, 4),
+            ]);
+        }
+        eprint!("{}", t.render(a.format));
+        let mut t = TextTable::new(["quantity", "value"]);
+        t.push([
+            "imbalance max/mean (mean over steps)".into(),
+            fmt_num(sum_imb / s, 4),
+        ]);
+        t.push([
+            "imbalance max/mean (worst step)".into(),
+            fmt_num(worst_imb, 4),
+        ]);
+        t.push([
+            "DEFT cost max_i C_i (mean)".into(),
+            fmt_num(sum_cmax / s, 4),
+        ]);
+        t.push(["Top-k cost n·log2 k".into(), fmt_num(topk_cost, 4)]);
+        t.push([
+            "predicted selection speedup".into(),
+            fmt_num(topk_cost * s / sum_cmax, 4),
+        ]);
+        t.push([
+            "build-up DEFT union/k (mean)".to_string(),
+            fmt_num(sum_bd / s, 4),
+        ]);
+        if !a.no_buildup {
+            t.push([
+                "build-up Top-k union/k (mean)".to_string(),
+                fmt_num(sum_bt / s, 4),
+            ]);
+        }
+        eprint!("{}", t.render(a.format));
+    }
+    Ok(plan)
+}
+
+fn run_oktopk(
+    a: &Cli,
+    rows: &[TensorRow],
+    layout: &Layout,
+    p: usize,
+    sink: &mut MetricSink,
+) -> Result<Vec<PlanRow>> {
+    let n = layout.total();
+    let groups = trace::group_step_rank(rows);
+    // (step, each rank's sorted flat selection)
+    let mut steps: Vec<(u32, Vec<Vec<u32>>)> = Vec::new();
+    for g in &groups {
+        let s = trace::flatten_sparse(&g.rows, layout).indices;
+        match steps.last_mut() {
+            Some((st, v)) if *st == g.step => v.push(s),
+            _ => steps.push((g.step, vec![s])),
+        }
+    }
+    let step_ids: Vec<u32> = steps.iter().map(|s| s.0).collect();
+    let recompute = oktopk::period_steps(&step_ids, a.period);
+    let naive = oktopk::naive_boundaries(p, n);
+    let mut bounds = naive.clone();
+    let mut plan = Vec::new();
+    let mut few = 0usize;
+    let (mut sum_imb_b, mut sum_imb_n, mut max_words_b, mut max_words_n) = (0.0, 0.0, 0u64, 0u64);
+    let mut sum_counts = vec![0u64; p];
+    for ((step, sels), &new) in steps.iter().zip(&recompute) {
+        let refs: Vec<&[u32]> = sels.iter().map(|s| s.as_slice()).collect();
+        if new {
+            few += refs.iter().filter(|s| s.len() < p).count();
+            bounds = if a.naive {
+                naive.clone()
+            } else {
+                oktopk::balanced_boundaries(&refs, p, n)
+            };
+            plan.extend(oktopk::region_rows(layout, &bounds, *step));
+            for w in 0..p {
+                let (s, e) = oktopk::region(&bounds, w, n);
+                sink.push(*step, w as u32, "region_size", (e - s) as f64);
+            }
+        }
+        let mut imbs = [0.0; 2];
+        for (which, b) in [&bounds, &naive].into_iter().enumerate() {
+            let mut counts = vec![0u64; p];
+            for s in &refs {
+                for (c, x) in counts.iter_mut().zip(oktopk::region_counts(b, s)) {
+                    *c += x;
+                }
+            }
+            let words = oktopk::recv_words(b, &refs);
+            let suffix = if which == 0 { "" } else { "_naive" };
+            for w in 0..p {
+                sink.push(
+                    *step,
+                    w as u32,
+                    &format!("region_entries{suffix}"),
+                    counts[w] as f64,
+                );
+                sink.push(
+                    *step,
+                    w as u32,
+                    &format!("recv_words{suffix}"),
+                    words[w] as f64,
+                );
+            }
+            let mean = counts.iter().sum::<u64>() as f64 / p as f64;
+            let max = counts.iter().copied().max().unwrap_or(0) as f64;
+            imbs[which] = if mean > 0.0 { max / mean } else { 1.0 };
+            sink.push(*step, 0, &format!("region_imbalance{suffix}"), imbs[which]);
+            let wmax = words.iter().copied().max().unwrap_or(0);
+            if which == 0 {
+                max_words_b = max_words_b.max(wmax);
+                for (s, c) in sum_counts.iter_mut().zip(&counts) {
+                    *s += c;
+                }
+            } else {
+                max_words_n = max_words_n.max(wmax);
+            }
+        }
+        sum_imb_b += imbs[0];
+        sum_imb_n += imbs[1];
+    }
+    if !a.io.quiet {
+        let s = steps.len() as f64;
+        eprintln!(
+            "oktopk{}: {} steps, {} plan steps, P = {p}, n = {n}",
+            if a.naive { " --naive" } else { "" },
+            steps.len(),
+            recompute.iter().filter(|r| **r).count()
+        );
+        if few > 0 {
+            eprintln!(
+                "note: {few} (plan step, rank) pairs selected fewer than P = {p} entries; those ranks contributed equal-size cut points"
+            );
+        }
+        let mut t = TextTable::new(["worker", "mean_region_entries"]);
+        for (w, c) in sum_counts.iter().enumerate() {
+            t.push([w.to_string(), fmt_num(*c as f64 / s, 4)]);
+        }
+        eprint!("{}", t.render(a.format));
+        let mut t = TextTable::new(["quantity", "planned", "equal-size"]);
+        t.push([
+            "imbalance max/mean (mean over steps)".to_string(),
+            fmt_num(sum_imb_b / s, 4),
+            fmt_num(sum_imb_n / s, 4),
+        ]);
+        t.push([
+            "max words received in split-and-reduce".to_string(),
+            max_words_b.to_string(),
+            max_words_n.to_string(),
+        ]);
+        eprint!("{}", t.render(a.format));
+    }
+    Ok(plan)
 }
