@@ -9,8 +9,10 @@
 //!
 //! Not here: reading files, choosing ranks (see gradkit-comm), training (gradkit-train).
 
+pub mod alltoall;
 pub mod cost;
 pub mod dense;
+pub mod onebit;
 pub mod registry;
 
 use anyhow::Result;

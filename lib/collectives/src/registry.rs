@@ -146,9 +146,18 @@ pub fn make_reducer(name: &str, params: &Params) -> Result<Box<dyn Reducer>> {
         "oktopk" => bail!("--algo oktopk is not implemented yet"),
         "deft" => bail!("--algo deft is not implemented yet"),
         // compressed and embedding collectives
-        "onebit" => bail!("--algo onebit is not implemented yet"),
-        "onebit-naive" => bail!("--algo onebit-naive is not implemented yet"),
-        "alltoall" => bail!("--algo alltoall is not implemented yet"),
+        "onebit" => Box::new(crate::onebit::OneBitReducer::new(
+            crate::onebit::Variant::Server,
+            params.state.clone(),
+        )),
+        "onebit-naive" => Box::new(crate::onebit::OneBitReducer::new(
+            crate::onebit::Variant::Naive,
+            params.state.clone(),
+        )),
+        "alltoall" => Box::new(crate::alltoall::AllToAllReducer::new(
+            params.split,
+            params.op,
+        )),
         other => {
             let names: Vec<&str> = ALGOS.iter().map(|a| a.0).collect();
             bail!("unknown --algo `{other}` (known: {})", names.join(", "))
