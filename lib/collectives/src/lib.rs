@@ -14,6 +14,7 @@ pub mod cost;
 pub mod dense;
 pub mod onebit;
 pub mod registry;
+pub mod sparse;
 
 use anyhow::Result;
 use gradkit_comm::Comm;

@@ -139,12 +139,12 @@ pub fn make_reducer(name: &str, params: &Params) -> Result<Box<dyn Reducer>> {
             Box::new(crate::dense::DenseReducer::new(name, params.op)?)
         }
         // sparse algorithms (Ok-Topk Table 1) — filled in by the sparse collectives
-        "topka" => bail!("--algo topka is not implemented yet"),
-        "topkdsa" => bail!("--algo topkdsa is not implemented yet"),
-        "gtopk" => bail!("--algo gtopk is not implemented yet"),
-        "gaussiank" => bail!("--algo gaussiank is not implemented yet"),
-        "oktopk" => bail!("--algo oktopk is not implemented yet"),
-        "deft" => bail!("--algo deft is not implemented yet"),
+        "topka" => Box::new(crate::sparse::topka::TopkA::new(params)?),
+        "topkdsa" => Box::new(crate::sparse::topkdsa::TopkDsa::new(params)?),
+        "gtopk" => Box::new(crate::sparse::gtopk::GTopk::new(params)?),
+        "gaussiank" => Box::new(crate::sparse::gaussiank::GaussianK::new(params)?),
+        "oktopk" => Box::new(crate::sparse::oktopk::OkTopk::new(params)?),
+        "deft" => Box::new(crate::sparse::deft::Deft::new(params)?),
         // compressed and embedding collectives
         "onebit" => Box::new(crate::onebit::OneBitReducer::new(
             crate::onebit::Variant::Server,

@@ -1,0 +1,176 @@
+//! DEFT's exchange (Yoon & Oh, ICPP'23; deft.md §1.5): every rank selects only inside the
+//! gradient pieces it owns, so the ranks' index sets are disjoint; then
+//! 1. allgather of the per-rank counts (`allgather_counts`),
+//! 2. allgather of the indices (`allgather_indices`; their union needs no dedup),
+//! 3. allreduce (ring) of **every** rank's accumulator values at all gathered indices
+//!    (`allreduce_values`).
+//!
+//! Result: `Σ_i acc_i` at the union of the selections. Residual: the accumulator with all
+//! gathered indices zeroed (every rank sent its values there; DEFT Algorithm 1).
+//!
+//! Needs dense input. Ranges: from `params.plan` (a DEFT `plan/1` from `gradpartition
+//! --method deft`, rows of the applicable step, each row's k used as is), or computed
+//! in-process with gradkit-partition's `deft` module: pieces once, then per step every rank
+//! allocates k over the pieces from its own norms (deft.md §1.2), the leader rank
+//! `step mod P` bin-packs with its allocation and broadcasts the piece → bin table (`plan`,
+//! 4 bytes per piece), and rank r takes the pieces whose bin maps to it (`worker_of_bin`).
+
+use anyhow::{bail, ensure, Result};
+use gradkit_comm::{Comm, CommExt};
+use gradkit_core::trace::{Layout, Sparse};
+use gradkit_partition::deft as dp;
+use gradkit_sparsify::topk;
+
+use super::{check_plan_workers, flat_range, k_of, output, plan_at, Feedback};
+use crate::{Flat, Params, Reducer, StepOutput};
+
+/// The DEFT exchange of one step given this rank's (disjoint) selection from `acc`.
+pub fn exchange(comm: &dyn Comm, acc: &[f32], sel: Vec<u32>) -> Result<Sparse> {
+    let counts: Vec<u64> = {
+        let _ph = comm.phase("allgather_counts");
+        if comm.size() == 1 {
+            vec![sel.len() as u64]
+        } else {
+            comm.allgather_one(sel.len() as u64)
+        }
+    };
+    let mut union: Vec<u32> = {
+        let _ph = comm.phase("allgather_indices");
+        let all = comm.allgatherv(sel);
+        for (i, (a, c)) in all.iter().zip(&counts).enumerate() {
+            ensure!(
+                a.len() as u64 == *c,
+                "deft: rank {i} sent {} indices but announced {c}",
+                a.len()
+            );
+        }
+        all.concat()
+    };
+    union.sort_unstable();
+    let before = union.len();
+    union.dedup();
+    ensure!(
+        union.len() == before,
+        "deft: ranks selected overlapping indices ({} duplicates): the plan's ranges overlap (--plan)",
+        before - union.len()
+    );
+    let mut values: Vec<f32> = union.iter().map(|&i| acc[i as usize]).collect();
+    {
+        let _ph = comm.phase("allreduce_values");
+        crate::dense::ring(comm, &mut values);
+    }
+    Ok(Sparse {
+        indices: union,
+        values,
+    })
+}
+
+/// `--algo deft`. Reads `k`/`density`, `plan`, `residual`.
+pub struct Deft {
+    params: Params,
+    fb: Feedback,
+    pieces: Option<Vec<dp::Piece>>,
+}
+
+impl Deft {
+    pub fn new(params: &Params) -> Result<Self> {
+        Ok(Deft {
+            params: params.clone(),
+            fb: Feedback::new(params.residual),
+            pieces: None,
+        })
+    }
+
+    /// This rank's `(flat range, k)` list for `step`.
+    fn ranges(
+        &mut self,
+        comm: &dyn Comm,
+        step: u32,
+        layout: &Layout,
+        acc: &[f32],
+        k: usize,
+    ) -> Result<Vec<(std::ops::Range<usize>, usize)>> {
+        let (p, r) = (comm.size(), comm.rank());
+        if let Some(plan) = &self.params.plan {
+            check_plan_workers("deft", plan, p)?;
+            let mut out = Vec::new();
+            for row in plan_at(plan, step) {
+                let (a, b) = flat_range("deft", layout, row)?;
+                let Some(kx) = row.k else {
+                    bail!("deft: plan row without k (an Ok-Topk plan?); use gradpartition --method deft (--plan)")
+                };
+                if row.worker as usize == r {
+                    out.push((a as usize..b as usize, kx as usize));
+                }
+            }
+            return Ok(out);
+        }
+        let pieces = self.pieces.get_or_insert_with(|| dp::pieces(layout, p));
+        let norms = dp::piece_norms(layout, pieces, acc);
+        let ks = dp::allocate_k(pieces, &norms, k as u64, false);
+        let leader = step as usize % p;
+        let bins: Vec<u32> = {
+            let _ph = comm.phase("plan");
+            let mine = (r == leader).then(|| {
+                dp::bin_pack(pieces, &ks, p)
+                    .into_iter()
+                    .map(|b| b as u32)
+                    .collect()
+            });
+            comm.broadcast(leader, mine)
+        };
+        ensure!(
+            bins.len() == pieces.len(),
+            "deft: leader sent {} bins for {} pieces",
+            bins.len(),
+            pieces.len()
+        );
+        Ok(pieces
+            .iter()
+            .zip(&ks)
+            .zip(&bins)
+            .filter(|(_, &b)| dp::worker_of_bin(b as usize, step, p) == r)
+            .map(|((pc, &kx), _)| (pc.flat_range(layout), kx as usize))
+            .collect())
+    }
+}
+
+impl Reducer for Deft {
+    fn name(&self) -> &'static str {
+        "deft"
+    }
+    fn reduce(
+        &mut self,
+        comm: &dyn Comm,
+        step: u32,
+        layout: &Layout,
+        input: Flat,
+    ) -> Result<StepOutput> {
+        let n = self.fb.check("deft", layout, &input)?;
+        let Flat::Dense(g) = input else {
+            bail!("deft: needs dense input (DEFT selects inside its own ranges and sends every rank's values at the gathered indices); got a sparse tensor")
+        };
+        let k = k_of(&self.params, n);
+        let t = std::time::Instant::now();
+        let acc = self.fb.accumulate(g);
+        let ranges = self.ranges(comm, step, layout, &acc, k)?;
+        let mut sel: Vec<u32> = Vec::new();
+        for (rg, kx) in &ranges {
+            let off = rg.start as u32;
+            sel.extend(
+                topk::topk_indices(&acc[rg.clone()], *kx)
+                    .into_iter()
+                    .map(|i| i + off),
+            );
+        }
+        sel.sort_unstable();
+        let metrics = vec![
+            ("time_select_s".to_string(), super::secs(t)),
+            ("local_nnz".to_string(), sel.len() as f64),
+            ("pieces".to_string(), ranges.len() as f64),
+        ];
+        let res = exchange(comm, &acc, sel.clone())?;
+        self.fb.update(acc, &res.indices);
+        Ok(output(comm, self.params.op, res, k, Some(sel), metrics))
+    }
+}

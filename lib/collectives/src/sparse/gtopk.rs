@@ -1,0 +1,112 @@
+//! gTop-k (Shi et al., ICDCS'19; Ok-Topk Table 1): a reduction tree in which each level sums
+//! the partner's sparse vector into its own and keeps the top-k by |value|, then a broadcast
+//! of the root's result.
+//!
+//! Tree for any P: with p' the largest power of two ≤ P, ranks r ≥ p' first fold into
+//! r − p' (which keeps Topk(V_{r−p'} + V_r)); then at level ℓ = 0, 1, … rank r with
+//! r mod 2^(ℓ+1) = 0 receives from r + 2^ℓ and keeps Topk(V_r + V_{r+2^ℓ}). Rank 0's vector is
+//! broadcast (binomial tree, indices then values). For P = 4:
+//! Topk(Topk(S0+S1) + Topk(S2+S3)); for P = 1 the result is S0 as given. Top-k keeps exactly
+//! min(k, nnz) entries, ties to the lower index.
+//!
+//! Traffic: each tree edge carries ≤ k COO entries (8k bytes); rank 0 sends 8k·⌈log2 P⌉
+//! bytes in the broadcast: 4k log P words on the critical path, as in Table 1.
+
+use anyhow::Result;
+use gradkit_comm::{Comm, CommExt};
+use gradkit_core::trace::{Layout, Sparse};
+
+use super::{
+    exchange_sparse, gather, k_of, output, select_topk, sum_sparse, topk_sparse, Feedback,
+};
+use crate::{Flat, Params, Reducer, StepOutput};
+
+/// The gTop-k reduction tree and broadcast of one step.
+pub fn tree_allreduce(comm: &dyn Comm, mine: Sparse, k: usize) -> Sparse {
+    let (p, r) = (comm.size(), comm.rank());
+    if p == 1 {
+        return mine;
+    }
+    let pp = 1usize << (usize::BITS - 1 - p.leading_zeros());
+    let mut cur = mine;
+    {
+        let _ph = comm.phase("reduce_tree");
+        let mut active = true;
+        if r >= pp {
+            exchange_sparse(comm, vec![(r - pp, std::mem::take(&mut cur))], &[]);
+            active = false;
+        } else if r + pp < p {
+            let got = exchange_sparse(comm, vec![], &[r + pp]).pop().expect("one");
+            cur = topk_sparse(&sum_sparse(&[cur, got]), k);
+        }
+        let mut half = 1;
+        while active && half < pp {
+            if r % (2 * half) == 0 {
+                let got = exchange_sparse(comm, vec![], &[r + half])
+                    .pop()
+                    .expect("one");
+                cur = topk_sparse(&sum_sparse(&[cur, got]), k);
+            } else {
+                exchange_sparse(comm, vec![(r - half, std::mem::take(&mut cur))], &[]);
+                active = false;
+            }
+            half *= 2;
+        }
+    }
+    let _ph = comm.phase("broadcast");
+    let root = r == 0;
+    let indices = comm.broadcast(0, root.then(|| std::mem::take(&mut cur.indices)));
+    let values = comm.broadcast(0, root.then(|| std::mem::take(&mut cur.values)));
+    Sparse { indices, values }
+}
+
+/// `--algo gtopk`. Dense input: exact local top-k with error feedback; the residual keeps
+/// every locally selected entry that the tree dropped.
+pub struct GTopk {
+    params: Params,
+    fb: Feedback,
+}
+
+impl GTopk {
+    pub fn new(params: &Params) -> Result<Self> {
+        Ok(GTopk {
+            params: params.clone(),
+            fb: Feedback::new(params.residual),
+        })
+    }
+}
+
+impl Reducer for GTopk {
+    fn name(&self) -> &'static str {
+        "gtopk"
+    }
+    fn reduce(
+        &mut self,
+        comm: &dyn Comm,
+        _step: u32,
+        layout: &Layout,
+        input: Flat,
+    ) -> Result<StepOutput> {
+        let n = self.fb.check("gtopk", layout, &input)?;
+        let k = k_of(&self.params, n);
+        let mut metrics = Vec::new();
+        let (sel, acc) = match input {
+            Flat::Sparse(s) => (s, None),
+            Flat::Dense(g) => {
+                let t = std::time::Instant::now();
+                let acc = self.fb.accumulate(g);
+                let sel = gather(&acc, select_topk(&acc, k));
+                metrics.push(("time_select_s".into(), super::secs(t)));
+                (sel, Some(acc))
+            }
+        };
+        metrics.push(("local_nnz".into(), sel.len() as f64));
+        let contributed = acc.as_ref().map(|_| sel.indices.clone());
+        let res = tree_allreduce(comm, sel, k);
+        if let (Some(acc), Some(c)) = (acc, &contributed) {
+            let kept = super::intersect(c, &res.indices);
+            self.fb.update(acc, &kept);
+        }
+        Ok(output(comm, self.params.op, res, k, contributed, metrics))
+    }
+}

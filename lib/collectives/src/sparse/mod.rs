@@ -1,0 +1,398 @@
+//! Sparse allreduces (Ok-Topk Table 1, PPoPP'22) and DEFT's exchange (ICPP'23).
+//!
+//! Every algorithm is a [`crate::Reducer`] taking either a selection (`Flat::Sparse`, e.g. from
+//! `gradselect`) or a dense gradient (`Flat::Dense`: the algorithm then runs its own selection
+//! on `residual + gradient` and keeps error feedback across steps, Ok-Topk Algorithm 2). The
+//! result is a `Flat::Sparse` that is bit-identical on every rank. Indices travel as `u32`,
+//! values as `f32`, in separate messages (never indices packed as floats, anchors.md §4).
+//!
+//! | module | `--algo` | phases charged |
+//! |---|---|---|
+//! | [`topka`] | topka | `allgatherv` |
+//! | [`topkdsa`] | topkdsa | `reduce`, `allgather_sizes`, `allgatherv` |
+//! | [`gtopk`] | gtopk | `reduce_tree`, `broadcast` |
+//! | [`gaussiank`] | gaussiank | `allgatherv` |
+//! | [`oktopk`] | oktopk | `space_repartition`, `split_and_reduce`, `th_re_evaluate`, `balance_and_allgatherv` |
+//! | [`deft`] | deft | `plan`, `allgather_counts`, `allgather_indices`, `allreduce_values` |
+//!
+//! Residual rule for dense input (Ok-Topk Algorithm 2, DEFT Algorithm 1): after a step the
+//! residual is the accumulator with the entries zeroed that this rank *sent and that are in the
+//! result's support* (for DEFT: every entry at the gathered indices, since every rank sends its
+//! values there). Locally selected entries that did not survive stay in the residual.
+
+pub mod deft;
+pub mod gaussiank;
+pub mod gtopk;
+pub mod oktopk;
+pub mod topka;
+pub mod topkdsa;
+
+use std::time::Instant;
+
+use anyhow::{bail, ensure, Result};
+use gradkit_comm::{Buf, Comm, CommExt, Kind};
+use gradkit_core::trace::{Layout, Sparse};
+use gradkit_core::PlanRow;
+use gradkit_sparsify::topk;
+
+use crate::{Flat, Op, StepOutput};
+
+/// Message tags of the sparse algorithms (pairs of ranks with one tag stay ordered).
+pub(crate) const TAG_SPARSE: u32 = 60;
+
+/// Per-rank state shared by every sparse reducer: input checks and error feedback.
+#[derive(Debug, Default)]
+pub(crate) struct Feedback {
+    /// Whether error feedback is on for dense input.
+    enabled: bool,
+    /// `Some(true)` after a dense step, `Some(false)` after a sparse one.
+    mode: Option<bool>,
+    residual: Option<Vec<f32>>,
+}
+
+impl Feedback {
+    pub fn new(enabled: bool) -> Self {
+        Feedback {
+            enabled,
+            ..Default::default()
+        }
+    }
+
+    /// Checks `input` against the layout (length, ascending in-range indices) and against the
+    /// previous steps of this run (no switching between dense and sparse input).
+    pub fn check(&mut self, algo: &str, layout: &Layout, input: &Flat) -> Result<usize> {
+        let n = layout.total();
+        ensure!(
+            n <= u32::MAX as u64 + 1,
+            "{algo}: the flat model has {n} elements, more than u32 indices can address"
+        );
+        let n = n as usize;
+        match input {
+            Flat::Dense(v) => ensure!(
+                v.len() == n,
+                "{algo}: dense input has {} values but the layout has {n} elements",
+                v.len()
+            ),
+            Flat::Sparse(s) => check_sparse(algo, s, n)?,
+        }
+        let dense = input.is_dense();
+        match self.mode {
+            Some(m) if m != dense => bail!(
+                "{algo}: mixed dense and sparse input in one run (a step was {}, an earlier one {})",
+                if dense { "dense" } else { "sparse" },
+                if m { "dense" } else { "sparse" }
+            ),
+            _ => self.mode = Some(dense),
+        }
+        Ok(n)
+    }
+
+    /// `acc = residual + g` (or `g` when error feedback is off or on the first step).
+    pub fn accumulate(&mut self, mut g: Vec<f32>) -> Vec<f32> {
+        if self.enabled {
+            if let Some(r) = &self.residual {
+                for (a, e) in g.iter_mut().zip(r) {
+                    *a += *e;
+                }
+            }
+        }
+        g
+    }
+
+    /// New residual: `acc` with the entries `zeroed` (ascending) set to 0.
+    pub fn update(&mut self, mut acc: Vec<f32>, zeroed: &[u32]) {
+        if !self.enabled {
+            return;
+        }
+        for &i in zeroed {
+            acc[i as usize] = 0.0;
+        }
+        self.residual = Some(acc);
+    }
+}
+
+/// Sparse input must have one value per index and strictly ascending indices below n.
+pub(crate) fn check_sparse(algo: &str, s: &Sparse, n: usize) -> Result<()> {
+    ensure!(
+        s.indices.len() == s.values.len(),
+        "{algo}: sparse input has {} indices but {} values",
+        s.indices.len(),
+        s.values.len()
+    );
+    for w in s.indices.windows(2) {
+        ensure!(
+            w[0] < w[1],
+            "{algo}: sparse input indices are not strictly ascending ({} then {})",
+            w[0],
+            w[1]
+        );
+    }
+    if let Some(&last) = s.indices.last() {
+        ensure!(
+            (last as usize) < n,
+            "{algo}: sparse input index {last} is outside the model's {n} elements"
+        );
+    }
+    Ok(())
+}
+
+/// Entries of `x` at `idx` (ascending flat indices) as a sparse vector.
+pub(crate) fn gather(x: &[f32], idx: Vec<u32>) -> Sparse {
+    let values = idx.iter().map(|&i| x[i as usize]).collect();
+    Sparse {
+        indices: idx,
+        values,
+    }
+}
+
+/// Exact top-k of a sparse vector by |value| (ties to the lower index), ascending.
+pub(crate) fn topk_sparse(s: &Sparse, k: usize) -> Sparse {
+    if s.len() <= k {
+        return s.clone();
+    }
+    let pos = topk::topk_indices(&s.values, k);
+    Sparse {
+        indices: pos.iter().map(|&p| s.indices[p as usize]).collect(),
+        values: pos.iter().map(|&p| s.values[p as usize]).collect(),
+    }
+}
+
+/// Exact selection threshold: the k-th largest |x| when more than k candidates are non-zero,
+/// else 0 (everything non-zero passes `|x| > 0`). Used for Ok-Topk's `th_re_evaluate`.
+pub(crate) fn exact_threshold(x: &[f32], k: usize) -> f32 {
+    let nz = x.iter().filter(|v| **v != 0.0).count();
+    if nz <= k || k == 0 {
+        if k == 0 {
+            return f32::INFINITY;
+        }
+        return 0.0;
+    }
+    topk::kth_largest_abs(x, k)
+}
+
+/// Sum of sparse vectors (each ascending), summed in list order at every index: the same
+/// floating-point result on every rank that calls it with the same lists. Keeps the union of
+/// the supports (a sum that cancels to 0 stays as an explicit 0).
+pub(crate) fn sum_sparse(lists: &[Sparse]) -> Sparse {
+    match lists.len() {
+        0 => return Sparse::default(),
+        1 => return lists[0].clone(),
+        _ => {}
+    }
+    let total: usize = lists.iter().map(|s| s.len()).sum();
+    let mut pairs: Vec<(u32, f32)> = Vec::with_capacity(total);
+    for s in lists {
+        pairs.extend(s.indices.iter().copied().zip(s.values.iter().copied()));
+    }
+    // Stable: equal indices keep list order, so the sum order is the list order.
+    pairs.sort_by_key(|p| p.0);
+    let mut out = Sparse {
+        indices: Vec::with_capacity(total),
+        values: Vec::with_capacity(total),
+    };
+    for (i, v) in pairs {
+        if out.indices.last() == Some(&i) {
+            *out.values.last_mut().expect("value") += v;
+        } else {
+            out.indices.push(i);
+            out.values.push(v);
+        }
+    }
+    out
+}
+
+/// Concatenation of sparse vectors whose index ranges are ordered and disjoint.
+pub(crate) fn concat(parts: Vec<Sparse>) -> Sparse {
+    let mut out = Sparse::default();
+    for p in parts {
+        out.indices.extend(p.indices);
+        out.values.extend(p.values);
+    }
+    out
+}
+
+/// Sorted intersection of two ascending index lists.
+pub(crate) fn intersect(a: &[u32], b: &[u32]) -> Vec<u32> {
+    let (mut i, mut j) = (0, 0);
+    let mut out = Vec::new();
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                out.push(a[i]);
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Allgatherv of a COO vector: one ring allgatherv of the `u32` indices, one of the `f32`
+/// values; returns every rank's vector in rank order.
+pub(crate) fn allgatherv_sparse(comm: &dyn Comm, mine: Sparse) -> Vec<Sparse> {
+    let idx = comm.allgatherv(mine.indices);
+    let val = comm.allgatherv(mine.values);
+    idx.into_iter()
+        .zip(val)
+        .map(|(indices, values)| Sparse { indices, values })
+        .collect()
+}
+
+/// One bucket of point-to-point COO messages (indices and values as two messages per peer),
+/// posted together; returns what each of `srcs` sent, in order.
+pub(crate) fn exchange_sparse(
+    comm: &dyn Comm,
+    sends: Vec<(usize, Sparse)>,
+    srcs: &[usize],
+) -> Vec<Sparse> {
+    let mut out = Vec::with_capacity(2 * sends.len());
+    for (d, s) in sends {
+        out.push((d, Buf::U32(s.indices)));
+        out.push((d, Buf::F32(s.values)));
+    }
+    let recvs: Vec<(usize, Kind)> = srcs
+        .iter()
+        .flat_map(|&s| [(s, Kind::U32), (s, Kind::F32)])
+        .collect();
+    let got = comm.exchange(TAG_SPARSE, out, &recvs);
+    let mut it = got.into_iter();
+    let mut res = Vec::with_capacity(srcs.len());
+    while let (Some(i), Some(v)) = (it.next(), it.next()) {
+        let indices = match i {
+            Buf::U32(x) => x,
+            other => panic!(
+                "expected u32 indices, got {:?} (algorithm bug)",
+                other.kind()
+            ),
+        };
+        let values = match v {
+            Buf::F32(x) => x,
+            other => panic!(
+                "expected f32 values, got {:?} (algorithm bug)",
+                other.kind()
+            ),
+        };
+        res.push(Sparse { indices, values });
+    }
+    res
+}
+
+/// Sum-allreduce of a few u64 (Ok-Topk's boundary consensus): recursive doubling among the
+/// largest power of two p' ≤ P, the ranks r ≥ p' first folding into r − p' and getting the
+/// result back. ⌈log2 P⌉ (+2) messages per rank; exact (integers).
+pub(crate) fn allreduce_sum_u64(comm: &dyn Comm, data: &mut [u64]) {
+    let (p, r) = (comm.size(), comm.rank());
+    if p == 1 {
+        return;
+    }
+    let pp = 1usize << (usize::BITS - 1 - p.leading_zeros());
+    let add = |d: &mut [u64], g: &[u64]| d.iter_mut().zip(g).for_each(|(a, b)| *a += *b);
+    if r >= pp {
+        comm.send(r - pp, data.to_vec());
+        let got: Vec<u64> = comm.recv(r - pp);
+        data.copy_from_slice(&got);
+        return;
+    }
+    if r + pp < p {
+        let got: Vec<u64> = comm.recv(r + pp);
+        add(data, &got);
+    }
+    let mut mask = 1;
+    while mask < pp {
+        let partner = r ^ mask;
+        let got: Vec<u64> = comm.sendrecv(partner, data.to_vec(), partner);
+        add(data, &got);
+        mask <<= 1;
+    }
+    if r + pp < p {
+        comm.send(r + pp, data.to_vec());
+    }
+}
+
+/// The rows of the plan step that applies to `step`: the latest plan step ≤ `step`, else the
+/// first plan step.
+pub(crate) fn plan_at(plan: &[PlanRow], step: u32) -> Vec<&PlanRow> {
+    let mut steps: Vec<u32> = plan.iter().map(|r| r.step).collect();
+    steps.sort_unstable();
+    steps.dedup();
+    let Some(&first) = steps.first() else {
+        return Vec::new();
+    };
+    let at = steps
+        .iter()
+        .rev()
+        .find(|&&s| s <= step)
+        .copied()
+        .unwrap_or(first);
+    plan.iter().filter(|r| r.step == at).collect()
+}
+
+/// Checks that a plan is for `p` workers (its largest worker id is p − 1).
+pub(crate) fn check_plan_workers(algo: &str, plan: &[PlanRow], p: usize) -> Result<()> {
+    ensure!(!plan.is_empty(), "{algo}: the plan has no rows (--plan)");
+    let workers = plan.iter().map(|r| r.worker).max().unwrap_or(0) as usize + 1;
+    ensure!(
+        workers == p,
+        "{algo}: the plan is for {workers} workers but the world has {p} ranks (--plan)"
+    );
+    Ok(())
+}
+
+/// Flat range `[start, end)` of a plan row.
+pub(crate) fn flat_range(algo: &str, layout: &Layout, r: &PlanRow) -> Result<(u64, u64)> {
+    let Some(l) = layout.by_id(r.layer_id) else {
+        bail!(
+            "{algo}: plan row names layer_id {} that the input does not have (--plan)",
+            r.layer_id
+        )
+    };
+    ensure!(
+        r.start <= r.end && r.end <= l.numel,
+        "{algo}: plan range [{}, {}) is outside layer `{}` of {} elements (--plan)",
+        r.start,
+        r.end,
+        l.name,
+        l.numel
+    );
+    Ok((l.offset + r.start, l.offset + r.end))
+}
+
+/// Builds the step's output: scales by 1/P for `Op::Mean`, records `nnz` and `k`.
+pub(crate) fn output(
+    comm: &dyn Comm,
+    op: Op,
+    mut result: Sparse,
+    k: usize,
+    contributed: Option<Vec<u32>>,
+    mut metrics: Vec<(String, f64)>,
+) -> StepOutput {
+    if op == Op::Mean {
+        let inv = 1.0 / comm.size() as f32;
+        result.values.iter_mut().for_each(|v| *v *= inv);
+    }
+    metrics.push(("k".into(), k as f64));
+    metrics.push(("nnz".into(), result.len() as f64));
+    let mut out = StepOutput::new(Flat::Sparse(result));
+    out.metrics = metrics;
+    out.contributed = contributed;
+    out
+}
+
+/// Seconds since `t`.
+pub(crate) fn secs(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64()
+}
+
+/// k as usize for a flat model of n elements.
+pub(crate) fn k_of(params: &crate::Params, n: usize) -> usize {
+    params.k_for(n as u64) as usize
+}
+
+/// Local top-k selection of a dense accumulator, exact zeros dropped (they add nothing).
+pub(crate) fn select_topk(acc: &[f32], k: usize) -> Vec<u32> {
+    let mut idx = topk::topk_indices(acc, k);
+    idx.retain(|&i| acc[i as usize] != 0.0);
+    idx
+}

@@ -1,0 +1,393 @@
+//! Ok-Topk's O(k) sparse allreduce (Li & Hoefler, PPoPP'22, Algorithm 1; oktopk.md §1).
+//!
+//! One step on rank r, with a call counter c = 0, 1, 2, … (c plays Algorithm 1's t − 1):
+//! 1. Local selection (dense input only): on re-evaluation calls (c mod τ' = 0) the exact
+//!    local top-k of `acc = residual + g` and its k-th largest |acc| as the local threshold;
+//!    in between `{j : |acc_j| > local_th}` with the threshold reused (§3.1.3).
+//!    Sparse input (`gradselect`'s selection) is used as it is.
+//! 2. [`space_repartition`] every τ calls (`--period`), or regions from a `plan/1`
+//!    (`gradpartition --method oktopk`): each rank's P−1 equal-count cut points of its sorted
+//!    selected indices, summed by an allreduce of P−1 integers and divided by P (Step B).
+//! 3. [`split_and_reduce`] (Step C): the part of the selection in region d goes to rank d;
+//!    at step s rank r sends to (r+s) mod P and receives from (r−s) mod P; steps are posted
+//!    in buckets of min(4, P−1) non-blocking messages, and the scatter-add of bucket b−1 into
+//!    the dense region buffer runs on a second thread while bucket b is on the wire.
+//!    Rank r sends exactly 8·|S_r outside region r| bytes in 2(P−1) messages.
+//! 4. On re-evaluation calls, [`th_re_evaluate`]: allgatherv of all reduced non-zeros, the
+//!    exact top-k of them is the result and its k-th largest |value| the global threshold
+//!    (as the reference code does, Step D is skipped on these calls).
+//!    Otherwise each rank keeps `{j ∈ region r : |reduced_j| > global_th}` and
+//!    [`balance_and_allgatherv`] (Step D) moves the buffers to near-equal sizes when the
+//!    largest exceeds 4× the average (`--balance auto`; `always`, `never`), then allgathers.
+//!
+//! Result: bit-identical on every rank (each region is reduced on one rank only and then
+//! gathered). Residual (Algorithm 2): the accumulator with `local_sel ∩ supp(result)` zeroed.
+//! Departures from the reference code (anchors.md §4): indices are `u32` messages, never
+//! floats; P = 1 and empty selections work (P = 1: no messages, the result is the local
+//! selection's top-k / threshold pass); balancing is implemented; the allgathers are rings
+//! (same volume as the paper's recursive doubling, P−1 instead of log P messages); the
+//! reference code's count-band nudges of reused thresholds are not applied.
+
+use std::time::Instant;
+
+use anyhow::{bail, ensure, Result};
+use gradkit_comm::{Comm, CommExt};
+use gradkit_core::trace::{Layout, Sparse};
+use gradkit_core::PlanRow;
+use gradkit_partition::oktopk::{cut_points, region};
+use gradkit_sparsify::threshold;
+
+use super::{
+    allgatherv_sparse, allreduce_sum_u64, check_plan_workers, concat, exact_threshold,
+    exchange_sparse, flat_range, gather, intersect, k_of, output, plan_at, select_topk,
+    topk_sparse, Feedback,
+};
+use crate::registry::Balance;
+use crate::{Flat, Params, Reducer, StepOutput};
+
+/// Step B: region boundaries (P−1 of them, region i = `[b[i−1], b[i])`) from every rank's
+/// sorted selected indices: cut points averaged over ranks with an integer allreduce, then
+/// made non-decreasing and clamped to n. A rank with fewer than P selected entries
+/// contributes the equal-size cuts (no crash at P = 1 or on empty selections).
+pub fn space_repartition(comm: &dyn Comm, sorted_local: &[u32], n: u64) -> Vec<u64> {
+    let p = comm.size();
+    let mut cuts = cut_points(sorted_local, p, n);
+    allreduce_sum_u64(comm, &mut cuts);
+    let mut b: Vec<u64> = cuts.iter().map(|c| c / p as u64).collect();
+    for i in 1..b.len() {
+        b[i] = b[i].max(b[i - 1]);
+    }
+    b.iter_mut().for_each(|x| *x = (*x).min(n));
+    b
+}
+
+fn scatter_add(buf: &mut [f32], lo: u64, idx: &[u32], val: &[f32]) {
+    for (&i, &v) in idx.iter().zip(val) {
+        buf[(i as u64 - lo) as usize] += v;
+    }
+}
+
+/// Step C: sends the part of `sel` (ascending) in region d to rank d with rotated
+/// destinations, in buckets of min(4, P−1) steps overlapped with the local scatter-add, and
+/// returns this rank's reduced region: the non-zero sums, ascending (own part first, then the
+/// parts of ranks r−1, r−2, … added in that order).
+pub fn split_and_reduce(comm: &dyn Comm, sel: &Sparse, bounds: &[u64], n: u64) -> Sparse {
+    let (p, r) = (comm.size(), comm.rank());
+    let part = |d: usize| {
+        let (lo, hi) = region(bounds, d, n);
+        let a = sel.indices.partition_point(|&i| (i as u64) < lo);
+        let b = sel.indices.partition_point(|&i| (i as u64) < hi);
+        a..b
+    };
+    let (lo, hi) = region(bounds, r, n);
+    let mut buf = vec![0f32; (hi - lo) as usize];
+    let own = part(r);
+    scatter_add(&mut buf, lo, &sel.indices[own.clone()], &sel.values[own]);
+    let steps: Vec<usize> = (1..p).collect();
+    let bucket = 4.min(p.saturating_sub(1)).max(1);
+    std::thread::scope(|sc| {
+        let mut pending: Option<Vec<Sparse>> = None;
+        for chunk in steps.chunks(bucket) {
+            let sends: Vec<(usize, Sparse)> = chunk
+                .iter()
+                .map(|&s| {
+                    let d = (r + s) % p;
+                    let rg = part(d);
+                    let piece = Sparse {
+                        indices: sel.indices[rg.clone()].to_vec(),
+                        values: sel.values[rg].to_vec(),
+                    };
+                    (d, piece)
+                })
+                .collect();
+            let srcs: Vec<usize> = chunk.iter().map(|&s| (r + p - s) % p).collect();
+            // Reduce the previous bucket while this one is on the wire.
+            let handle = pending.take().map(|msgs| {
+                let mut b = std::mem::take(&mut buf);
+                sc.spawn(move || {
+                    for m in &msgs {
+                        scatter_add(&mut b, lo, &m.indices, &m.values);
+                    }
+                    b
+                })
+            });
+            let got = exchange_sparse(comm, sends, &srcs);
+            if let Some(h) = handle {
+                buf = h.join().expect("reduction thread");
+            }
+            pending = Some(got);
+        }
+        if let Some(msgs) = pending {
+            for m in &msgs {
+                scatter_add(&mut buf, lo, &m.indices, &m.values);
+            }
+        }
+    });
+    let mut out = Sparse::default();
+    for (j, &v) in buf.iter().enumerate() {
+        if v != 0.0 {
+            out.indices.push((lo + j as u64) as u32);
+            out.values.push(v);
+        }
+    }
+    out
+}
+
+/// Exact global re-evaluation (Algorithm 1 lines 9–12): allgatherv of every rank's reduced
+/// non-zeros; returns their exact top-k (ties to the lower index) and the k-th largest |sum|
+/// as the new global threshold (0 when there are at most k non-zeros: all pass).
+pub fn th_re_evaluate(comm: &dyn Comm, reduced: Sparse, k: usize) -> (Sparse, f32) {
+    let all = concat(allgatherv_sparse(comm, reduced));
+    let th = exact_threshold(&all.values, k);
+    (topk_sparse(&all, k), th)
+}
+
+/// Step D: allgather of the P buffer sizes; when `balance` says so (auto: largest > 4× the
+/// average), the rank-ordered concatenation (T entries) is re-cut into blocks of ⌊T/P⌋ (the
+/// first T mod P one longer) and each rank sends the parts of its buffer that overlap block
+/// j to rank j; then an allgatherv. The result is the rank-ordered concatenation either way.
+/// Returns it and whether balancing ran.
+pub fn balance_and_allgatherv(comm: &dyn Comm, mine: Sparse, balance: Balance) -> (Sparse, bool) {
+    let (p, r) = (comm.size(), comm.rank());
+    if p == 1 {
+        return (mine, false);
+    }
+    let sizes: Vec<u64> = comm.allgather_one(mine.len() as u64);
+    let total: u64 = sizes.iter().sum();
+    let max = sizes.iter().copied().max().unwrap_or(0);
+    let avg = total as f64 / p as f64;
+    let do_balance = total > 0
+        && match balance {
+            Balance::Always => true,
+            Balance::Never => false,
+            Balance::Auto => max as f64 > 4.0 * avg,
+        };
+    let mut mine = mine;
+    if do_balance {
+        let mut off = vec![0u64; p + 1];
+        for i in 0..p {
+            off[i + 1] = off[i] + sizes[i];
+        }
+        let (q, rem) = (total / p as u64, total % p as u64);
+        let block = |j: usize| {
+            let j = j as u64;
+            let s = j * q + j.min(rem);
+            (s, s + q + u64::from(j < rem))
+        };
+        let overlap = |a: (u64, u64), b: (u64, u64)| (a.0.max(b.0), a.1.min(b.1));
+        let seg = |i: usize| (off[i], off[i + 1]);
+        let slice = |(a, b): (u64, u64)| {
+            let (a, b) = ((a - off[r]) as usize, (b - off[r]) as usize);
+            Sparse {
+                indices: mine.indices[a..b].to_vec(),
+                values: mine.values[a..b].to_vec(),
+            }
+        };
+        let sends: Vec<(usize, Sparse)> = (1..p)
+            .map(|s| (r + s) % p)
+            .filter_map(|j| {
+                let o = overlap(seg(r), block(j));
+                (o.0 < o.1).then(|| (j, slice(o)))
+            })
+            .collect();
+        let srcs: Vec<usize> = (1..p)
+            .map(|s| (r + p - s) % p)
+            .filter(|&i| {
+                let o = overlap(seg(i), block(r));
+                o.0 < o.1
+            })
+            .collect();
+        let got = exchange_sparse(comm, sends, &srcs);
+        // Assemble block r in rank (= concatenation) order, own part in its place.
+        let mut parts: Vec<(usize, Sparse)> = srcs.into_iter().zip(got).collect();
+        let o = overlap(seg(r), block(r));
+        if o.0 < o.1 {
+            parts.push((r, slice(o)));
+        }
+        parts.sort_by_key(|x| x.0);
+        mine = concat(parts.into_iter().map(|x| x.1).collect());
+    }
+    (concat(allgatherv_sparse(comm, mine)), do_balance)
+}
+
+/// Regions from an Ok-Topk `plan/1` (rows of one step): the ranges must tile [0, n) in
+/// worker order; returns the P−1 boundaries.
+pub fn plan_bounds(layout: &Layout, rows: &[&PlanRow], p: usize, n: u64) -> Result<Vec<u64>> {
+    if rows.iter().any(|r| r.k.is_some()) {
+        bail!("oktopk: the plan's rows carry k (a DEFT plan?); use gradpartition --method oktopk (--plan)");
+    }
+    let mut tiles = Vec::with_capacity(rows.len());
+    for r in rows {
+        let (a, b) = flat_range("oktopk", layout, r)?;
+        if a < b {
+            tiles.push((a, b, r.worker as usize));
+        }
+    }
+    tiles.sort_unstable();
+    let mut pos = 0;
+    for t in &tiles {
+        ensure!(
+            t.0 == pos,
+            "oktopk: plan ranges do not tile the index space (gap or overlap at flat index {pos}) (--plan)"
+        );
+        pos = t.1;
+    }
+    ensure!(
+        pos == n,
+        "oktopk: plan ranges cover [0, {pos}) but the model has {n} elements (--plan)"
+    );
+    ensure!(
+        tiles.windows(2).all(|t| t[0].2 <= t[1].2),
+        "oktopk: plan regions are not contiguous in worker order (--plan)"
+    );
+    Ok((0..p.saturating_sub(1))
+        .map(|i| {
+            tiles
+                .iter()
+                .filter(|t| t.2 <= i)
+                .map(|t| t.1)
+                .max()
+                .unwrap_or(0)
+        })
+        .collect())
+}
+
+/// `--algo oktopk`: Algorithm 1 with its state across steps (boundaries, thresholds,
+/// residual). Reads `k`/`density`, `period` τ, `reeval` τ', `balance`, `plan`, `residual`.
+pub struct OkTopk {
+    params: Params,
+    fb: Feedback,
+    calls: u64,
+    bounds: Option<Vec<u64>>,
+    local_th: Option<f32>,
+    global_th: Option<f32>,
+}
+
+impl OkTopk {
+    pub fn new(params: &Params) -> Result<Self> {
+        ensure!(params.period >= 1, "oktopk: --period must be at least 1");
+        ensure!(params.reeval >= 1, "oktopk: --reeval must be at least 1");
+        Ok(OkTopk {
+            params: params.clone(),
+            fb: Feedback::new(params.residual),
+            calls: 0,
+            bounds: None,
+            local_th: None,
+            global_th: None,
+        })
+    }
+}
+
+impl Reducer for OkTopk {
+    fn name(&self) -> &'static str {
+        "oktopk"
+    }
+    fn reduce(
+        &mut self,
+        comm: &dyn Comm,
+        step: u32,
+        layout: &Layout,
+        input: Flat,
+    ) -> Result<StepOutput> {
+        let n = self.fb.check("oktopk", layout, &input)?;
+        let p = comm.size();
+        let k = k_of(&self.params, n);
+        let c = self.calls;
+        let reeval = c.is_multiple_of(self.params.reeval as u64);
+        let mut metrics: Vec<(String, f64)> = Vec::new();
+
+        // Plan errors are found before any message, on every rank alike.
+        let plan_b = match &self.params.plan {
+            Some(plan) => {
+                check_plan_workers("oktopk", plan, p)?;
+                Some(plan_bounds(layout, &plan_at(plan, step), p, n as u64)?)
+            }
+            None => None,
+        };
+        self.calls += 1;
+
+        // 1. local selection
+        let t = Instant::now();
+        let (sel, acc) = match input {
+            Flat::Sparse(s) => (s, None),
+            Flat::Dense(g) => {
+                let acc = self.fb.accumulate(g);
+                let idx = match self.local_th {
+                    Some(th) if !reeval => threshold::above(&acc, th),
+                    _ => {
+                        self.local_th = Some(exact_threshold(&acc, k));
+                        select_topk(&acc, k)
+                    }
+                };
+                (gather(&acc, idx), Some(acc))
+            }
+        };
+        metrics.push(("time_select_s".into(), super::secs(t)));
+        metrics.push(("local_nnz".into(), sel.len() as f64));
+        if let Some(th) = self.local_th {
+            metrics.push(("threshold".into(), th as f64));
+        }
+
+        // 2. regions
+        let mut repartitioned = false;
+        if let Some(b) = plan_b {
+            repartitioned = self.bounds.as_ref() != Some(&b);
+            self.bounds = Some(b);
+        } else if self.bounds.is_none() || c.is_multiple_of(self.params.period as u64) {
+            let _ph = comm.phase("space_repartition");
+            self.bounds = Some(space_repartition(comm, &sel.indices, n as u64));
+            repartitioned = true;
+        }
+        let bounds = self.bounds.as_ref().expect("regions");
+        let (lo, hi) = region(bounds, comm.rank(), n as u64);
+
+        // 3. split and reduce
+        let reduced = {
+            let _ph = comm.phase("split_and_reduce");
+            split_and_reduce(comm, &sel, bounds, n as u64)
+        };
+        metrics.push(("reduced_nnz".into(), reduced.len() as f64));
+
+        // 4. global selection
+        let (result, balanced) = if reeval {
+            let _ph = comm.phase("th_re_evaluate");
+            let (res, th) = th_re_evaluate(comm, reduced, k);
+            self.global_th = Some(th);
+            (res, false)
+        } else {
+            let th = self.global_th.expect("threshold from the first call");
+            let keep: Vec<usize> = (0..reduced.len())
+                .filter(|&i| reduced.values[i].abs() > th)
+                .collect();
+            let mine = Sparse {
+                indices: keep.iter().map(|&i| reduced.indices[i]).collect(),
+                values: keep.iter().map(|&i| reduced.values[i]).collect(),
+            };
+            let _ph = comm.phase("balance_and_allgatherv");
+            balance_and_allgatherv(comm, mine, self.params.balance)
+        };
+        metrics.push((
+            "global_threshold".into(),
+            self.global_th.unwrap_or(0.0) as f64,
+        ));
+        metrics.push(("reevaluated".into(), f64::from(u8::from(reeval))));
+        metrics.push(("repartitioned".into(), f64::from(u8::from(repartitioned))));
+        metrics.push(("balanced".into(), f64::from(u8::from(balanced))));
+        metrics.push(("region_start".into(), lo as f64));
+        metrics.push(("region_end".into(), hi as f64));
+
+        let contributed = acc.as_ref().map(|_| sel.indices.clone());
+        if let Some(acc) = acc {
+            let kept = intersect(&sel.indices, &result.indices);
+            self.fb.update(acc, &kept);
+        }
+        Ok(output(
+            comm,
+            self.params.op,
+            result,
+            k,
+            contributed,
+            metrics,
+        ))
+    }
+}

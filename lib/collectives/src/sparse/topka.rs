@@ -1,0 +1,72 @@
+//! TopkA (Ok-Topk Table 1; Renggli et al. 2019's allgather baseline): every rank's COO
+//! selection is allgathered (ring allgatherv of the `u32` indices, then of the `f32` values)
+//! and summed in rank order. Result = Σ_i S_i exactly (union of supports).
+//!
+//! Traffic: rank r sends 8·Σ_{i≠r+1}|S_i| bytes and receives 8·Σ_{i≠r}|S_i| bytes in
+//! 2(P−1) messages each way: 2k(P−1) words when every |S_i| = k.
+
+use anyhow::Result;
+use gradkit_comm::{Comm, CommExt};
+use gradkit_core::trace::{Layout, Sparse};
+
+use super::{allgatherv_sparse, k_of, output, select_topk, sum_sparse, Feedback};
+use crate::{Flat, Params, Reducer, StepOutput};
+
+/// Allgatherv of every rank's COO, then the sum in rank order.
+pub fn allgather_sum(comm: &dyn Comm, mine: Sparse) -> Sparse {
+    let _ph = comm.phase("allgatherv");
+    let all = allgatherv_sparse(comm, mine);
+    sum_sparse(&all)
+}
+
+/// `--algo topka`. Dense input: exact local top-k (`params.k_for(n)`) with error feedback.
+pub struct TopkA {
+    params: Params,
+    fb: Feedback,
+}
+
+impl TopkA {
+    pub fn new(params: &Params) -> Result<Self> {
+        Ok(TopkA {
+            params: params.clone(),
+            fb: Feedback::new(params.residual),
+        })
+    }
+}
+
+impl Reducer for TopkA {
+    fn name(&self) -> &'static str {
+        "topka"
+    }
+    fn reduce(
+        &mut self,
+        comm: &dyn Comm,
+        _step: u32,
+        layout: &Layout,
+        input: Flat,
+    ) -> Result<StepOutput> {
+        let n = self.fb.check("topka", layout, &input)?;
+        let k = k_of(&self.params, n);
+        let mut metrics = Vec::new();
+        match input {
+            Flat::Sparse(s) => {
+                let local = s.len();
+                let res = allgather_sum(comm, s);
+                metrics.push(("local_nnz".into(), local as f64));
+                Ok(output(comm, self.params.op, res, k, None, metrics))
+            }
+            Flat::Dense(g) => {
+                let t = std::time::Instant::now();
+                let acc = self.fb.accumulate(g);
+                let sel = select_topk(&acc, k);
+                metrics.push(("time_select_s".into(), super::secs(t)));
+                metrics.push(("local_nnz".into(), sel.len() as f64));
+                let mine = super::gather(&acc, sel.clone());
+                let res = allgather_sum(comm, mine);
+                // Every sent entry is in the result.
+                self.fb.update(acc, &sel);
+                Ok(output(comm, self.params.op, res, k, Some(sel), metrics))
+            }
+        }
+    }
+}

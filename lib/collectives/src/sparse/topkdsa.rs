@@ -1,0 +1,110 @@
+//! TopkDSA: SparCML's dynamic sparse allreduce (Renggli et al., SC'19; Ok-Topk Table 1).
+//!
+//! Static equal regions (region i = `[i·n/P, (i+1)·n/P)`); the same point-to-point reduce
+//! as Ok-Topk's split-and-reduce (rotated destinations, buckets); then an allgather of the P
+//! reduced sizes and, as SparCML switches representation when fill-in makes the data dense:
+//! - **sparse** allgatherv of the reduced COO regions when their total size T satisfies
+//!   2·T < n (COO words below dense words: the break-even point), else
+//! - **dense** allgatherv of the reduced regions as plain `f32` arrays (n words in all).
+//!
+//! Result = Σ_i S_i exactly: the union of supports on the sparse path; the non-zero entries on
+//! the dense path (where explicit zeros cannot be told apart). Metric `dense_allgather` says
+//! which path ran.
+
+use anyhow::Result;
+use gradkit_comm::{Comm, CommExt};
+use gradkit_core::trace::{Layout, Sparse};
+use gradkit_partition::oktopk::{naive_boundaries, region};
+
+use super::oktopk::split_and_reduce;
+use super::{allgatherv_sparse, concat, gather, k_of, output, select_topk, Feedback};
+use crate::{Flat, Params, Reducer, StepOutput};
+
+/// Whether TopkDSA gathers dense regions: COO (2 words per entry) at or above n words.
+pub fn dense_is_cheaper(total_nnz: u64, n: u64) -> bool {
+    2 * total_nnz >= n
+}
+
+/// The TopkDSA exchange of one step; returns the sum and whether the dense path ran.
+pub fn sparse_allreduce(comm: &dyn Comm, sel: &Sparse, n: u64) -> (Sparse, bool) {
+    let p = comm.size();
+    let bounds = naive_boundaries(p, n);
+    let reduced = {
+        let _ph = comm.phase("reduce");
+        split_and_reduce(comm, sel, &bounds, n)
+    };
+    let sizes: Vec<u64> = {
+        let _ph = comm.phase("allgather_sizes");
+        if p == 1 {
+            vec![reduced.len() as u64]
+        } else {
+            comm.allgather_one(reduced.len() as u64)
+        }
+    };
+    let total: u64 = sizes.iter().sum();
+    let _ph = comm.phase("allgatherv");
+    if !dense_is_cheaper(total, n) {
+        return (concat(allgatherv_sparse(comm, reduced)), false);
+    }
+    let (lo, hi) = region(&bounds, comm.rank(), n);
+    let mut mine = vec![0f32; (hi - lo) as usize];
+    for (&i, &v) in reduced.indices.iter().zip(&reduced.values) {
+        mine[(i as u64 - lo) as usize] = v;
+    }
+    let dense: Vec<f32> = comm.allgatherv(mine).concat();
+    let nz: Vec<u32> = (0..dense.len() as u32)
+        .filter(|&i| dense[i as usize] != 0.0)
+        .collect();
+    (gather(&dense, nz), true)
+}
+
+/// `--algo topkdsa`. Dense input: exact local top-k with error feedback.
+pub struct TopkDsa {
+    params: Params,
+    fb: Feedback,
+}
+
+impl TopkDsa {
+    pub fn new(params: &Params) -> Result<Self> {
+        Ok(TopkDsa {
+            params: params.clone(),
+            fb: Feedback::new(params.residual),
+        })
+    }
+}
+
+impl Reducer for TopkDsa {
+    fn name(&self) -> &'static str {
+        "topkdsa"
+    }
+    fn reduce(
+        &mut self,
+        comm: &dyn Comm,
+        _step: u32,
+        layout: &Layout,
+        input: Flat,
+    ) -> Result<StepOutput> {
+        let n = self.fb.check("topkdsa", layout, &input)?;
+        let k = k_of(&self.params, n);
+        let mut metrics = Vec::new();
+        let (sel, acc) = match input {
+            Flat::Sparse(s) => (s, None),
+            Flat::Dense(g) => {
+                let t = std::time::Instant::now();
+                let acc = self.fb.accumulate(g);
+                let sel = gather(&acc, select_topk(&acc, k));
+                metrics.push(("time_select_s".into(), super::secs(t)));
+                (sel, Some(acc))
+            }
+        };
+        metrics.push(("local_nnz".into(), sel.len() as f64));
+        let (res, dense) = sparse_allreduce(comm, &sel, n as u64);
+        metrics.push(("dense_allgather".into(), f64::from(u8::from(dense))));
+        let contributed = acc.as_ref().map(|_| sel.indices.clone());
+        if let Some(acc) = acc {
+            // Everything sent is in the sum (a sum that cancels to 0 was still sent).
+            self.fb.update(acc, &sel.indices);
+        }
+        Ok(output(comm, self.params.op, res, k, contributed, metrics))
+    }
+}
