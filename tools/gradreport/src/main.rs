@@ -1,4 +1,245 @@
-fn main() {
-    eprintln!("coming");
-    std::process::exit(2)
+//! `gradreport`: tables and SVG figures from metrics/1 files (see docs/gradreport.md).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use gradkit_core::cli::{self, Format};
+use gradkit_core::{read_tensor, Input, ReadOptions};
+use gradreport::metrics::{self, Stat};
+use gradreport::plot::{self, Kind, PlotOpts};
+use gradreport::table::{self, TableOpts};
+use gradreport::{tensor, volume};
+
+#[derive(Parser)]
+#[command(
+    name = "gradreport",
+    version,
+    about = "Tables and SVG figures from gradkit metrics/1 files; statistics of tensor/1 files",
+    long_about = "Tables and SVG figures from gradkit metrics/1 files; statistics of tensor/1 files.\n\n\
+gradreport reads the long-form metrics that gradallreduce, gradselect and gradtrain write \
+(one row per run, algorithm, world size, step, rank and metric) and prints what people \
+read: medians per algorithm and world size, measured bytes beside the cost model's formula, \
+loss curves, time breakdowns and volume/scaling figures.\n\n\
+Metric names: a plain name (`bytes_sent`) means the total: its own rows, or the sum of its \
+per-phase rows `bytes_sent:<phase>` where a sample has no plain row. `bytes_sent:split_and_reduce` \
+selects one phase; `bytes_sent:*` gives one column per phase.",
+    after_help = "Examples:\n  \
+gradallreduce run --algo oktopk --ranks 4 trace.parquet -o /dev/null --metrics m.parquet\n  \
+gradreport table m.parquet                          # medians per algo and P, Markdown\n  \
+gradreport table m*.parquet --by algo --metric bytes_sent,time_comm_s --format csv\n  \
+gradreport table train.parquet --by run --metric loss,accuracy --stat last\n  \
+gradreport volume m*.parquet --phases               # measured vs formula, per phase\n  \
+gradreport plot loss train*.parquet -o loss.svg\n  \
+gradreport plot breakdown m*.parquet -o breakdown.svg\n  \
+gradreport plot volume m*.parquet -o volume.svg\n  \
+gradtrace synthetic --steps 2 | gradselect --density 0.01 | gradreport tensor"
+)]
+struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Pivot metrics: one row per group of --by columns, one column per metric
+    #[command(
+        after_help = "Cells are the median over every (run, step, rank) sample of the group, \
+with (min–max) beside it in Markdown when the samples differ; csv/json put min and max in \
+`<metric>_min`/`<metric>_max` columns. --stat last takes the median over ranks at the group's \
+last step (final loss); --stat sum adds every sample (total bytes of all ranks and steps).\n\n\
+Example:\n  gradreport table m.parquet --by algo,world_size --metric bytes_sent,bytes_sent:*"
+    )]
+    Table {
+        /// metrics/1 files (stdin when none)
+        #[arg(value_name = "METRICS")]
+        files: Vec<PathBuf>,
+        /// Grouping columns, comma-separated: run, tool, algo, world_size, step, rank
+        #[arg(long, value_name = "COLS", default_value = "algo,world_size")]
+        by: String,
+        /// Metrics to show, comma-separated (`name`, `name:phase`, `name:*`); default: all
+        #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+        metric: Option<Vec<String>>,
+        /// How the samples of a group become one number
+        #[arg(long, value_enum, default_value_t = Stat::Median)]
+        stat: Stat,
+        /// Do not show min–max beside medians and means
+        #[arg(long)]
+        no_range: bool,
+        /// Output format
+        #[arg(long, value_enum, default_value_t = Format::Md)]
+        format: Format,
+    },
+    /// Draw an SVG figure: loss, breakdown, volume or scaling
+    #[command(after_help = "Kinds:\n  \
+loss       loss (and accuracy when present) vs step, median over ranks, one line per run\n  \
+breakdown  stacked time_compute_s / time_select_s / time_comm_s per step (median over steps \
+and ranks), one bar per algorithm and P\n  \
+volume     bytes_sent per rank and step vs P, log-log: measured points (median, min–max \
+whiskers) on the cost model's lines (`model_bytes_sent` rows)\n  \
+scaling    `model_time_s` (the cost model's projected time per step) vs P, log-log\n\n\
+Example:\n  gradreport plot volume m4.parquet m8.parquet -o volume.svg")]
+    Plot {
+        /// Which figure
+        #[arg(value_enum)]
+        kind: Kind,
+        /// metrics/1 files (stdin when none)
+        #[arg(value_name = "METRICS")]
+        files: Vec<PathBuf>,
+        /// The SVG file to write
+        #[arg(short = 'o', long = "output", value_name = "FIG.svg")]
+        output: PathBuf,
+        /// Metrics instead of the kind's defaults, comma-separated
+        #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+        metric: Option<Vec<String>>,
+        /// Figure title
+        #[arg(long)]
+        title: Option<String>,
+        /// Width and height in pixels
+        #[arg(long, value_name = "WxH", default_value = "900x560")]
+        size: String,
+    },
+    /// Measured bytes per rank and step next to the cost model's formula, and their ratio
+    #[command(
+        after_help = "The formula's value comes from `model_<metric>` rows in the input (the \
+tools write them from gradkit_collectives::cost); groups without them show `-`. The measured \
+column is the median over steps and ranks, with min and max; ratio = measured / model \
+(1.00 means exact).\n\nExample:\n  gradreport volume m.parquet --phases --format csv"
+    )]
+    Volume {
+        /// metrics/1 files (stdin when none)
+        #[arg(value_name = "METRICS")]
+        files: Vec<PathBuf>,
+        /// Grouping columns, comma-separated
+        #[arg(long, value_name = "COLS", default_value = "algo,world_size")]
+        by: String,
+        /// The measured metric (the model's is model_<metric>)
+        #[arg(long, value_name = "NAME", default_value = "bytes_sent")]
+        metric: String,
+        /// Also one row per phase (<metric>:<phase>)
+        #[arg(long)]
+        phases: bool,
+        /// Output format
+        #[arg(long, value_enum, default_value_t = Format::Md)]
+        format: Format,
+    },
+    /// nnz, density and L2 norm of every layer of a tensor/1 file, per step and rank
+    #[command(
+        after_help = "Example:\n  gradselect --density 0.01 trace.parquet | gradreport tensor --step 0"
+    )]
+    Tensor {
+        /// tensor/1 file (stdin when absent)
+        #[arg(value_name = "TENSOR")]
+        file: Option<PathBuf>,
+        /// Only this step
+        #[arg(long)]
+        step: Option<u32>,
+        /// Only this rank
+        #[arg(long)]
+        rank: Option<u32>,
+        /// Accept NaN/Inf values
+        #[arg(long)]
+        allow_nonfinite: bool,
+        /// Output format
+        #[arg(long, value_enum, default_value_t = Format::Md)]
+        format: Format,
+    },
+}
+
+fn parse_size(s: &str) -> Result<(u32, u32)> {
+    let bad = || anyhow::anyhow!("size `{s}` is not WIDTHxHEIGHT, e.g. 900x560 (--size)");
+    let (w, h) = s.split_once('x').ok_or_else(bad)?;
+    let (w, h): (u32, u32) = (w.parse().map_err(|_| bad())?, h.parse().map_err(|_| bad())?);
+    if !(100..=10000).contains(&w) || !(100..=10000).contains(&h) {
+        anyhow::bail!("size `{s}` out of range 100..10000 pixels (--size)");
+    }
+    Ok((w, h))
+}
+
+fn body(args: Args) -> Result<()> {
+    match args.cmd {
+        Cmd::Table {
+            files,
+            by,
+            metric,
+            stat,
+            no_range,
+            format,
+        } => {
+            let opts = TableOpts {
+                by: metrics::parse_cols(&by)?,
+                metrics: metric,
+                stat,
+                range: !no_range,
+                format,
+            };
+            let rows = metrics::load(&files)?;
+            table::table(&rows, &opts)?.print(format)
+        }
+        Cmd::Plot {
+            kind,
+            files,
+            output,
+            metric,
+            title,
+            size,
+        } => {
+            let (width, height) = parse_size(&size)?;
+            let opts = PlotOpts {
+                kind,
+                metrics: metric,
+                title,
+                width,
+                height,
+            };
+            let rows = metrics::load(&files)?;
+            let svg = plot::plot(&rows, &opts)?;
+            plot::write_svg(&output, &svg)?;
+            eprintln!("wrote {}", output.display());
+            Ok(())
+        }
+        Cmd::Volume {
+            files,
+            by,
+            metric,
+            phases,
+            format,
+        } => {
+            let opts = volume::VolumeOpts {
+                by: metrics::parse_cols(&by)?,
+                metric,
+                phases,
+            };
+            let rows = metrics::load(&files)?;
+            let lines = volume::volume(&rows, &opts)?;
+            if lines.iter().all(|l| l.model.is_none()) {
+                eprintln!(
+                    "note: no `{}` rows in the input: the model column is empty",
+                    volume::model_name(&opts.metric)
+                );
+            }
+            volume::render(&lines, &opts).print(format)
+        }
+        Cmd::Tensor {
+            file,
+            step,
+            rank,
+            allow_nonfinite,
+            format,
+        } => {
+            let input = Input::from_arg(file.as_deref())?;
+            let t = read_tensor(&input, ReadOptions { allow_nonfinite })?;
+            let stats = tensor::stats(&t.rows, step, rank);
+            if stats.is_empty() {
+                anyhow::bail!("no rows match --step/--rank in {}", t.source);
+            }
+            tensor::render(&stats).print(format)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    cli::run(|| body(args))
 }

@@ -1,0 +1,17 @@
+//! gradreport: the tables and figures people read, from gradkit's `metrics/1` files
+//! (bytes, time, loss), plus ad hoc statistics of `tensor/1` files.
+//!
+//! [`table`] pivots long metric rows into one row per group and one column per metric;
+//! [`volume`] sets measured bytes beside the cost model's formula; [`plot`] draws SVG figures
+//! (loss curves, time breakdowns, log-log volume and scaling); [`tensor`] summarises traces.
+//! [`metrics`] holds the shared pieces: metric selection (`name`, `name:phase`, `name:*`),
+//! grouping and statistics.
+//!
+//! Not here: running algorithms or evaluating the cost model. The model's predictions are read
+//! from `model_<metric>` rows that the producing tools write next to their measurements.
+
+pub mod metrics;
+pub mod plot;
+pub mod table;
+pub mod tensor;
+pub mod volume;
