@@ -1,0 +1,260 @@
+//! `gradallreduce bench`: the nccl-tests table for the dense and 1-bit allreduces, with exact
+//! bytes/messages per rank from the counters and the α-β model's prediction beside the
+//! measurement. Every iteration's result is checked (`wrong` column).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use gradkit_collectives::{cost, dense, make_reducer, Flat, Op, Params};
+use gradkit_comm::{Comm, CommExt, World};
+use gradkit_core::cli::{fmt_num, Format, TextTable};
+use gradkit_core::trace::{Layout, MetricSink};
+use gradkit_core::{write_table, Meta, Output};
+
+#[derive(Args, Clone, Debug)]
+pub struct BenchArgs {
+    /// Comma-separated algorithms: ring, rabenseifner, tree, native, onebit
+    #[arg(long, default_value = "ring,rabenseifner,tree,native")]
+    pub algo: String,
+    /// In-process ranks when not started by mpirun
+    #[arg(long)]
+    pub ranks: Option<usize>,
+    /// Byte sizes MIN:MAX of the f32 buffer (e.g. 1K:64M)
+    #[arg(long, default_value = "1K:16M")]
+    pub sizes: String,
+    /// Multiply the size by this much between rows
+    #[arg(long, default_value_t = 4)]
+    pub factor: u64,
+    /// Timed iterations per size
+    #[arg(long, default_value_t = 10)]
+    pub iters: usize,
+    /// Untimed warm-up iterations per size
+    #[arg(long, default_value_t = 2)]
+    pub warmup: usize,
+    /// Fit α and β to the measured points (t ≈ α·messages + β·bytes) and print them
+    #[arg(long)]
+    pub fit: bool,
+    /// Start-up latency α for the model column, in microseconds
+    #[arg(long, default_value_t = 5.0)]
+    pub alpha_us: f64,
+    /// Link bandwidth for the model column, in GB/s (β = 1/bandwidth)
+    #[arg(long, default_value_t = 2.0)]
+    pub bandwidth_gbps: f64,
+    #[arg(long, value_enum, default_value_t = Format::Md)]
+    pub format: Format,
+    /// Also write the measurements as metrics/1 rows
+    #[arg(long, value_name = "PATH")]
+    pub metrics: Option<PathBuf>,
+    /// No summary on stderr
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+}
+
+/// One measured (algorithm, size) point, as rank 0 sees it.
+struct Point {
+    algo: String,
+    bytes: u64,
+    count: usize,
+    time_s: f64,
+    max_bytes_sent: u64,
+    max_msgs: u64,
+    wrong: Option<usize>,
+}
+
+fn sizes(spec: &str, factor: u64) -> Result<Vec<u64>> {
+    let (a, b) = spec.split_once(':').unwrap_or((spec, spec));
+    let (lo, hi) = (crate::parse_size(a)?, crate::parse_size(b)?);
+    if lo < 4 || hi < lo || factor < 2 {
+        bail!("--sizes {spec} must be MIN:MAX bytes with 4 ≤ MIN ≤ MAX, --factor ≥ 2");
+    }
+    let mut v = Vec::new();
+    let mut s = lo;
+    while s <= hi {
+        v.push(s);
+        s *= factor;
+    }
+    Ok(v)
+}
+
+/// Rank r's input: small integers times (r+1), so the exact sum is representable in f32.
+fn pattern(r: usize, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i % 13) as f32) * (r as f32 + 1.0))
+        .collect()
+}
+
+fn one_iteration(
+    comm: &dyn Comm,
+    algo: &str,
+    data: &mut Vec<f32>,
+    layout: &Layout,
+    onebit: &mut Option<Box<dyn gradkit_collectives::Reducer>>,
+) -> Result<()> {
+    match onebit {
+        Some(r) => {
+            let out = r.reduce(comm, 0, layout, Flat::Dense(std::mem::take(data)))?;
+            *data = out.result.to_dense(layout.total() as usize);
+        }
+        None => dense::allreduce(comm, algo, Op::Sum, data)?,
+    }
+    Ok(())
+}
+
+fn measure(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> Result<Point> {
+    let (p, r) = (comm.size(), comm.rank());
+    let n = (bytes / 4) as usize;
+    let pristine = pattern(r, n);
+    let tri = (p * (p + 1) / 2) as f32;
+    let layout = Layout::new(vec![(0, "buffer".into(), n as u64, None)]);
+    let mut onebit = match algo {
+        "onebit" | "onebit-naive" => Some(make_reducer(algo, &Params::default())?),
+        a if dense::by_name(a).is_some() => None,
+        a => bail!("bench supports ring, rabenseifner, tree, native, onebit; not `{a}`"),
+    };
+    let mut times = Vec::with_capacity(args.iters);
+    let mut wrong = 0usize;
+    let (mut sent, mut msgs) = (0u64, 0u64);
+    for it in 0..args.warmup + args.iters {
+        let mut data = pristine.clone();
+        comm.barrier();
+        comm.traffic().reset();
+        let t0 = std::time::Instant::now();
+        one_iteration(comm, algo, &mut data, &layout, &mut onebit)?;
+        let dt = t0.elapsed().as_secs_f64();
+        let t = comm.traffic().total();
+        (sent, msgs) = (t.bytes_sent, t.msgs_sent);
+        if it >= args.warmup {
+            times.push(dt);
+            if onebit.is_none() {
+                wrong += data
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, v)| **v != (*i % 13) as f32 * tri)
+                    .count();
+            }
+        }
+    }
+    // Per iteration, the slowest rank's time; then the median over iterations.
+    let all = comm.allgatherv(times);
+    let mut per_iter: Vec<f64> = (0..args.iters)
+        .map(|i| all.iter().map(|t| t[i]).fold(0.0, f64::max))
+        .collect();
+    per_iter.sort_by(f64::total_cmp);
+    let maxes = comm.allreduce_max_f64(&[sent as f64, msgs as f64, wrong as f64]);
+    Ok(Point {
+        algo: algo.to_string(),
+        bytes,
+        count: n,
+        time_s: per_iter.get(per_iter.len() / 2).copied().unwrap_or(0.0),
+        max_bytes_sent: maxes[0] as u64,
+        max_msgs: maxes[1] as u64,
+        wrong: onebit.is_none().then_some(maxes[2] as usize),
+    })
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let world = World::init(args.ranks)?;
+    let p = world.size();
+    let sizes = sizes(&args.sizes, args.factor)?;
+    let algos: Vec<String> = args.algo.split(',').map(|s| s.trim().to_string()).collect();
+    let points = world.run(|comm| {
+        let mut pts = Vec::new();
+        for &b in &sizes {
+            for a in &algos {
+                pts.push(measure(comm, a, b, &args)?);
+            }
+        }
+        Ok(pts)
+    })?;
+    if !world.is_io_rank() {
+        return Ok(());
+    }
+    let points = points.into_iter().next().unwrap_or_default();
+    let (mut alpha, mut beta) = (args.alpha_us * 1e-6, 1.0 / (args.bandwidth_gbps * 1e9));
+    let mut fitted = false;
+    if args.fit {
+        let pts: Vec<(f64, f64, f64)> = points
+            .iter()
+            .filter(|pt| pt.max_msgs > 0)
+            .map(|pt| (pt.max_msgs as f64, pt.max_bytes_sent as f64, pt.time_s))
+            .collect();
+        match cost::fit_alpha_beta(&pts) {
+            Some((a, b)) if a > 0.0 && b > 0.0 => {
+                (alpha, beta) = (a, b);
+                fitted = true;
+            }
+            other => {
+                eprintln!("gradallreduce bench: fit gave {other:?}; keeping the given α and β")
+            }
+        }
+    }
+    let mut table = TextTable::new([
+        "size_B",
+        "count",
+        "algo",
+        "time_us",
+        "algbw_GBps",
+        "busbw_GBps",
+        "bytes_sent",
+        "msgs",
+        "model_us",
+        "wrong",
+    ]);
+    let mut sink = MetricSink::new("bench", "gradallreduce", "", p as u32);
+    for pt in &points {
+        let algbw = pt.bytes as f64 / pt.time_s / 1e9;
+        let busbw = algbw * 2.0 * (p as f64 - 1.0) / p as f64;
+        let model = cost::by_algo(&pt.algo, p, pt.count as f64, 0.0)
+            .map(|c| c.latency * alpha + c.bytes() * beta);
+        table.push([
+            pt.bytes.to_string(),
+            pt.count.to_string(),
+            pt.algo.clone(),
+            fmt_num(pt.time_s * 1e6, 4),
+            fmt_num(algbw, 3),
+            fmt_num(busbw, 3),
+            pt.max_bytes_sent.to_string(),
+            pt.max_msgs.to_string(),
+            model.map_or("-".into(), |m| fmt_num(m * 1e6, 4)),
+            pt.wrong.map_or("n/a".into(), |w| w.to_string()),
+        ]);
+        sink.algo = pt.algo.clone();
+        let step = pt.bytes as u32;
+        for (m, v) in [
+            ("size_bytes", pt.bytes as f64),
+            ("time_s", pt.time_s),
+            ("algbw_GBps", algbw),
+            ("busbw_GBps", busbw),
+            ("bytes_sent", pt.max_bytes_sent as f64),
+            ("messages", pt.max_msgs as f64),
+            ("wrong", pt.wrong.map_or(f64::NAN, |w| w as f64)),
+            ("model_time_s", model.unwrap_or(f64::NAN)),
+        ] {
+            sink.push(step, 0, m, v);
+        }
+    }
+    table.print(args.format)?;
+    if !args.quiet {
+        eprintln!(
+            "gradallreduce bench: {p} {} ranks; model α = {:.2} µs, β = {:.3} ns/byte ({:.2} GB/s){}",
+            world.backend(),
+            alpha * 1e6,
+            beta * 1e9,
+            1e-9 / beta,
+            if fitted { " (fitted)" } else { "" }
+        );
+    }
+    if let Some(path) = &args.metrics {
+        let mut meta = Meta::producer("gradallreduce");
+        meta.set("world_size", p)
+            .set("alpha_s", alpha)
+            .set("beta_s_per_byte", beta);
+        write_table(&Output::Path(path.clone()), &meta, &sink.rows)?;
+    }
+    let bad: usize = points.iter().filter_map(|p| p.wrong).sum();
+    if bad > 0 {
+        bail!("{bad} wrong elements in the results (column `wrong`)");
+    }
+    Ok(())
+}

@@ -1,0 +1,317 @@
+//! `gradallreduce [--algo …] IN -o OUT`: reduce a trace step by step.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use gradkit_collectives::registry::{Balance, Split};
+use gradkit_collectives::{make_reducer, Flat, Op, Params};
+use gradkit_comm::{dist, Comm, PhaseCounts, World};
+use gradkit_core::cli::IoArgs;
+use gradkit_core::trace::{self, Layout, MetricSink};
+use gradkit_core::{
+    read_table, read_tensor, write_table, Input, Meta, MetricRow, Output, PlanRow, TensorRow,
+};
+
+#[derive(Args, Clone, Debug)]
+pub struct ReduceArgs {
+    #[command(flatten)]
+    pub io: IoArgs,
+    /// Allreduce algorithm (see the list below)
+    #[arg(long, default_value = "ring")]
+    pub algo: String,
+    /// Dense algorithms: sum or mean
+    #[arg(long, value_enum, default_value_t = Op::Sum)]
+    pub op: Op,
+    /// In-process ranks when not started by mpirun (must equal the trace's ranks)
+    #[arg(long)]
+    pub ranks: Option<usize>,
+    /// Write per-rank, per-step traffic and timing (metrics/1) here
+    #[arg(long, value_name = "PATH")]
+    pub metrics: Option<PathBuf>,
+    /// Run name recorded in the metrics (default: the algorithm)
+    #[arg(long)]
+    pub run: Option<String>,
+    /// Density for algorithms that select from dense input (0 < d ≤ 1)
+    #[arg(long, default_value_t = 0.01)]
+    pub density: f64,
+    /// Select exactly K entries instead of --density
+    #[arg(long)]
+    pub k: Option<u64>,
+    /// Ok-Topk: space repartition period τ, in steps
+    #[arg(long, default_value_t = 64)]
+    pub period: u32,
+    /// Ok-Topk: global threshold re-evaluation period τ', in steps
+    #[arg(long, default_value_t = 32)]
+    pub reeval: u32,
+    /// Ok-Topk: data balancing in balance_and_allgatherv
+    #[arg(long, value_enum, default_value_t = Balance::Auto)]
+    pub balance: Balance,
+    /// A plan/1 file (gradpartition) for oktopk regions or DEFT ranges
+    #[arg(long, value_name = "PLAN")]
+    pub plan: Option<PathBuf>,
+    /// No error feedback in the algorithms' own selection of dense input
+    #[arg(long)]
+    pub no_residual: bool,
+    /// 1-bit: load and save worker/server error buffers here
+    #[arg(long, value_name = "FILE")]
+    pub state: Option<PathBuf>,
+    /// AlltoAll: split embedding tables by columns (the paper) or rows
+    #[arg(long, value_enum, default_value_t = Split::Columns)]
+    pub split: Split,
+    /// Seed for algorithms with randomness
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl ReduceArgs {
+    fn params(&self) -> Result<Params> {
+        if !(self.density > 0.0 && self.density <= 1.0) {
+            bail!(
+                "density {} is outside (0, 1] (flag --density)",
+                self.density
+            );
+        }
+        if self.period == 0 || self.reeval == 0 {
+            bail!("--period and --reeval must be at least 1");
+        }
+        let plan = match &self.plan {
+            None => None,
+            Some(p) => {
+                Some(read_table::<PlanRow>(&Input::Path(p.clone()), Default::default())?.rows)
+            }
+        };
+        Ok(Params {
+            op: self.op,
+            density: self.density,
+            k: self.k,
+            period: self.period,
+            reeval: self.reeval,
+            balance: self.balance,
+            plan,
+            residual: !self.no_residual,
+            state: self.state.clone(),
+            split: self.split,
+            seed: self.seed,
+        })
+    }
+}
+
+/// Checks the trace on the I/O rank: complete steps, ranks equal to the world's size.
+fn load(args: &ReduceArgs, world: &World) -> Result<gradkit_core::Loaded<TensorRow>> {
+    let input = args.io.input()?;
+    let t = read_tensor(&input, args.io.read_options())?;
+    if t.rows.is_empty() {
+        bail!("{}: the trace has no rows", t.source);
+    }
+    let layout = Layout::of_rows(&t.rows);
+    trace::check_complete(&t.rows, &layout, None).with_context(|| format!("in {}", t.source))?;
+    let (_, ranks) = trace::steps_and_ranks(&t.rows);
+    if ranks.len() != world.size() {
+        bail!(
+            "{} holds {} ranks but this run has {} (flag --ranks, or mpirun -np)",
+            t.source,
+            ranks.len(),
+            world.size()
+        );
+    }
+    Ok(t)
+}
+
+/// What one rank returns: result rows (rank 0 only) and its metrics rows.
+type RankOut = (Vec<TensorRow>, Vec<MetricRow>);
+
+pub fn run(args: ReduceArgs) -> Result<()> {
+    let world = World::init(args.ranks)?;
+    let params = args.params()?;
+    // Validate the algorithm name before reading anything.
+    make_reducer(&args.algo, &params)?;
+    let out = if world.is_io_rank() {
+        Some(args.io.output()?)
+    } else {
+        None
+    };
+    let loaded = if world.is_io_rank() {
+        Some(load(&args, &world))
+    } else {
+        None
+    };
+    let (loaded, check) = match loaded {
+        Some(Ok(t)) => (Some(t), Ok(())),
+        Some(Err(e)) => (None, Err(e)),
+        None => (None, Ok(())),
+    };
+    world.agree(check)?;
+    let meta_in = loaded.as_ref().map(|t| t.meta.clone());
+    let rows = loaded.map(|t| t.rows);
+    let run_name = args.run.clone().unwrap_or_else(|| args.algo.clone());
+    let quiet = args.io.quiet;
+
+    let results =
+        world.run(|comm| reduce_rank(comm, &args, &params, rows.as_deref(), &run_name, quiet))?;
+
+    if let (Some(out), Some((result_rows, metric_rows))) = (out, results.into_iter().reduce(merge))
+    {
+        let mut meta = Meta::producer("gradallreduce");
+        meta.set("world_size", world.size())
+            .set("method", &args.algo)
+            .set("algo", &args.algo)
+            .set("op", format!("{:?}", args.op).to_lowercase())
+            .set("density", args.density)
+            .set("backend", world.backend());
+        if let Some(m) = meta_in.as_ref().and_then(|m| m.get("gradkit.method")) {
+            meta.set("input_method", m);
+        }
+        if let Some(path) = &args.metrics {
+            let mut mm = Meta::producer("gradallreduce");
+            mm.set("algo", &args.algo).set("world_size", world.size());
+            write_table(&Output::Path(path.clone()), &mm, &metric_rows)?;
+        }
+        write_table(&out, &meta, &result_rows)?;
+        if !quiet {
+            summarize(&metric_rows, world.size());
+        }
+    }
+    Ok(())
+}
+
+fn merge(mut a: RankOut, b: RankOut) -> RankOut {
+    a.0.extend(b.0);
+    a.1.extend(b.1);
+    a
+}
+
+fn reduce_rank(
+    comm: &dyn Comm,
+    args: &ReduceArgs,
+    params: &Params,
+    all: Option<&[TensorRow]>,
+    run_name: &str,
+    quiet: bool,
+) -> Result<RankOut> {
+    let mine = dist::scatter(comm, all, |r: &TensorRow| r.rank as usize)?;
+    let layout = Layout::of_rows(&mine);
+    let mut reducer = make_reducer(&args.algo, params)?;
+    let mut sink = MetricSink::new(run_name, "gradallreduce", &args.algo, comm.size() as u32);
+    let mut results = Vec::new();
+    let groups = trace::group_step_rank(&mine);
+    let bar = gradkit_core::cli::progress("reduce", groups.len() as u64, quiet || comm.rank() != 0);
+    let rank = comm.rank() as u32;
+    for g in groups {
+        let dense = g.rows.iter().all(|r| r.is_dense());
+        let sparse = g.rows.iter().all(|r| !r.is_dense());
+        if !dense && !sparse {
+            bail!(
+                "step {} rank {}: mixed dense and sparse rows (column `indices`); give all-dense or all-sparse input",
+                g.step,
+                g.rank
+            );
+        }
+        let input = if dense {
+            Flat::Dense(trace::flatten_dense(&g.rows))
+        } else {
+            Flat::Sparse(trace::flatten_sparse(&g.rows, &layout))
+        };
+        let before = comm.traffic().snapshot();
+        let t0 = std::time::Instant::now();
+        let out = reducer
+            .reduce(comm, g.step, &layout, input)
+            .with_context(|| format!("step {}", g.step))?;
+        let wall = t0.elapsed().as_secs_f64();
+        let after = comm.traffic().snapshot();
+        record(&mut sink, g.step, rank, &before, &after, wall);
+        for (name, v) in &out.metrics {
+            sink.push(g.step, rank, name, *v);
+        }
+        let nnz = match &out.result {
+            Flat::Dense(v) => v.iter().filter(|x| **x != 0.0).count(),
+            Flat::Sparse(s) => s.len(),
+        };
+        sink.push(g.step, rank, "nnz", nnz as f64);
+        if comm.rank() == 0 {
+            results.extend(match &out.result {
+                Flat::Dense(v) => trace::unflatten_dense(v, &layout, g.step, 0),
+                Flat::Sparse(s) => trace::unflatten_sparse(s, &layout, g.step, 0),
+            });
+        }
+        bar.inc(1);
+    }
+    reducer.finish(comm)?;
+    bar.finish_and_clear();
+    let metrics = dist::gather(comm, sink.rows)?.unwrap_or_default();
+    Ok((results, metrics))
+}
+
+/// Writes the step's traffic: totals and one row per phase (`bytes_sent:<phase>`, …).
+fn record(
+    sink: &mut MetricSink,
+    step: u32,
+    rank: u32,
+    before: &BTreeMap<String, PhaseCounts>,
+    after: &BTreeMap<String, PhaseCounts>,
+    wall: f64,
+) {
+    let mut total = PhaseCounts::default();
+    for (phase, a) in after {
+        if phase == dist::IO_PHASE {
+            continue;
+        }
+        let b = before.get(phase).copied().unwrap_or_default();
+        let d = PhaseCounts {
+            bytes_sent: a.bytes_sent - b.bytes_sent,
+            bytes_recv: a.bytes_recv - b.bytes_recv,
+            msgs_sent: a.msgs_sent - b.msgs_sent,
+            msgs_recv: a.msgs_recv - b.msgs_recv,
+            seconds: a.seconds - b.seconds,
+        };
+        if d == PhaseCounts::default() {
+            continue;
+        }
+        total.add(&d);
+        if phase != "default" {
+            sink.push(
+                step,
+                rank,
+                &format!("bytes_sent:{phase}"),
+                d.bytes_sent as f64,
+            );
+            sink.push(
+                step,
+                rank,
+                &format!("bytes_recv:{phase}"),
+                d.bytes_recv as f64,
+            );
+            sink.push(step, rank, &format!("messages:{phase}"), d.msgs_sent as f64);
+            sink.push(step, rank, &format!("time_s:{phase}"), d.seconds);
+        }
+    }
+    sink.push(step, rank, "bytes_sent", total.bytes_sent as f64);
+    sink.push(step, rank, "bytes_recv", total.bytes_recv as f64);
+    sink.push(step, rank, "messages", total.msgs_sent as f64);
+    sink.push(step, rank, "messages_recv", total.msgs_recv as f64);
+    sink.push(step, rank, "time_comm_s", wall);
+}
+
+/// A short human summary on stderr: median bytes and time per step over ranks.
+fn summarize(rows: &[MetricRow], p: usize) {
+    let pick = |m: &str| -> Vec<f64> {
+        let mut v: Vec<f64> = rows
+            .iter()
+            .filter(|r| r.metric == m)
+            .map(|r| r.value)
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let med = |v: &[f64]| if v.is_empty() { 0.0 } else { v[v.len() / 2] };
+    let (b, t) = (pick("bytes_sent"), pick("time_comm_s"));
+    eprintln!(
+        "gradallreduce: {} ranks, {} steps; per rank and step: median {} bytes sent (max {}), median {:.3} ms",
+        p,
+        b.len() / p.max(1),
+        med(&b) as u64,
+        b.last().copied().unwrap_or(0.0) as u64,
+        med(&t) * 1e3
+    );
+}

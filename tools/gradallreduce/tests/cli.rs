@@ -1,0 +1,269 @@
+//! gradallreduce as a user runs it: Local ranks and mpirun give the f64 reference sum,
+//! the same output bytes and the same traffic counters; bad input fails cleanly.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output as ProcOutput, Stdio};
+
+use gradkit_core::{
+    read_table, read_tensor, write_table, Input, Meta, MetricRow, Output, TensorRow,
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gradallreduce");
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("gradallreduce-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A dense trace: `steps` × `p` ranks × two layers of sizes 1000 and 37.
+fn trace(p: u32, steps: u32) -> Vec<TensorRow> {
+    let mut rows = Vec::new();
+    for step in 0..steps {
+        for rank in 0..p {
+            for (layer_id, (name, n)) in [("fc1.weight", 1000u64), ("fc1.bias", 37)]
+                .into_iter()
+                .enumerate()
+            {
+                let values = (0..n)
+                    .map(|i| {
+                        (((i * 7919 + rank as u64 * 104729 + step as u64 * 31) % 2001) as f32
+                            - 1000.0)
+                            / 997.0
+                    })
+                    .collect();
+                rows.push(TensorRow {
+                    step,
+                    rank,
+                    layer_id: layer_id as u32,
+                    layer: name.into(),
+                    numel: n,
+                    shape: Some(vec![n as u32]),
+                    indices: None,
+                    values,
+                });
+            }
+        }
+    }
+    rows
+}
+
+fn write_trace(path: &Path, rows: &[TensorRow]) {
+    let mut meta = Meta::default();
+    meta.set("world_size", 4);
+    write_table(&Output::Path(path.to_path_buf()), &meta, rows).unwrap();
+}
+
+fn run(cmd: &mut Command) -> ProcOutput {
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run")
+}
+
+fn mpirun(np: usize) -> Command {
+    let mut c = Command::new("mpirun");
+    c.args(["-np", &np.to_string(), "--oversubscribe", BIN]);
+    c
+}
+
+#[test]
+fn ring_local_and_mpi_match_the_reference_sum() {
+    let d = tmpdir("ring");
+    let (inp, local_out, mpi_out) = (
+        d.join("t.parquet"),
+        d.join("local.parquet"),
+        d.join("mpi.parquet"),
+    );
+    let rows = trace(4, 3);
+    write_trace(&inp, &rows);
+    for algo in ["ring", "rabenseifner", "tree", "native"] {
+        let (lm, mm) = (
+            d.join(format!("lm-{algo}.parquet")),
+            d.join(format!("mm-{algo}.parquet")),
+        );
+        let o = run(Command::new(BIN)
+            .args(["--algo", algo, "--ranks", "4", "-q", "--metrics"])
+            .arg(&lm)
+            .arg(&inp)
+            .arg("-o")
+            .arg(&local_out));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let o = run(mpirun(4)
+            .args(["--algo", algo, "-q", "--metrics"])
+            .arg(&mm)
+            .arg(&inp)
+            .arg("-o")
+            .arg(&mpi_out));
+        assert!(
+            o.status.success(),
+            "mpirun: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let local = read_tensor(&Input::Path(local_out.clone()), Default::default())
+            .unwrap()
+            .rows;
+        let mpi = read_tensor(&Input::Path(mpi_out.clone()), Default::default())
+            .unwrap()
+            .rows;
+        if algo != "native" {
+            // Our algorithms fix the summation order, so the bytes agree; MPI_Allreduce's own
+            // order is its business, so `native` is only held to the reference below.
+            assert_eq!(local, mpi, "{algo}: Local and MPI outputs differ");
+        }
+        // Independent reference: f64 sum over ranks of each (step, layer).
+        assert_eq!(local.len(), 3 * 2);
+        for r in local.iter().chain(&mpi) {
+            let want: Vec<f64> = (0..r.numel as usize)
+                .map(|i| {
+                    rows.iter()
+                        .filter(|x| x.step == r.step && x.layer == r.layer)
+                        .map(|x| x.values[i] as f64)
+                        .sum()
+                })
+                .collect();
+            for (g, w) in r.values.iter().zip(&want) {
+                assert!(
+                    (*g as f64 - w).abs() < 1e-4 * (1.0 + w.abs()),
+                    "{algo}: {g} vs {w}"
+                );
+            }
+        }
+        // Same counters on both backends (times differ, bytes and messages may not).
+        let key = |m: &MetricRow| (m.step, m.rank, m.metric.clone());
+        let counts = |p: &Path| {
+            let mut v: Vec<(u32, u32, String, f64)> =
+                read_table::<MetricRow>(&Input::Path(p.into()), Default::default())
+                    .unwrap()
+                    .rows
+                    .into_iter()
+                    .filter(|m| m.metric.starts_with("bytes") || m.metric.starts_with("messages"))
+                    .map(|m| (key(&m).0, key(&m).1, key(&m).2, m.value))
+                    .collect();
+            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            v
+        };
+        assert_eq!(
+            counts(&lm),
+            counts(&mm),
+            "{algo}: counters differ between Local and MPI"
+        );
+        if algo == "ring" {
+            // 1037 elements over 4 ranks: exact ring formula per rank.
+            let c = |i: usize| ((i + 1) * 1037 / 4 - i * 1037 / 4) as f64;
+            for (step, rank, metric, v) in counts(&lm) {
+                if metric == "bytes_sent" {
+                    let r = rank as usize;
+                    assert_eq!(
+                        v,
+                        4.0 * (2.0 * 1037.0 - c((r + 1) % 4) - c((r + 2) % 4)),
+                        "step {step} rank {rank}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn assert_clean_failure(o: &ProcOutput, needle: &str, out: &Path) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "stderr: {err}");
+    assert!(
+        err.contains("error:") && err.contains(needle),
+        "expected `{needle}` in: {err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!out.exists(), "output left behind");
+    let leftovers: Vec<_> = std::fs::read_dir(out.parent().unwrap())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+        .collect();
+    assert!(leftovers.is_empty(), "tmp file left behind");
+}
+
+#[test]
+fn bad_input_fails_cleanly() {
+    let d = tmpdir("bad");
+    let out = d.join("out.parquet");
+    let inp = d.join("t.parquet");
+    write_trace(&inp, &trace(4, 2));
+    // Rank count mismatch.
+    let o = run(Command::new(BIN)
+        .args(["--ranks", "3"])
+        .arg(&inp)
+        .arg("-o")
+        .arg(&out));
+    assert_clean_failure(&o, "holds 4 ranks but this run has 3", &out);
+    // Under mpirun too: one clean error line, exit 1.
+    let o = run(mpirun(2).arg(&inp).arg("-o").arg(&out));
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("holds 4 ranks but this run has 2"));
+    assert!(!out.exists());
+    // Layers differing between ranks.
+    let mut rows = trace(4, 2);
+    rows.retain(|r| !(r.rank == 2 && r.step == 1 && r.layer_id == 1));
+    write_trace(&inp, &rows);
+    let o = run(Command::new(BIN)
+        .args(["--ranks", "4"])
+        .arg(&inp)
+        .arg("-o")
+        .arg(&out));
+    assert_clean_failure(&o, "differ from the trace's layers", &out);
+    // A missing step for one rank.
+    let mut rows = trace(4, 2);
+    rows.retain(|r| !(r.rank == 3 && r.step == 1));
+    write_trace(&inp, &rows);
+    let o = run(Command::new(BIN)
+        .args(["--ranks", "4"])
+        .arg(&inp)
+        .arg("-o")
+        .arg(&out));
+    assert_clean_failure(&o, "step 1: only 3 of 4 ranks", &out);
+    // Unknown algorithm; bad density.
+    let o = run(Command::new(BIN)
+        .args(["--ranks", "4", "--algo", "nope"])
+        .arg(&inp)
+        .arg("-o")
+        .arg(&out));
+    assert_clean_failure(&o, "unknown --algo `nope`", &out);
+    let o = run(Command::new(BIN)
+        .args(["--ranks", "4", "--density", "1.5"])
+        .arg(&inp)
+        .arg("-o")
+        .arg(&out));
+    assert_clean_failure(&o, "--density", &out);
+}
+
+#[test]
+fn a_killed_rank_ends_the_mpi_job() {
+    // A long benchmark; kill one rank after a moment; mpirun must end non-zero quickly.
+    let mut child = mpirun(4)
+        .args(["bench", "--sizes", "16M:16M", "--iters", "400", "-q"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let killed = Command::new("pkill")
+        .args(["-KILL", "-n", "-P", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success(), "no rank process found to kill");
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            assert!(!st.success(), "job exited 0 after a rank was killed");
+            break;
+        }
+        assert!(
+            start.elapsed().as_secs() < 30,
+            "job hangs after a rank died"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
