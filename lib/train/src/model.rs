@@ -1,0 +1,469 @@
+//! The models, built from candle-nn layers with candle's autodiff: `mlp`, `cnn` (a small
+//! VGG-style conv net), `transformer-lm` (a tiny GPT with a large embedding table) and
+//! `lstm-lm` (candle-nn's LSTM). Parameters are initialised from our own seeded RNG (candle's
+//! CPU RNG cannot be seeded), and travel between candle and the optimisers as one flat `f32`
+//! vector in a fixed layer order (parameter names sorted), the same flat index space the
+//! collectives use ([`Layout`]).
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, IndexOp, Module, Tensor, Var, D};
+use candle_nn::{Conv2d, Conv2dConfig, Embedding, Linear, VarBuilder, VarMap};
+use gradkit_core::trace::Layout;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::data::{Batch, Dataset};
+
+/// `--model` values.
+pub const MODELS: &[(&str, &str)] = &[
+    ("mlp", "64-128-128-C perceptron with ReLU (classification)"),
+    (
+        "cnn",
+        "VGG-style: 2×[conv3×3, conv3×3, maxpool] + 2 dense layers (8×8 images)",
+    ),
+    (
+        "transformer-lm",
+        "GPT-style decoder: token + position embeddings, pre-LN blocks, untied output head",
+    ),
+    (
+        "lstm-lm",
+        "embedding → one LSTM layer (candle-nn) → output head",
+    ),
+];
+
+/// Sizes of the models (defaults are the tiny models of docs/gradtrain.md).
+#[derive(Clone, Debug)]
+pub struct ModelSpec {
+    pub name: String,
+    /// mlp hidden width; LSTM hidden size.
+    pub hidden: usize,
+    /// transformer/LSTM embedding width.
+    pub d_model: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub seq_len: usize,
+}
+
+impl Default for ModelSpec {
+    fn default() -> Self {
+        ModelSpec {
+            name: "mlp".into(),
+            hidden: 128,
+            d_model: 64,
+            layers: 2,
+            heads: 4,
+            seq_len: 32,
+        }
+    }
+}
+
+struct Block {
+    ln1: (Tensor, Tensor),
+    qkv: Linear,
+    proj: Linear,
+    ln2: (Tensor, Tensor),
+    fc: Linear,
+    out: Linear,
+}
+
+enum Net {
+    Mlp(Vec<Linear>),
+    Cnn {
+        convs: Vec<Conv2d>,
+        fcs: Vec<Linear>,
+        side: usize,
+    },
+    Transformer {
+        wte: Embedding,
+        wpe: Tensor,
+        blocks: Vec<Block>,
+        lnf: (Tensor, Tensor),
+        head: Linear,
+        heads: usize,
+    },
+    Lstm {
+        emb: Embedding,
+        lstm: candle_nn::LSTM,
+        head: Linear,
+    },
+}
+
+/// A model with its parameters (candle `Var`s) in layout order.
+pub struct Model {
+    pub name: String,
+    net: Net,
+    vars: Vec<(String, Var)>,
+    layout: Layout,
+    device: Device,
+    /// Keeps the variables alive (the layers hold their tensors).
+    _varmap: VarMap,
+}
+
+/// The device models run on: CPU, or the first CUDA GPU when built with `--features cuda`.
+pub fn device() -> Result<Device> {
+    #[cfg(feature = "cuda")]
+    {
+        if let Ok(d) = Device::new_cuda(0) {
+            return Ok(d);
+        }
+    }
+    Ok(Device::Cpu)
+}
+
+fn layer_norm(x: &Tensor, p: &(Tensor, Tensor)) -> candle_core::Result<Tensor> {
+    // Written with primitive ops so candle's autodiff covers it (its fused kernel has no
+    // backward pass).
+    let d = x.dim(D::Minus1)? as f64;
+    let mean = (x.sum_keepdim(D::Minus1)? / d)?;
+    let xc = x.broadcast_sub(&mean)?;
+    let var = (xc.sqr()?.sum_keepdim(D::Minus1)? / d)?;
+    let xn = xc.broadcast_div(&(var + 1e-5)?.sqrt()?)?;
+    xn.broadcast_mul(&p.0)?.broadcast_add(&p.1)
+}
+
+fn ln_params(vb: &VarBuilder, d: usize) -> candle_core::Result<(Tensor, Tensor)> {
+    Ok((
+        vb.get_with_hints(d, "weight", candle_nn::Init::Const(1.0))?,
+        vb.get_with_hints(d, "bias", candle_nn::Init::Const(0.0))?,
+    ))
+}
+
+impl Model {
+    /// Builds `spec.name` for `data`, with parameters drawn from `seed`.
+    pub fn new(spec: &ModelSpec, data: &Dataset, seed: u64) -> Result<Model> {
+        let device = device()?;
+        let varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
+        let net = match (spec.name.as_str(), data) {
+            ("mlp", Dataset::Class(c)) => {
+                let h = spec.hidden;
+                Net::Mlp(vec![
+                    candle_nn::linear(c.dim, h, vb.pp("fc1"))?,
+                    candle_nn::linear(h, h, vb.pp("fc2"))?,
+                    candle_nn::linear(h, c.classes, vb.pp("fc3"))?,
+                ])
+            }
+            ("cnn", Dataset::Class(c)) => {
+                let side = (c.dim as f64).sqrt() as usize;
+                if side * side != c.dim || !side.is_multiple_of(4) {
+                    bail!(
+                        "--model cnn needs square images whose side is a multiple of 4; the data has {} features (flag --model)",
+                        c.dim
+                    );
+                }
+                let cfg = Conv2dConfig {
+                    padding: 1,
+                    ..Default::default()
+                };
+                let convs = vec![
+                    candle_nn::conv2d(1, 16, 3, cfg, vb.pp("conv1"))?,
+                    candle_nn::conv2d(16, 16, 3, cfg, vb.pp("conv2"))?,
+                    candle_nn::conv2d(16, 32, 3, cfg, vb.pp("conv3"))?,
+                    candle_nn::conv2d(32, 32, 3, cfg, vb.pp("conv4"))?,
+                ];
+                let flat = 32 * (side / 4) * (side / 4);
+                let fcs = vec![
+                    candle_nn::linear(flat, 64, vb.pp("fc1"))?,
+                    candle_nn::linear(64, c.classes, vb.pp("fc2"))?,
+                ];
+                Net::Cnn { convs, fcs, side }
+            }
+            ("transformer-lm", Dataset::Lm(l)) => {
+                let d = spec.d_model;
+                if spec.heads == 0 || !d.is_multiple_of(spec.heads) {
+                    bail!("--d-model {d} must be a multiple of --heads {} (flag --heads)", spec.heads);
+                }
+                let wte = candle_nn::embedding(l.vocab, d, vb.pp("wte"))?;
+                let wpe = vb.get_with_hints((spec.seq_len, d), "wpe.weight", candle_nn::Init::Const(0.0))?;
+                let mut blocks = Vec::new();
+                for i in 0..spec.layers {
+                    let b = vb.pp(format!("h{i}"));
+                    blocks.push(Block {
+                        ln1: ln_params(&b.pp("ln1"), d)?,
+                        qkv: candle_nn::linear(d, 3 * d, b.pp("attn_qkv"))?,
+                        proj: candle_nn::linear(d, d, b.pp("attn_proj"))?,
+                        ln2: ln_params(&b.pp("ln2"), d)?,
+                        fc: candle_nn::linear(d, 4 * d, b.pp("mlp_fc"))?,
+                        out: candle_nn::linear(4 * d, d, b.pp("mlp_out"))?,
+                    });
+                }
+                Net::Transformer {
+                    wte,
+                    wpe,
+                    blocks,
+                    lnf: ln_params(&vb.pp("lnf"), d)?,
+                    head: candle_nn::linear(d, l.vocab, vb.pp("lm_head"))?,
+                    heads: spec.heads,
+                }
+            }
+            ("lstm-lm", Dataset::Lm(l)) => Net::Lstm {
+                emb: candle_nn::embedding(l.vocab, spec.d_model, vb.pp("emb"))?,
+                lstm: candle_nn::lstm(
+                    spec.d_model,
+                    spec.hidden,
+                    candle_nn::LSTMConfig::default(),
+                    vb.pp("lstm"),
+                )?,
+                head: candle_nn::linear(spec.hidden, l.vocab, vb.pp("lm_head"))?,
+            },
+            ("mlp" | "cnn", Dataset::Lm(_)) => bail!(
+                "--model {} is a classifier but the data is a token stream; use --data digits or a file with `features`/`label` (flag --model)",
+                spec.name
+            ),
+            ("transformer-lm" | "lstm-lm", Dataset::Class(_)) => bail!(
+                "--model {} is a language model but the data is a classification set; use --data synthetic-lm or a file with `tokens` (flag --model)",
+                spec.name
+            ),
+            (other, _) => {
+                let names: Vec<&str> = MODELS.iter().map(|m| m.0).collect();
+                bail!("unknown --model `{other}` (known: {})", names.join(", "))
+            }
+        };
+        let mut vars: Vec<(String, Var)> = varmap
+            .data()
+            .lock()
+            .map_err(|_| anyhow::anyhow!("variable map poisoned"))?
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        let layout = Layout::new(
+            vars.iter()
+                .enumerate()
+                .map(|(i, (n, v))| {
+                    let dims: Vec<u32> = v.dims().iter().map(|d| *d as u32).collect();
+                    (i as u32, n.clone(), v.elem_count() as u64, Some(dims))
+                })
+                .collect(),
+        );
+        let m = Model {
+            name: spec.name.clone(),
+            net,
+            vars,
+            layout,
+            device,
+            _varmap: varmap,
+        };
+        m.set_flat(&m.init_params(seed))?;
+        Ok(m)
+    }
+
+    /// Seeded initial values: biases 0, LayerNorm gains 1, embeddings U(±0.1), other
+    /// weights U(±1/√fan_in) (PyTorch's default for Linear, Conv and LSTM).
+    pub fn init_params(&self, seed: u64) -> Vec<f32> {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x696e_6974);
+        let mut out = Vec::with_capacity(self.layout.total() as usize);
+        for (name, v) in &self.vars {
+            let n = v.elem_count();
+            let dims = v.dims();
+            let last = name.rsplit('.').next().unwrap_or("");
+            let is_ln = name.split('.').any(|p| p.starts_with("ln"));
+            if last.starts_with("bias") {
+                out.extend(std::iter::repeat_n(0.0, n));
+            } else if is_ln {
+                out.extend(std::iter::repeat_n(1.0, n));
+            } else if name.starts_with("wte") || name.starts_with("wpe") || name.starts_with("emb")
+            {
+                out.extend((0..n).map(|_| rng.gen_range(-0.1f32..0.1)));
+            } else {
+                let fan_in = (n / dims[0].max(1)).max(1);
+                let b = 1.0 / (fan_in as f32).sqrt();
+                out.extend((0..n).map(|_| rng.gen_range(-b..b)));
+            }
+        }
+        out
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+    pub fn n_params(&self) -> usize {
+        self.layout.total() as usize
+    }
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The parameters as one flat vector in layout order.
+    pub fn get_flat(&self) -> Result<Vec<f32>> {
+        let mut out = Vec::with_capacity(self.n_params());
+        for (_, v) in &self.vars {
+            out.extend(v.as_tensor().flatten_all()?.to_vec1::<f32>()?);
+        }
+        Ok(out)
+    }
+
+    /// Overwrites the parameters from a flat vector in layout order.
+    pub fn set_flat(&self, flat: &[f32]) -> Result<()> {
+        if flat.len() != self.n_params() {
+            bail!(
+                "parameter vector has {} values, model has {}",
+                flat.len(),
+                self.n_params()
+            );
+        }
+        for ((_, v), l) in self.vars.iter().zip(&self.layout.layers) {
+            let seg = &flat[l.offset as usize..(l.offset + l.numel) as usize];
+            v.set(&Tensor::from_slice(seg, v.dims(), &self.device)?)?;
+        }
+        Ok(())
+    }
+
+    fn logits(&self, batch: &Batch) -> Result<(Tensor, Tensor)> {
+        let dev = &self.device;
+        Ok(match (&self.net, batch) {
+            (Net::Mlp(ls), Batch::Class { x, y, b }) => {
+                let mut h = Tensor::from_slice(x, (*b, x.len() / b), dev)?;
+                for (i, l) in ls.iter().enumerate() {
+                    h = l.forward(&h)?;
+                    if i + 1 < ls.len() {
+                        h = h.relu()?;
+                    }
+                }
+                (h, Tensor::from_slice(y, *b, dev)?)
+            }
+            (Net::Cnn { convs, fcs, side }, Batch::Class { x, y, b }) => {
+                let mut h = Tensor::from_slice(x, (*b, 1, *side, *side), dev)?;
+                for (i, c) in convs.iter().enumerate() {
+                    h = c.forward(&h)?.relu()?;
+                    if i % 2 == 1 {
+                        h = h.max_pool2d(2)?;
+                    }
+                }
+                let mut h = h.flatten_from(1)?;
+                h = fcs[0].forward(&h)?.relu()?;
+                h = fcs[1].forward(&h)?;
+                (h, Tensor::from_slice(y, *b, dev)?)
+            }
+            (
+                Net::Transformer {
+                    wte,
+                    wpe,
+                    blocks,
+                    lnf,
+                    head,
+                    heads,
+                },
+                Batch::Lm { x, y, b, t },
+            ) => {
+                let (b, t) = (*b, *t);
+                let ids = Tensor::from_slice(x, (b, t), dev)?;
+                let mut h = wte.forward(&ids)?.broadcast_add(&wpe.i(0..t)?)?;
+                let d = h.dim(2)?;
+                let dh = d / heads;
+                let mask: Vec<f32> = (0..t * t)
+                    .map(|k| if k % t > k / t { -1e9 } else { 0.0 })
+                    .collect();
+                let mask = Tensor::from_slice(&mask, (t, t), dev)?;
+                for bl in blocks {
+                    let a = layer_norm(&h, &bl.ln1)?;
+                    let qkv = bl
+                        .qkv
+                        .forward(&a)?
+                        .reshape((b, t, 3, *heads, dh))?
+                        .permute((2, 0, 3, 1, 4))?;
+                    let q = qkv.i(0)?.contiguous()?;
+                    let k = qkv.i(1)?.contiguous()?;
+                    let v = qkv.i(2)?.contiguous()?;
+                    let att = (q.matmul(&k.t()?.contiguous()?)? * (1.0 / (dh as f64).sqrt()))?;
+                    let att = candle_nn::ops::softmax(&att.broadcast_add(&mask)?, D::Minus1)?;
+                    let o = att
+                        .matmul(&v)?
+                        .transpose(1, 2)?
+                        .contiguous()?
+                        .reshape((b, t, d))?;
+                    h = (h + bl.proj.forward(&o)?)?;
+                    let m = layer_norm(&h, &bl.ln2)?;
+                    let m = bl.out.forward(&bl.fc.forward(&m)?.gelu_erf()?)?;
+                    h = (h + m)?;
+                }
+                let h = layer_norm(&h, lnf)?;
+                let logits = head.forward(&h)?;
+                let v = logits.dim(2)?;
+                (
+                    logits.reshape((b * t, v))?,
+                    Tensor::from_slice(y, b * t, dev)?,
+                )
+            }
+            (Net::Lstm { emb, lstm, head }, Batch::Lm { x, y, b, t }) => {
+                use candle_nn::RNN;
+                let (b, t) = (*b, *t);
+                let ids = Tensor::from_slice(x, (b, t), dev)?;
+                let e = emb.forward(&ids)?;
+                let states = lstm.seq(&e)?;
+                let h = lstm.states_to_tensor(&states)?; // [b, t, hidden]
+                let logits = head.forward(&h)?;
+                let v = logits.dim(2)?;
+                (
+                    logits.reshape((b * t, v))?,
+                    Tensor::from_slice(y, b * t, dev)?,
+                )
+            }
+            _ => bail!("batch kind does not match model `{}`", self.name),
+        })
+    }
+
+    /// Mean cross-entropy of the batch (a candle tensor, for autodiff).
+    pub fn loss(&self, batch: &Batch) -> Result<Tensor> {
+        let (logits, y) = self.logits(batch)?;
+        Ok(candle_nn::loss::cross_entropy(&logits, &y)?)
+    }
+
+    /// The loss of the batch and its gradient as a flat vector in layout order.
+    pub fn loss_and_grad(&self, batch: &Batch) -> Result<(f32, Vec<f32>)> {
+        let loss = self.loss(batch)?;
+        let grads = loss.backward()?;
+        let mut g = Vec::with_capacity(self.n_params());
+        for (name, v) in &self.vars {
+            match grads.get(v.as_tensor()) {
+                Some(t) => g.extend(t.flatten_all()?.to_vec1::<f32>()?),
+                None => {
+                    let _ = name;
+                    g.extend(std::iter::repeat_n(0.0, v.elem_count()))
+                }
+            }
+        }
+        Ok((loss.to_scalar::<f32>()?, g))
+    }
+
+    /// Mean loss and accuracy (classification) over evaluation batches.
+    pub fn evaluate(&self, batches: &[Batch]) -> Result<Eval> {
+        let (mut loss_sum, mut correct, mut count) = (0.0f64, 0usize, 0usize);
+        for b in batches {
+            let (logits, y) = self.logits(b)?;
+            let n = y.dim(0)?;
+            let l = candle_nn::loss::cross_entropy(&logits, &y)?.to_scalar::<f32>()? as f64;
+            loss_sum += l * n as f64;
+            let pred = logits.argmax(D::Minus1)?.to_vec1::<u32>()?;
+            let yv = y.to_vec1::<u32>()?;
+            correct += pred.iter().zip(&yv).filter(|(a, b)| a == b).count();
+            count += n;
+        }
+        if count == 0 {
+            bail!("empty evaluation set");
+        }
+        Ok(Eval {
+            loss: loss_sum / count as f64,
+            accuracy: correct as f64 / count as f64,
+        })
+    }
+}
+
+/// Result of an evaluation: mean loss (nats) and top-1 accuracy (next-token accuracy for LMs).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Eval {
+    pub loss: f64,
+    pub accuracy: f64,
+}
+
+/// Checks that the model/data pair exists without building it (for early CLI errors).
+pub fn check_name(name: &str) -> Result<()> {
+    MODELS
+        .iter()
+        .any(|m| m.0 == name)
+        .then_some(())
+        .with_context(|| {
+            let names: Vec<&str> = MODELS.iter().map(|m| m.0).collect();
+            format!("unknown --model `{name}` (known: {})", names.join(", "))
+        })
+}

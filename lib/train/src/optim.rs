@@ -1,0 +1,562 @@
+//! Optimisers on the flat parameter vector, with per-tensor segments where the method is
+//! layer-wise (LAMB): SGD (momentum, Nesterov, weight decay), Adam / AdamW, LAMB as the
+//! 1-bit LAMB paper uses it (whole-ratio clipping, no bias correction), 1-bit LAMB
+//! (Algorithm 1 of onebit-lamb.md) and the 1-bit Adam baseline; plus the learning-rate
+//! schedule (linear warm-up, then constant, linear or cosine decay).
+
+// Index loops over several parallel arrays read closer to the papers' formulas.
+#![allow(clippy::needless_range_loop)]
+
+use anyhow::{bail, Result};
+
+/// `--optimizer` values.
+pub const OPTIMIZERS: &[(&str, &str)] = &[
+    ("sgd", "SGD with --momentum, --nesterov and --weight-decay (L2)"),
+    ("adam", "Adam with bias correction; --weight-decay adds L2 to the gradient"),
+    ("adamw", "Adam with decoupled weight decay"),
+    ("lamb", "LAMB: per-tensor trust ratio ‖x‖/‖u‖ clipped to [--lamb-min, --lamb-max]"),
+    (
+        "onebit-lamb",
+        "1-bit LAMB: LAMB for --freeze-step steps, then 1-bit compressed momentum (needs --exchange onebit)",
+    ),
+    (
+        "onebit-adam",
+        "1-bit Adam: Adam for --freeze-step steps, then frozen variance and 1-bit momentum (needs --exchange onebit)",
+    ),
+];
+
+/// Every optimiser knob; each method reads the ones it documents.
+#[derive(Clone, Debug)]
+pub struct OptConfig {
+    pub name: String,
+    pub momentum: f32,
+    pub nesterov: bool,
+    pub weight_decay: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    /// LAMB's clip bounds for the trust ratio (DeepSpeed `min_coeff`/`max_coeff`).
+    pub lamb_min: f32,
+    pub lamb_max: f32,
+    /// 1-bit LAMB: β3 of the coefficient EMA (`coeff_beta`).
+    pub coeff_beta: f32,
+    /// 1-bit LAMB: bounds of the variance ratio r (`factor_min`/`factor_max`).
+    pub factor_min: f32,
+    pub factor_max: f32,
+    /// 1-bit LAMB: largest relative change of r per step (`factor_threshold`).
+    pub factor_threshold: f32,
+    /// 1-bit LAMB/Adam: warm-up steps T_w before compression starts.
+    pub freeze_step: u32,
+}
+
+impl Default for OptConfig {
+    fn default() -> Self {
+        OptConfig {
+            name: "sgd".into(),
+            momentum: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            lamb_min: 0.01,
+            lamb_max: 10.0,
+            coeff_beta: 0.9,
+            factor_min: 0.5,
+            factor_max: 4.0,
+            factor_threshold: 0.1,
+            freeze_step: 100,
+        }
+    }
+}
+
+/// Named state vectors (for checkpoints).
+pub type State = Vec<(String, Vec<f32>)>;
+
+fn norm(v: &[f32]) -> f32 {
+    v.iter()
+        .map(|x| (*x as f64) * (*x as f64))
+        .sum::<f64>()
+        .sqrt() as f32
+}
+
+/// An optimiser that updates the whole flat parameter vector from a (reduced) gradient.
+pub trait Optimizer: Send {
+    fn name(&self) -> &'static str;
+    /// `params -= lr·update(grad)`; `step` counts from 0.
+    fn step(&mut self, params: &mut [f32], grad: &[f32], lr: f32, step: u32);
+    fn state(&self) -> State;
+    fn load_state(&mut self, st: &State) -> Result<()>;
+}
+
+fn take(st: &State, name: &str, n: usize) -> Result<Vec<f32>> {
+    match st.iter().find(|(k, _)| k == name) {
+        Some((_, v)) if v.len() == n => Ok(v.clone()),
+        Some((_, v)) => bail!(
+            "checkpoint state `{name}` has {} values, expected {n}",
+            v.len()
+        ),
+        None => bail!("checkpoint lacks optimiser state `{name}`"),
+    }
+}
+
+/// SGD: g += wd·w; buf = μ·buf + g; d = nesterov ? g + μ·buf : buf; w -= lr·d
+/// (PyTorch's rule, dampening 0; with μ = 0 it is plain SGD).
+pub struct Sgd {
+    pub momentum: f32,
+    pub nesterov: bool,
+    pub weight_decay: f32,
+    pub buf: Vec<f32>,
+}
+
+impl Optimizer for Sgd {
+    fn name(&self) -> &'static str {
+        "sgd"
+    }
+    fn step(&mut self, w: &mut [f32], g: &[f32], lr: f32, _step: u32) {
+        let mu = self.momentum;
+        for i in 0..w.len() {
+            let gi = g[i] + self.weight_decay * w[i];
+            let d = if mu != 0.0 {
+                self.buf[i] = mu * self.buf[i] + gi;
+                if self.nesterov {
+                    gi + mu * self.buf[i]
+                } else {
+                    self.buf[i]
+                }
+            } else {
+                gi
+            };
+            w[i] -= lr * d;
+        }
+    }
+    fn state(&self) -> State {
+        vec![("momentum_buffer".into(), self.buf.clone())]
+    }
+    fn load_state(&mut self, st: &State) -> Result<()> {
+        self.buf = take(st, "momentum_buffer", self.buf.len())?;
+        Ok(())
+    }
+}
+
+/// Adam (bias-corrected). `decoupled`: AdamW (w ← w·(1 − lr·wd) first); otherwise the
+/// weight decay is an L2 term added to the gradient.
+pub struct Adam {
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    pub decoupled: bool,
+    pub m: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
+impl Optimizer for Adam {
+    fn name(&self) -> &'static str {
+        if self.decoupled {
+            "adamw"
+        } else {
+            "adam"
+        }
+    }
+    fn step(&mut self, w: &mut [f32], g: &[f32], lr: f32, step: u32) {
+        let t = step as i32 + 1;
+        let bc1 = 1.0 - self.beta1.powi(t);
+        let bc2 = 1.0 - self.beta2.powi(t);
+        for i in 0..w.len() {
+            let mut gi = g[i];
+            if self.decoupled {
+                w[i] *= 1.0 - lr * self.weight_decay;
+            } else {
+                gi += self.weight_decay * w[i];
+            }
+            self.m[i] = self.beta1 * self.m[i] + (1.0 - self.beta1) * gi;
+            self.v[i] = self.beta2 * self.v[i] + (1.0 - self.beta2) * gi * gi;
+            let mh = self.m[i] / bc1;
+            let vh = self.v[i] / bc2;
+            w[i] -= lr * mh / (vh.sqrt() + self.eps);
+        }
+    }
+    fn state(&self) -> State {
+        vec![
+            ("exp_avg".into(), self.m.clone()),
+            ("exp_avg_sq".into(), self.v.clone()),
+        ]
+    }
+    fn load_state(&mut self, st: &State) -> Result<()> {
+        self.m = take(st, "exp_avg", self.m.len())?;
+        self.v = take(st, "exp_avg_sq", self.v.len())?;
+        Ok(())
+    }
+}
+
+/// LAMB as in 1-bit LAMB's Eq. (2), per tensor ℓ (no bias correction):
+/// m = β1·m + (1−β1)·g; v = β2·v + (1−β2)·g²; u = m/(√v+η) + λ·x;
+/// c = clip(‖x‖/‖u‖, c_min, c_max) (c = 1 when either norm is 0); x -= lr·c·u.
+pub struct Lamb {
+    pub cfg: OptConfig,
+    pub segments: Vec<(usize, usize)>,
+    pub m: Vec<f32>,
+    pub v: Vec<f32>,
+    /// The coefficients c_ℓ of the last step (1-bit LAMB's EMA reads them).
+    pub last_coeff: Vec<f32>,
+}
+
+impl Lamb {
+    pub fn new(cfg: &OptConfig, segments: Vec<(usize, usize)>, n: usize) -> Self {
+        let l = segments.len();
+        Lamb {
+            cfg: cfg.clone(),
+            segments,
+            m: vec![0.0; n],
+            v: vec![0.0; n],
+            last_coeff: vec![1.0; l],
+        }
+    }
+}
+
+impl Optimizer for Lamb {
+    fn name(&self) -> &'static str {
+        "lamb"
+    }
+    fn step(&mut self, w: &mut [f32], g: &[f32], lr: f32, _step: u32) {
+        let c = &self.cfg;
+        for (li, &(o, n)) in self.segments.iter().enumerate() {
+            let mut u = vec![0.0f32; n];
+            for j in 0..n {
+                let i = o + j;
+                self.m[i] = c.beta1 * self.m[i] + (1.0 - c.beta1) * g[i];
+                self.v[i] = c.beta2 * self.v[i] + (1.0 - c.beta2) * g[i] * g[i];
+                u[j] = self.m[i] / (self.v[i].sqrt() + c.eps) + c.weight_decay * w[i];
+            }
+            let wn = norm(&w[o..o + n]);
+            let un = norm(&u);
+            let coeff = if wn == 0.0 || un == 0.0 {
+                1.0
+            } else {
+                (wn / un).clamp(c.lamb_min, c.lamb_max)
+            };
+            self.last_coeff[li] = coeff;
+            for j in 0..n {
+                w[o + j] -= lr * coeff * u[j];
+            }
+        }
+    }
+    fn state(&self) -> State {
+        vec![
+            ("exp_avg".into(), self.m.clone()),
+            ("exp_avg_sq".into(), self.v.clone()),
+        ]
+    }
+    fn load_state(&mut self, st: &State) -> Result<()> {
+        self.m = take(st, "exp_avg", self.m.len())?;
+        self.v = take(st, "exp_avg_sq", self.v.len())?;
+        Ok(())
+    }
+}
+
+/// 1-bit LAMB (Algorithm 1 of onebit-lamb.md). Steps `0..freeze_step` are LAMB on the
+/// allreduced gradient ([`OnebitLamb::warmup_step`]) while the per-tensor coefficient EMA
+/// `c_avg ← β3·c_avg + (1−β3)·c` is recorded (skipped when c == 1 exactly, as DeepSpeed
+/// does); at the end of the last warm-up step v is frozen and a fresh copy keeps being
+/// updated. Each later step is [`OnebitLamb::local_momentum`] (local momentum, scaled),
+/// one fused 1-bit compressed allreduce of it by the caller, then
+/// [`OnebitLamb::compressed_step`].
+pub struct OnebitLamb {
+    pub lamb: Lamb,
+    pub v_fresh: Vec<f32>,
+    pub c_avg: Vec<f32>,
+    pub r_prev: Vec<f32>,
+    /// Momentum scaling k_ℓ, fixed at the first compression step (empty before).
+    pub scale: Vec<f32>,
+    /// m of the previous step (the global momentum after the last allreduce).
+    m_prev: Vec<f32>,
+}
+
+impl OnebitLamb {
+    pub fn new(cfg: &OptConfig, segments: Vec<(usize, usize)>, n: usize) -> Self {
+        let l = segments.len();
+        OnebitLamb {
+            lamb: Lamb::new(cfg, segments, n),
+            v_fresh: Vec::new(),
+            c_avg: vec![0.0; l],
+            r_prev: vec![1.0; l],
+            scale: Vec::new(),
+            m_prev: Vec::new(),
+        }
+    }
+    /// Whether `step` (from 0) is in the compression stage.
+    pub fn compressing(&self, step: u32) -> bool {
+        step >= self.lamb.cfg.freeze_step
+    }
+    /// A warm-up step: LAMB on the allreduced gradient, recording c_avg; freezes v after
+    /// the last warm-up step.
+    pub fn warmup_step(&mut self, w: &mut [f32], g: &[f32], lr: f32, step: u32) {
+        self.lamb.step(w, g, lr, step);
+        let b3 = self.lamb.cfg.coeff_beta;
+        for (ca, c) in self.c_avg.iter_mut().zip(&self.lamb.last_coeff) {
+            if *c != 1.0 {
+                *ca = b3 * *ca + (1.0 - b3) * c;
+            }
+        }
+        if step + 1 == self.lamb.cfg.freeze_step {
+            self.v_fresh = self.lamb.v.clone();
+        }
+    }
+    /// Lines 5–6 and the momentum scaling of §4.3: m ← k_ℓ·(β1·m_prev + (1−β1)·g_local).
+    /// Returns the fused buffer to allreduce with 1-bit compression.
+    pub fn local_momentum(&mut self, g_local: &[f32]) -> Vec<f32> {
+        let c = &self.lamb.cfg;
+        if self.v_fresh.is_empty() {
+            // freeze_step = 0: the variance is frozen at its initial value.
+            self.v_fresh = self.lamb.v.clone();
+        }
+        self.m_prev = self.lamb.m.clone();
+        let mut m: Vec<f32> = self
+            .m_prev
+            .iter()
+            .zip(g_local)
+            .map(|(mp, g)| c.beta1 * mp + (1.0 - c.beta1) * g)
+            .collect();
+        if self.scale.is_empty() {
+            let s: Vec<f32> = self
+                .lamb
+                .segments
+                .iter()
+                .map(|&(o, n)| norm(&m[o..o + n]) / (n as f32).sqrt())
+                .collect();
+            let united = s.iter().sum::<f32>() / s.len().max(1) as f32;
+            self.scale = s
+                .iter()
+                .map(|&sl| {
+                    if sl > 0.0 && united > 0.0 {
+                        united / sl
+                    } else {
+                        1.0
+                    }
+                })
+                .collect();
+        }
+        for (&(o, n), k) in self.lamb.segments.iter().zip(&self.scale) {
+            m[o..o + n].iter_mut().for_each(|x| *x *= k);
+        }
+        m
+    }
+    /// Lines 13–21: unscale the averaged momentum, reconstruct the gradient, update the fresh
+    /// variance, compute the clipped ratio r and step with the frozen variance.
+    pub fn compressed_step(&mut self, w: &mut [f32], mut m: Vec<f32>, lr: f32) {
+        let c = self.lamb.cfg.clone();
+        for (li, &(o, n)) in self.lamb.segments.iter().enumerate() {
+            let k = self.scale[li];
+            m[o..o + n].iter_mut().for_each(|x| *x /= k);
+            let mut u_pre = vec![0.0f32; n];
+            let mut u = vec![0.0f32; n];
+            let mut r = f32::NEG_INFINITY;
+            for j in 0..n {
+                let i = o + j;
+                let g_rec = (m[i] - c.beta1 * self.m_prev[i]) / (1.0 - c.beta1);
+                self.v_fresh[i] = c.beta2 * self.v_fresh[i] + (1.0 - c.beta2) * g_rec * g_rec;
+                let den = self.lamb.v[i].sqrt() + c.eps;
+                u_pre[j] = m[i] / den;
+                u[j] = u_pre[j] + c.weight_decay * w[i];
+                r = r.max(den / (self.v_fresh[i].sqrt() + c.eps));
+            }
+            if c.weight_decay > 0.0 {
+                let un = norm(&u);
+                let rho = if un > 0.0 {
+                    (norm(&u_pre) / un).min(1.0)
+                } else {
+                    1.0
+                };
+                r = r * rho + (1.0 - rho);
+            }
+            r = r.clamp(c.factor_min, c.factor_max);
+            let prev = self.r_prev[li];
+            r = r.clamp(
+                (1.0 - c.factor_threshold) * prev,
+                (1.0 + c.factor_threshold) * prev,
+            );
+            self.r_prev[li] = r;
+            let coeff = r * self.c_avg[li];
+            for j in 0..n {
+                w[o + j] -= lr * coeff * u[j];
+            }
+        }
+        self.lamb.m = m;
+    }
+    pub fn state(&self) -> State {
+        let mut s = self.lamb.state();
+        s.push(("exp_avg_sq_fresh".into(), self.v_fresh.clone()));
+        s.push(("coeff_avg".into(), self.c_avg.clone()));
+        s.push(("ratio_prev".into(), self.r_prev.clone()));
+        s.push(("momentum_scale".into(), self.scale.clone()));
+        s
+    }
+    pub fn load_state(&mut self, st: &State) -> Result<()> {
+        self.lamb.load_state(st)?;
+        let get = |k: &str| st.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        self.v_fresh = get("exp_avg_sq_fresh").unwrap_or_default();
+        self.c_avg = take(st, "coeff_avg", self.c_avg.len())?;
+        self.r_prev = take(st, "ratio_prev", self.r_prev.len())?;
+        self.scale = get("momentum_scale").unwrap_or_default();
+        Ok(())
+    }
+}
+
+/// 1-bit Adam (the baseline, DeepSpeed's `OnebitAdam`): Adam without bias correction on the
+/// allreduced gradient for `freeze_step` steps, then v frozen; each later step updates the
+/// local momentum, allreduces it with 1-bit compression, and steps with the frozen v.
+pub struct OnebitAdam {
+    pub cfg: OptConfig,
+    pub m: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
+impl OnebitAdam {
+    pub fn new(cfg: &OptConfig, n: usize) -> Self {
+        OnebitAdam {
+            cfg: cfg.clone(),
+            m: vec![0.0; n],
+            v: vec![0.0; n],
+        }
+    }
+    pub fn compressing(&self, step: u32) -> bool {
+        step >= self.cfg.freeze_step
+    }
+    fn apply(&self, w: &mut [f32], lr: f32) {
+        let c = &self.cfg;
+        for i in 0..w.len() {
+            let upd = self.m[i] / (self.v[i].sqrt() + c.eps) + c.weight_decay * w[i];
+            w[i] -= lr * upd;
+        }
+    }
+    pub fn warmup_step(&mut self, w: &mut [f32], g: &[f32], lr: f32) {
+        let c = &self.cfg;
+        for i in 0..w.len() {
+            self.m[i] = c.beta1 * self.m[i] + (1.0 - c.beta1) * g[i];
+            self.v[i] = c.beta2 * self.v[i] + (1.0 - c.beta2) * g[i] * g[i];
+        }
+        self.apply(w, lr);
+    }
+    pub fn local_momentum(&self, g_local: &[f32]) -> Vec<f32> {
+        let c = &self.cfg;
+        self.m
+            .iter()
+            .zip(g_local)
+            .map(|(m, g)| c.beta1 * m + (1.0 - c.beta1) * g)
+            .collect()
+    }
+    pub fn compressed_step(&mut self, w: &mut [f32], m: Vec<f32>, lr: f32) {
+        self.m = m;
+        self.apply(w, lr);
+    }
+    pub fn state(&self) -> State {
+        vec![
+            ("exp_avg".into(), self.m.clone()),
+            ("exp_avg_sq".into(), self.v.clone()),
+        ]
+    }
+    pub fn load_state(&mut self, st: &State) -> Result<()> {
+        self.m = take(st, "exp_avg", self.m.len())?;
+        self.v = take(st, "exp_avg_sq", self.v.len())?;
+        Ok(())
+    }
+}
+
+/// The optimiser of a run.
+pub enum Opt {
+    Plain(Box<dyn Optimizer>),
+    OnebitLamb(OnebitLamb),
+    OnebitAdam(OnebitAdam),
+}
+
+impl Opt {
+    /// Builds `cfg.name` for parameters with the given per-tensor segments.
+    pub fn new(cfg: &OptConfig, segments: Vec<(usize, usize)>) -> Result<Opt> {
+        let n = segments.last().map_or(0, |(o, l)| o + l);
+        Ok(match cfg.name.as_str() {
+            "sgd" => Opt::Plain(Box::new(Sgd {
+                momentum: cfg.momentum,
+                nesterov: cfg.nesterov,
+                weight_decay: cfg.weight_decay,
+                buf: vec![0.0; n],
+            })),
+            "adam" | "adamw" => Opt::Plain(Box::new(Adam {
+                beta1: cfg.beta1,
+                beta2: cfg.beta2,
+                eps: cfg.eps,
+                weight_decay: cfg.weight_decay,
+                decoupled: cfg.name == "adamw",
+                m: vec![0.0; n],
+                v: vec![0.0; n],
+            })),
+            "lamb" => Opt::Plain(Box::new(Lamb::new(cfg, segments, n))),
+            "onebit-lamb" => Opt::OnebitLamb(OnebitLamb::new(cfg, segments, n)),
+            "onebit-adam" => Opt::OnebitAdam(OnebitAdam::new(cfg, n)),
+            other => {
+                let names: Vec<&str> = OPTIMIZERS.iter().map(|o| o.0).collect();
+                bail!(
+                    "unknown --optimizer `{other}` (known: {})",
+                    names.join(", ")
+                )
+            }
+        })
+    }
+    pub fn is_onebit(&self) -> bool {
+        !matches!(self, Opt::Plain(_))
+    }
+    /// Whether `step` runs the 1-bit compression stage.
+    pub fn compressing(&self, step: u32) -> bool {
+        match self {
+            Opt::Plain(_) => false,
+            Opt::OnebitLamb(o) => o.compressing(step),
+            Opt::OnebitAdam(o) => o.compressing(step),
+        }
+    }
+    /// A step on an already reduced gradient (every optimiser outside the 1-bit stage).
+    pub fn step(&mut self, w: &mut [f32], g: &[f32], lr: f32, step: u32) {
+        match self {
+            Opt::Plain(o) => o.step(w, g, lr, step),
+            Opt::OnebitLamb(o) => o.warmup_step(w, g, lr, step),
+            Opt::OnebitAdam(o) => o.warmup_step(w, g, lr),
+        }
+    }
+    pub fn state(&self) -> State {
+        match self {
+            Opt::Plain(o) => o.state(),
+            Opt::OnebitLamb(o) => o.state(),
+            Opt::OnebitAdam(o) => o.state(),
+        }
+    }
+    pub fn load_state(&mut self, st: &State) -> Result<()> {
+        match self {
+            Opt::Plain(o) => o.load_state(st),
+            Opt::OnebitLamb(o) => o.load_state(st),
+            Opt::OnebitAdam(o) => o.load_state(st),
+        }
+    }
+}
+
+/// `--decay` values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Decay {
+    #[default]
+    None,
+    Linear,
+    Cosine,
+}
+
+/// Learning rate of `step` (from 0): linear warm-up over `warmup` steps to `base`, then
+/// constant, or linear / cosine decay to 0 at `total`.
+pub fn lr_at(base: f32, step: u32, warmup: u32, total: u32, decay: Decay) -> f32 {
+    if step < warmup {
+        return base * (step + 1) as f32 / warmup as f32;
+    }
+    let span = total.saturating_sub(warmup).max(1) as f64;
+    let x = ((step - warmup) as f64 / span).min(1.0);
+    match decay {
+        Decay::None => base,
+        Decay::Linear => (base as f64 * (1.0 - x)) as f32,
+        Decay::Cosine => (base as f64 * 0.5 * (1.0 + (std::f64::consts::PI * x).cos())) as f32,
+    }
+}

@@ -1,0 +1,670 @@
+//! The data-parallel step loop: P ranks (threads or MPI processes) each train on their
+//! shard and exchange gradients (or, for 1-bit optimisers, momenta) through
+//! gradkit-collectives every step.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use gradkit_collectives::onebit::{OneBitState, Variant};
+use gradkit_collectives::{dense, make_reducer, Flat, Op, Params, Reducer};
+use gradkit_comm::{dist, Comm, CommExt, World};
+use gradkit_core::trace::{unflatten_dense, MetricSink};
+use gradkit_core::{MetricRow, TensorRow};
+
+use crate::checkpoint::{self, RankState};
+use crate::data::{self, DataSpec, Dataset, Shard};
+use crate::model::{Model, ModelSpec};
+use crate::optim::{lr_at, Decay, Opt, OptConfig, Optimizer, Sgd};
+
+/// `--exchange` values: (name, the `make_reducer` algorithm, description).
+pub const EXCHANGES: &[(&str, &str, &str)] = &[
+    ("dense", "ring", "ring allreduce of the gradients, mean"),
+    (
+        "topk",
+        "topka",
+        "local top-k of residual+gradient, allgatherv (TopkA)",
+    ),
+    (
+        "gaussiank",
+        "gaussiank",
+        "Gaussian-threshold selection, TopkA communication",
+    ),
+    (
+        "topkdsa",
+        "topkdsa",
+        "SparCML's static regions, sparse/dense allgatherv (TopkDSA)",
+    ),
+    (
+        "gtopk",
+        "gtopk",
+        "gTop-k reduction tree keeping top-k per level",
+    ),
+    (
+        "oktopk",
+        "oktopk",
+        "Ok-Topk: split_and_reduce + balance_and_allgatherv (Algorithm 2)",
+    ),
+    (
+        "deft",
+        "deft",
+        "DEFT: disjoint per-worker partitions, no build-up",
+    ),
+    (
+        "onebit",
+        "onebit",
+        "1-bit compressed allreduce of the momentum (with --optimizer onebit-lamb/onebit-adam)",
+    ),
+];
+
+/// Everything a run needs.
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    pub model: ModelSpec,
+    pub data: DataSpec,
+    pub exchange: String,
+    pub density: f64,
+    /// Ok-Topk τ and τ'.
+    pub period: u32,
+    pub reeval: u32,
+    pub opt: OptConfig,
+    pub lr: f32,
+    pub warmup: u32,
+    pub decay: Decay,
+    pub steps: u32,
+    /// Examples (sequences) per rank per step.
+    pub batch: usize,
+    pub seed: u64,
+    /// 0: evaluate only at the end.
+    pub eval_every: u32,
+    /// 0: check parameters only at the end.
+    pub check_every: u32,
+    pub checkpoint: Option<PathBuf>,
+    pub checkpoint_every: u32,
+    pub resume: bool,
+    /// Stop (as if interrupted) after this many steps; for tests of `--resume`.
+    pub stop_after: Option<u32>,
+    pub quiet: bool,
+    pub run_name: String,
+    /// Keep every rank's local gradient of every step ([`dump_gradients`]).
+    pub record_gradients: bool,
+    /// Test hook: perturb rank 1's parameters after this step (checks the checksum).
+    pub corrupt_at: Option<u32>,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            model: ModelSpec::default(),
+            data: DataSpec::default(),
+            exchange: "dense".into(),
+            density: 0.01,
+            period: 64,
+            reeval: 32,
+            opt: OptConfig::default(),
+            lr: 0.1,
+            warmup: 0,
+            decay: Decay::None,
+            steps: 100,
+            batch: 32,
+            seed: 0,
+            eval_every: 0,
+            check_every: 50,
+            checkpoint: None,
+            checkpoint_every: 0,
+            resume: false,
+            stop_after: None,
+            quiet: true,
+            run_name: "run".into(),
+            record_gradients: false,
+            corrupt_at: None,
+        }
+    }
+}
+
+/// What a run returns on the I/O rank.
+#[derive(Clone, Debug, Default)]
+pub struct TrainReport {
+    /// `metrics/1` rows of every rank.
+    pub metrics: Vec<MetricRow>,
+    /// Final parameters (identical on every rank).
+    pub params: Vec<f32>,
+    pub n_params: usize,
+    pub first_step: u32,
+    pub last_step: u32,
+    /// Mean training loss over ranks of the last min(10, steps) steps.
+    pub final_loss: f64,
+    pub eval_loss: f64,
+    pub eval_accuracy: f64,
+    /// The data's best achievable loss (synthetic-lm's entropy rate).
+    pub best_loss: Option<f64>,
+    pub is_lm: bool,
+    /// Means over steps and ranks.
+    pub bytes_sent_per_step: f64,
+    pub time_compute_s: f64,
+    pub time_select_s: f64,
+    pub time_comm_s: f64,
+    pub time_update_s: f64,
+    pub nnz_per_step: f64,
+    /// Per-rank local gradients (with `record_gradients`).
+    pub gradients: Vec<TensorRow>,
+}
+
+/// How gradients travel.
+enum Exchange {
+    Dense,
+    Sparse {
+        reducer: Box<dyn Reducer>,
+        residual: Vec<f32>,
+        /// SGD: Ok-Topk Algorithm 2 (lr folded into the accumulator, w -= u/P, momentum on u/P).
+        fold_lr: Option<Sgd>,
+    },
+    OneBit(OneBitState),
+}
+
+/// Validates the combination of flags before any work.
+pub fn check_config(cfg: &TrainConfig) -> Result<()> {
+    crate::model::check_name(&cfg.model.name)?;
+    let Some(_) = EXCHANGES.iter().find(|e| e.0 == cfg.exchange) else {
+        let names: Vec<&str> = EXCHANGES.iter().map(|e| e.0).collect();
+        bail!(
+            "unknown --exchange `{}` (known: {})",
+            cfg.exchange,
+            names.join(", ")
+        );
+    };
+    let onebit_opt = matches!(cfg.opt.name.as_str(), "onebit-lamb" | "onebit-adam");
+    if cfg.exchange == "onebit" && !onebit_opt {
+        bail!(
+            "--exchange onebit compresses the momentum of a 1-bit optimiser; it needs --optimizer onebit-lamb or onebit-adam, not `{}` (flag --optimizer)",
+            cfg.opt.name
+        );
+    }
+    if onebit_opt && cfg.exchange != "onebit" {
+        bail!(
+            "--optimizer {} needs --exchange onebit, not `{}` (flag --exchange)",
+            cfg.opt.name,
+            cfg.exchange
+        );
+    }
+    if !(cfg.density > 0.0 && cfg.density <= 1.0) {
+        bail!(
+            "--density must be in (0, 1], got {} (flag --density)",
+            cfg.density
+        );
+    }
+    if cfg.steps == 0 {
+        bail!("--steps must be at least 1 (flag --steps)");
+    }
+    if !(cfg.lr.is_finite() && cfg.lr > 0.0) {
+        bail!("--lr must be a positive number, got {} (flag --lr)", cfg.lr);
+    }
+    if cfg.resume && cfg.checkpoint.is_none() {
+        bail!("--resume needs --checkpoint DIR (flag --resume)");
+    }
+    Ok(())
+}
+
+fn checksum(v: &[f32]) -> u64 {
+    // FNV-1a over the bit patterns: any difference in any parameter changes it.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for x in v {
+        for b in x.to_bits().to_le_bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+fn run_meta(cfg: &TrainConfig, p: usize, n: usize) -> Vec<(String, String)> {
+    vec![
+        ("model".into(), cfg.model.name.clone()),
+        ("data".into(), cfg.data.name.clone()),
+        ("exchange".into(), cfg.exchange.clone()),
+        ("optimizer".into(), cfg.opt.name.clone()),
+        ("ranks".into(), p.to_string()),
+        ("n_params".into(), n.to_string()),
+        ("seed".into(), cfg.seed.to_string()),
+        ("batch".into(), cfg.batch.to_string()),
+    ]
+}
+
+/// Trains on every rank of `world`; returns the report on the I/O rank (`None` elsewhere
+/// under MPI).
+pub fn train(world: &World, cfg: &TrainConfig) -> Result<Option<TrainReport>> {
+    check_config(cfg)?;
+    let data = data::load(&cfg.data)?;
+    let p = world.size();
+    // Fail early (before threads start) on a shard that cannot hold a batch.
+    for r in 0..p {
+        Shard::new(&data, r, p, cfg.batch, cfg.model.seq_len)?;
+    }
+    if cfg.resume {
+        let root = cfg.checkpoint.as_ref().unwrap();
+        if checkpoint::latest(root)?.is_none() {
+            bail!(
+                "--resume: no checkpoint in {} (no `latest` file) (flag --checkpoint)",
+                root.display()
+            );
+        }
+    }
+    let out = world.run(|comm| rank_main(comm, cfg, &data))?;
+    Ok(out.into_iter().next().flatten())
+}
+
+/// The real per-rank gradients of `cfg.steps` training steps as dense `tensor/1` rows
+/// (one row per step × rank × layer), gathered on the I/O rank. Training proceeds as
+/// `cfg` says (exchange, optimiser), so later steps see trained parameters.
+pub fn dump_gradients(world: &World, cfg: &TrainConfig) -> Result<Vec<TensorRow>> {
+    let mut c = cfg.clone();
+    c.record_gradients = true;
+    c.eval_every = 0;
+    Ok(train(world, &c)?.map(|r| r.gradients).unwrap_or_default())
+}
+
+fn rank_main(comm: &dyn Comm, cfg: &TrainConfig, data: &Dataset) -> Result<Option<TrainReport>> {
+    let (rank, p) = (comm.rank(), comm.size());
+    let model = Model::new(&cfg.model, data, cfg.seed)?;
+    let layout = model.layout().clone();
+    let n = model.n_params();
+    let segments: Vec<(usize, usize)> = layout
+        .layers
+        .iter()
+        .map(|l| (l.offset as usize, l.numel as usize))
+        .collect();
+    let shard = Shard::new(data, rank, p, cfg.batch, cfg.model.seq_len)?;
+    let mut opt = Opt::new(&cfg.opt, segments)?;
+    let algo = EXCHANGES.iter().find(|e| e.0 == cfg.exchange).unwrap().1;
+    let mut exchange = match cfg.exchange.as_str() {
+        "dense" => Exchange::Dense,
+        "onebit" => Exchange::OneBit(OneBitState::new(Variant::Server, p, n)),
+        _ => {
+            let params = Params {
+                op: Op::Sum,
+                density: cfg.density,
+                period: cfg.period,
+                reeval: cfg.reeval,
+                residual: false, // the trainer keeps the residuals (Algorithm 2)
+                seed: cfg.seed,
+                ..Params::default()
+            };
+            let fold_lr = (cfg.opt.name == "sgd").then(|| Sgd {
+                momentum: cfg.opt.momentum,
+                nesterov: cfg.opt.nesterov,
+                weight_decay: 0.0,
+                buf: vec![0.0; n],
+            });
+            Exchange::Sparse {
+                reducer: make_reducer(algo, &params)
+                    .with_context(|| format!("--exchange {}", cfg.exchange))?,
+                residual: vec![0.0; n],
+                fold_lr,
+            }
+        }
+    };
+    let mut params = model.get_flat()?;
+    let meta = run_meta(cfg, p, n);
+    let mut first = 0u32;
+    if cfg.resume {
+        let root = cfg.checkpoint.as_ref().unwrap();
+        let dir = checkpoint::latest(root)?.context("no checkpoint to resume")?;
+        let st = checkpoint::read_rank(&dir, rank)?;
+        for (k, v) in &meta {
+            let have = st
+                .meta
+                .iter()
+                .find(|(a, _)| a == k)
+                .map(|(_, b)| b.as_str());
+            if have != Some(v.as_str()) {
+                bail!(
+                    "checkpoint {} was written with {k} = {}, this run has {k} = {v} (flag --resume)",
+                    dir.display(),
+                    have.unwrap_or("(none)")
+                );
+            }
+        }
+        first = st.step;
+        params = st
+            .get("params")
+            .context("checkpoint lacks `params`")?
+            .clone();
+        let ost: Vec<(String, Vec<f32>)> = st
+            .tensors
+            .iter()
+            .filter_map(|(k, v)| k.strip_prefix("opt.").map(|s| (s.to_string(), v.clone())))
+            .collect();
+        opt.load_state(&ost)?;
+        match &mut exchange {
+            Exchange::Sparse {
+                residual, fold_lr, ..
+            } => {
+                *residual = st
+                    .get("residual")
+                    .context("checkpoint lacks `residual`")?
+                    .clone();
+                if let Some(s) = fold_lr {
+                    s.buf = st
+                        .get("fold.momentum_buffer")
+                        .context("checkpoint lacks momentum")?
+                        .clone();
+                }
+            }
+            Exchange::OneBit(ob) => {
+                ob.worker_error = st
+                    .get("onebit.worker_error")
+                    .context("checkpoint lacks 1-bit worker error")?
+                    .clone();
+                ob.server_error = st
+                    .get("onebit.server_error")
+                    .context("checkpoint lacks 1-bit server error")?
+                    .clone();
+            }
+            Exchange::Dense => {}
+        }
+        model.set_flat(&params)?;
+    }
+    let last = cfg.stop_after.map_or(cfg.steps, |s| s.min(cfg.steps));
+    let eval_set = if rank == 0 {
+        data::eval_batches(data, cfg.model.seq_len, 256, 512)
+    } else {
+        Vec::new()
+    };
+    let mut sink = MetricSink::new(&cfg.run_name, "gradtrain", &cfg.exchange, p as u32);
+    let mut grads_rec: Vec<TensorRow> = Vec::new();
+    let pb = gradkit_core::cli::progress(
+        "gradtrain",
+        (last.saturating_sub(first)) as u64,
+        cfg.quiet || rank != 0,
+    );
+    let t_run = Instant::now();
+    let mut last_eval = None;
+    for step in first..last {
+        let t0 = Instant::now();
+        let batch = shard.batch(cfg.seed, step, cfg.batch);
+        let (loss, g) = model.loss_and_grad(&batch)?;
+        if !loss.is_finite() {
+            bail!("training diverged: loss is {loss} at step {step} on rank {rank} (try a smaller --lr)");
+        }
+        if cfg.record_gradients {
+            grads_rec.extend(unflatten_dense(&g, &layout, step, rank as u32));
+        }
+        let t_compute = t0.elapsed().as_secs_f64();
+        let lr = lr_at(cfg.lr, step, cfg.warmup, cfg.steps, cfg.decay);
+        let before = comm.traffic().total();
+        let t1 = Instant::now();
+        let mut select_s = 0.0;
+        let mut extra: Vec<(String, f64)> = Vec::new();
+        let mut update_s = 0.0;
+        match &mut exchange {
+            Exchange::Dense => {
+                let mut g = g;
+                dense::allreduce(comm, "ring", Op::Mean, &mut g)?;
+                let tu = Instant::now();
+                opt.step(&mut params, &g, lr, step);
+                update_s = tu.elapsed().as_secs_f64();
+            }
+            Exchange::Sparse {
+                reducer,
+                residual,
+                fold_lr,
+            } => {
+                // Ok-Topk Algorithm 2: acc = ε + α·G (α folded in for SGD), u = sparse
+                // allreduce(acc), ε = acc − acc(local ∩ global), w -= u/P.
+                let scale = if fold_lr.is_some() { lr } else { 1.0 };
+                let wd = if fold_lr.is_some() {
+                    cfg.opt.weight_decay
+                } else {
+                    0.0
+                };
+                let acc: Vec<f32> = residual
+                    .iter()
+                    .zip(&g)
+                    .zip(&params)
+                    .map(|((e, gi), w)| e + scale * (gi + wd * w))
+                    .collect();
+                let out = reducer.reduce(comm, step, &layout, Flat::Dense(acc.clone()))?;
+                for (k, v) in &out.metrics {
+                    if k == "time_select_s" {
+                        select_s += v;
+                    } else {
+                        extra.push((k.clone(), *v));
+                    }
+                }
+                *residual = acc;
+                let mut u = vec![0.0f32; n];
+                let mut in_result = vec![false; n];
+                match &out.result {
+                    Flat::Sparse(s) => {
+                        for (&i, &v) in s.indices.iter().zip(&s.values) {
+                            u[i as usize] += v;
+                            in_result[i as usize] = true;
+                        }
+                    }
+                    Flat::Dense(d) => {
+                        u.copy_from_slice(d);
+                        in_result.iter_mut().for_each(|x| *x = true);
+                    }
+                }
+                // DEFT (Algorithm 1): every rank sends its values at *all* gathered indices,
+                // so all of them leave every residual; `contributed` is only its own selection.
+                let sent_all = cfg.exchange == "deft";
+                match out.contributed.as_ref().filter(|_| !sent_all) {
+                    Some(c) => {
+                        for &i in c {
+                            if in_result[i as usize] {
+                                residual[i as usize] = 0.0;
+                            }
+                        }
+                    }
+                    None => {
+                        // No selection reported: everything in the result was sent.
+                        for (r, &inr) in residual.iter_mut().zip(&in_result) {
+                            if inr {
+                                *r = 0.0;
+                            }
+                        }
+                    }
+                }
+                let inv_p = 1.0 / p as f32;
+                u.iter_mut().for_each(|x| *x *= inv_p);
+                let tu = Instant::now();
+                match fold_lr {
+                    Some(sgd) => sgd.step(&mut params, &u, 1.0, step),
+                    None => opt.step(&mut params, &u, lr, step),
+                }
+                update_s = tu.elapsed().as_secs_f64();
+            }
+            Exchange::OneBit(state) => {
+                if opt.compressing(step) {
+                    let tu = Instant::now();
+                    let mut m = match &mut opt {
+                        Opt::OnebitLamb(o) => o.local_momentum(&g),
+                        Opt::OnebitAdam(o) => o.local_momentum(&g),
+                        Opt::Plain(_) => unreachable!(),
+                    };
+                    update_s += tu.elapsed().as_secs_f64();
+                    state.allreduce(comm, &mut m)?;
+                    let tu = Instant::now();
+                    match &mut opt {
+                        Opt::OnebitLamb(o) => o.compressed_step(&mut params, m, lr),
+                        Opt::OnebitAdam(o) => o.compressed_step(&mut params, m, lr),
+                        Opt::Plain(_) => unreachable!(),
+                    }
+                    update_s += tu.elapsed().as_secs_f64();
+                    extra.push(("compressed".into(), 1.0));
+                } else {
+                    let mut g = g;
+                    dense::allreduce(comm, "ring", Op::Mean, &mut g)?;
+                    let tu = Instant::now();
+                    opt.step(&mut params, &g, lr, step);
+                    update_s = tu.elapsed().as_secs_f64();
+                    extra.push(("compressed".into(), 0.0));
+                }
+            }
+        }
+        let comm_s = (t1.elapsed().as_secs_f64() - select_s - update_s).max(0.0);
+        let after = comm.traffic().total();
+        if cfg.corrupt_at == Some(step) && rank == 1 {
+            params[0] += 1e-3;
+        }
+        model.set_flat(&params)?;
+        let s = step;
+        let r = rank as u32;
+        sink.push(s, r, "loss", loss as f64);
+        sink.push(s, r, "lr", lr as f64);
+        sink.push(
+            s,
+            r,
+            "bytes_sent",
+            (after.bytes_sent - before.bytes_sent) as f64,
+        );
+        sink.push(
+            s,
+            r,
+            "bytes_recv",
+            (after.bytes_recv - before.bytes_recv) as f64,
+        );
+        sink.push(
+            s,
+            r,
+            "messages",
+            (after.msgs_sent - before.msgs_sent) as f64,
+        );
+        sink.push(s, r, "time_compute_s", t_compute);
+        sink.push(s, r, "time_select_s", select_s);
+        sink.push(s, r, "time_comm_s", comm_s);
+        sink.push(s, r, "time_update_s", update_s);
+        if !extra.iter().any(|(k, _)| k == "nnz") {
+            let nnz = match &exchange {
+                Exchange::Sparse { .. } => 0.0,
+                _ => n as f64,
+            };
+            sink.push(s, r, "nnz", nnz);
+        }
+        for (k, v) in extra {
+            sink.push(s, r, &k, v);
+        }
+        let done = step + 1;
+        let check = (cfg.check_every > 0 && done % cfg.check_every == 0) || done == last;
+        if check {
+            let _ph = comm.phase("check");
+            let sums = comm.allgather_one::<u64>(checksum(&params));
+            if let Some((bad, v)) = sums.iter().enumerate().find(|(_, v)| **v != sums[0]) {
+                bail!(
+                    "parameters differ across ranks after step {step}: rank {bad} has checksum {v:016x}, rank 0 has {:016x} (flag --check-every)",
+                    sums[0]
+                );
+            }
+        }
+        if rank == 0 && ((cfg.eval_every > 0 && done % cfg.eval_every == 0) || done == last) {
+            let ev = model.evaluate(&eval_set)?;
+            sink.push(s, 0, "eval_loss", ev.loss);
+            sink.push(s, 0, "eval_accuracy", ev.accuracy);
+            if matches!(data, Dataset::Lm(_)) {
+                sink.push(s, 0, "eval_perplexity", ev.loss.exp());
+            }
+            last_eval = Some(ev);
+        }
+        if let Some(root) = &cfg.checkpoint {
+            if (cfg.checkpoint_every > 0 && done % cfg.checkpoint_every == 0) || done == last {
+                let mut tensors = vec![("params".to_string(), params.clone())];
+                for (k, v) in opt.state() {
+                    tensors.push((format!("opt.{k}"), v));
+                }
+                match &exchange {
+                    Exchange::Sparse {
+                        residual, fold_lr, ..
+                    } => {
+                        tensors.push(("residual".into(), residual.clone()));
+                        if let Some(sgd) = fold_lr {
+                            tensors.push(("fold.momentum_buffer".into(), sgd.buf.clone()));
+                        }
+                    }
+                    Exchange::OneBit(ob) => {
+                        tensors.push(("onebit.worker_error".into(), ob.worker_error.clone()));
+                        tensors.push(("onebit.server_error".into(), ob.server_error.clone()));
+                    }
+                    Exchange::Dense => {}
+                }
+                let st = RankState {
+                    step: done,
+                    tensors,
+                    meta: meta.clone(),
+                };
+                let res = checkpoint::write_rank(root, rank, &st);
+                // Everyone must have written before rank 0 commits; agree on failure.
+                let ok = comm.allgather_one::<u8>(res.is_ok() as u8);
+                res?;
+                if ok.contains(&0) {
+                    bail!("another rank failed to write its checkpoint at step {done}");
+                }
+                if rank == 0 {
+                    checkpoint::commit(root, done)?;
+                }
+                comm.barrier();
+            }
+        }
+        if rank == 0 {
+            let el = t_run.elapsed().as_secs_f64().max(1e-9);
+            let sps = (done - first) as f64 * (cfg.batch * p) as f64 / el;
+            pb.set_message(format!("loss {loss:.4} · {sps:.0} samples/s"));
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+    let rows = dist::gather(comm, sink.rows)?;
+    let grads = if cfg.record_gradients {
+        dist::gather(comm, grads_rec)?
+    } else {
+        None
+    };
+    let Some(rows) = rows else {
+        return Ok(None);
+    };
+    let mut rep = summarize(rows, first, last, p, data);
+    rep.params = params;
+    rep.n_params = n;
+    if let Some(ev) = last_eval {
+        rep.eval_loss = ev.loss;
+        rep.eval_accuracy = ev.accuracy;
+    }
+    rep.gradients = grads.unwrap_or_default();
+    Ok(Some(rep))
+}
+
+fn summarize(rows: Vec<MetricRow>, first: u32, last: u32, p: usize, data: &Dataset) -> TrainReport {
+    let mean = |name: &str, from: u32| -> f64 {
+        let v: Vec<f64> = rows
+            .iter()
+            .filter(|r| r.metric == name && r.step >= from)
+            .map(|r| r.value)
+            .collect();
+        if v.is_empty() {
+            0.0
+        } else {
+            v.iter().sum::<f64>() / v.len() as f64
+        }
+    };
+    let tail = last.saturating_sub(10).max(first);
+    let _ = p;
+    let (best, is_lm) = match data {
+        Dataset::Lm(l) => (l.entropy_rate, true),
+        Dataset::Class(_) => (None, false),
+    };
+    TrainReport {
+        first_step: first,
+        last_step: last,
+        final_loss: mean("loss", tail),
+        best_loss: best,
+        is_lm,
+        bytes_sent_per_step: mean("bytes_sent", first),
+        time_compute_s: mean("time_compute_s", first),
+        time_select_s: mean("time_select_s", first),
+        time_comm_s: mean("time_comm_s", first),
+        time_update_s: mean("time_update_s", first),
+        nnz_per_step: mean("nnz", first),
+        metrics: rows,
+        ..Default::default()
+    }
+}
