@@ -3,7 +3,149 @@
 //! Every method of the papers lives in its own module, named after the paper, with the
 //! section it implements cited in its doc comment. Selection works on `&[f32]` slices
 //! (the flat, error-compensated accumulator of one rank) and returns strictly ascending
-//! `u32` indices. This crate knows nothing of communication or files.
+//! `u32` indices. [`Selector`] keeps a method's state across steps (Ok-Topk's threshold, the
+//! call count); [`feedback::Residual`] is the error-feedback memory. This crate knows nothing
+//! of communication or files.
+//!
+//! ```
+//! use gradkit_sparsify::{Method, Selector};
+//! let acc = [0.1f32, -3.0, 0.5, 2.0];
+//! let mut sel = Selector::new(Method::Topk, 0);
+//! let s = sel.select(0, &acc, 2);
+//! assert_eq!(s.indices, vec![1, 3]);
+//! assert_eq!(s.values, vec![-3.0, 2.0]);
+//! ```
 
+pub mod deft;
+pub mod dgc;
+pub mod feedback;
+pub mod gaussiank;
+pub mod oktopk;
+pub mod randomk;
 pub mod threshold;
 pub mod topk;
+
+pub use feedback::Residual;
+pub use oktopk::Bands;
+
+/// A selection method and its parameters (DEFT is range-based: see [`deft`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Method {
+    /// Exact top-k by |x|, ties to the lower index.
+    Topk,
+    /// `{i : |x_i| > th}` for a fixed th.
+    Threshold(f32),
+    /// Ok-Topk's local selection: exact threshold every `reeval` steps, reused between.
+    OkTopk { reeval: u32, adjust: Option<Bands> },
+    /// Gaussian-fit threshold, lowered until ≥ 3k/4 pass.
+    GaussianK,
+    /// DGC's sampled threshold with sample ratio `sample`.
+    Dgc { sample: f64 },
+    /// k random indices from (seed, step, stream), the same on every rank.
+    RandomK { seed: u64 },
+}
+
+impl Method {
+    /// The name used by `--method`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Method::Topk => "topk",
+            Method::Threshold(_) => "threshold",
+            Method::OkTopk { .. } => "oktopk",
+            Method::GaussianK => "gaussiank",
+            Method::Dgc { .. } => "dgc",
+            Method::RandomK { .. } => "randomk",
+        }
+    }
+}
+
+/// What a selection did, besides the indices.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SelectInfo {
+    /// The k asked for (after clamping to the length).
+    pub k_target: usize,
+    /// The threshold the method used, or None (topk reports its k-th largest |x|; randomk none).
+    pub threshold: Option<f32>,
+    /// True when the selection is the exact top-k (ties to the lower index) and `threshold` is
+    /// the k-th largest |x|; otherwise a threshold method selected exactly `{|x| > threshold}`.
+    pub exact_topk: bool,
+}
+
+/// One selection: ascending indices, the selected accumulator values, and what was done.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Selection {
+    pub indices: Vec<u32>,
+    pub values: Vec<f32>,
+    pub info: SelectInfo,
+}
+
+/// A method with its state across steps, for one rank and one index space (the flat model,
+/// or one layer with `--scope layer`).
+#[derive(Clone, Debug)]
+pub struct Selector {
+    method: Method,
+    /// Separates index spaces for random-k (the layer id with `--scope layer`, else 0).
+    stream: u64,
+    ok: Option<oktopk::OkTopk>,
+}
+
+impl Selector {
+    pub fn new(method: Method, stream: u64) -> Self {
+        let ok = match &method {
+            Method::OkTopk { reeval, adjust } => Some(oktopk::OkTopk::new(*reeval, *adjust)),
+            _ => None,
+        };
+        Selector { method, stream, ok }
+    }
+
+    pub fn method(&self) -> &Method {
+        &self.method
+    }
+
+    /// Selects about k entries of `acc` at `step` (calls must come in step order).
+    pub fn select(&mut self, step: u32, acc: &[f32], k: usize) -> Selection {
+        let k = k.min(acc.len());
+        let (indices, threshold, exact_topk) = match &self.method {
+            Method::Topk => {
+                let (i, th) = topk::topk_with_threshold(acc, k);
+                (i, th, true)
+            }
+            Method::Threshold(th) => (threshold::above(acc, *th), Some(*th), false),
+            Method::OkTopk { .. } => {
+                let s = self.ok.as_mut().expect("oktopk state").select(acc, k);
+                (s.indices, s.threshold, s.reevaluated)
+            }
+            Method::GaussianK => {
+                let (i, th) = gaussiank::select(acc, k);
+                (i, Some(th), false)
+            }
+            Method::Dgc { sample } => {
+                let s = dgc::select(acc, k, *sample);
+                (s.indices, Some(s.threshold), s.exact_topk)
+            }
+            Method::RandomK { seed } => (
+                randomk::indices(acc.len(), k, *seed, step, self.stream),
+                None,
+                false,
+            ),
+        };
+        let values = indices.iter().map(|&i| acc[i as usize]).collect();
+        Selection {
+            indices,
+            values,
+            info: SelectInfo {
+                k_target: k,
+                threshold,
+                exact_topk,
+            },
+        }
+    }
+}
+
+/// `k = floor(density·n)`, at least 1 when n > 0 (the issue's rule, Ok-Topk `int(n·density)`).
+pub fn k_for(density: f64, n: usize) -> usize {
+    if n == 0 {
+        return 0;
+    }
+    ((density * n as f64).floor() as usize).clamp(1, n)
+}

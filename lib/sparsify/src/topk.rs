@@ -1,7 +1,23 @@
-//! Exact top-k by magnitude (Alistarh et al. 2018; Ok-Topk §3.1.3 `th_re_evaluate`).
+//! Exact top-k by magnitude (Alistarh et al. 2018 "The convergence of sparsified gradient
+//! methods"; Ok-Topk §3.1.3 `th_re_evaluate`, the exact k-th largest |x|).
 //!
 //! Magnitudes are compared through their IEEE bit patterns (`bits & 0x7fff_ffff`), which
-//! orders every non-NaN `|x|` exactly; a NaN compares above +inf.
+//! orders every non-NaN `|x|` exactly (−0 and +0 are equal); a NaN compares above +inf.
+//!
+//! Large inputs use sample-then-filter: the k/n quantile of |x| is estimated from a fixed
+//! strided sample, lowered by a safety margin, one parallel pass keeps the candidates at or
+//! above that estimate (in index order), and the exact k-th largest is selected among the
+//! candidates. When the estimate misses (fewer than k candidates) the exact full selection
+//! runs instead, so the result never depends on the sample.
+
+use rayon::prelude::*;
+
+/// Below this length the plain selection is used (sampling does not pay).
+const SMALL: usize = 1 << 16;
+/// Elements per parallel chunk.
+pub(crate) const CHUNK: usize = 1 << 16;
+/// Sample size for the threshold estimate.
+const SAMPLE: usize = 1 << 15;
 
 #[inline]
 pub(crate) fn key(v: f32) -> u32 {
@@ -16,20 +32,13 @@ pub fn topk_indices(x: &[f32], k: usize) -> Vec<u32> {
     if k == 0 {
         return Vec::new();
     }
-    let th = key(kth_largest_abs(x, k));
-    let above = x.iter().filter(|v| key(**v) > th).count();
-    let mut ties = k - above;
-    let mut out = Vec::with_capacity(k);
-    for (i, v) in x.iter().enumerate() {
-        let kv = key(*v);
-        if kv > th {
-            out.push(i as u32);
-        } else if kv == th && ties > 0 {
-            ties -= 1;
-            out.push(i as u32);
-        }
+    if k == x.len() {
+        return (0..x.len() as u32).collect();
     }
-    out
+    match kth_key(x, k) {
+        (th, Some(cands)) => take_top(x, cands.into_iter(), th, k),
+        (th, None) => take_top(x, 0..x.len() as u32, th, k),
+    }
 }
 
 /// The k-th largest |x| (k ≥ 1, k ≤ len); used as Ok-Topk's exact threshold.
@@ -42,8 +51,131 @@ pub fn kth_largest_abs(x: &[f32], k: usize) -> f32 {
         "kth_largest_abs: k = {k} not in 1..={}",
         x.len()
     );
-    let mut keys: Vec<u32> = x.iter().map(|v| key(*v)).collect();
-    let pos = x.len() - k;
-    let (_, kth, _) = keys.select_nth_unstable(pos);
-    f32::from_bits(*kth)
+    f32::from_bits(kth_key(x, k).0)
+}
+
+/// Exact top-k (as [`topk_indices`]) together with the k-th largest |x|.
+pub fn topk_with_threshold(x: &[f32], k: usize) -> (Vec<u32>, Option<f32>) {
+    let k = k.min(x.len());
+    if k == 0 {
+        return (Vec::new(), None);
+    }
+    let (th, cands) = kth_key(x, k);
+    let idx = match cands {
+        Some(c) => take_top(x, c.into_iter(), th, k),
+        None => take_top(x, 0..x.len() as u32, th, k),
+    };
+    (idx, Some(f32::from_bits(th)))
+}
+
+/// Exact top-k among the given ascending `positions` of `x` (DGC's "exact top-k of the entries
+/// that passed"); returns ascending indices and the k-th largest |x| among them.
+pub fn topk_among(x: &[f32], positions: &[u32], k: usize) -> (Vec<u32>, Option<f32>) {
+    let k = k.min(positions.len());
+    if k == 0 {
+        return (Vec::new(), None);
+    }
+    let mut keys: Vec<u32> = positions.iter().map(|&i| key(x[i as usize])).collect();
+    let th = select_kth_largest(&mut keys, k);
+    (
+        take_top(x, positions.iter().copied(), th, k),
+        Some(f32::from_bits(th)),
+    )
+}
+
+/// Keeps, in order, the positions with key > th plus the first ties at th, k in all.
+fn take_top(
+    x: &[f32],
+    positions: impl Iterator<Item = u32> + Clone,
+    th: u32,
+    k: usize,
+) -> Vec<u32> {
+    let above = positions
+        .clone()
+        .filter(|&i| key(x[i as usize]) > th)
+        .count();
+    let mut ties = k - above;
+    let mut out = Vec::with_capacity(k);
+    for i in positions {
+        let kv = key(x[i as usize]);
+        if kv > th || (kv == th && ties > 0) {
+            if kv == th {
+                ties -= 1;
+            }
+            out.push(i);
+            if out.len() == k {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// The k-th largest of `keys` (1 ≤ k ≤ len); reorders `keys`.
+fn select_kth_largest(keys: &mut [u32], k: usize) -> u32 {
+    let pos = keys.len() - k;
+    *keys.select_nth_unstable(pos).1
+}
+
+/// The k-th largest key of x, with the ascending candidate positions that contain every
+/// position whose key is ≥ it (None: the caller scans all of x).
+fn kth_key(x: &[f32], k: usize) -> (u32, Option<Vec<u32>>) {
+    let n = x.len();
+    if n >= SMALL {
+        if let Some(lo) = estimate_lower_key(x, k) {
+            let cands = at_least(x, lo);
+            if cands.len() >= k {
+                let mut keys: Vec<u32> = cands.iter().map(|&i| key(x[i as usize])).collect();
+                let th = select_kth_largest(&mut keys, k);
+                return (th, Some(cands));
+            }
+        }
+    }
+    let mut keys: Vec<u32> = if n >= SMALL {
+        x.par_iter().map(|v| key(*v)).collect()
+    } else {
+        x.iter().map(|v| key(*v)).collect()
+    };
+    (select_kth_largest(&mut keys, k), None)
+}
+
+/// A key that is ≤ the k-th largest with high probability, from a strided sample; None when
+/// the sample says nearly everything would pass (the filter would not pay).
+fn estimate_lower_key(x: &[f32], k: usize) -> Option<u32> {
+    let n = x.len();
+    let m = SAMPLE.min(n);
+    let mut sample: Vec<u32> = (0..m)
+        .map(|i| {
+            // Strided, with a deterministic jitter inside each stride against periodic inputs.
+            let lo = i * n / m;
+            let hi = (i + 1) * n / m;
+            let j = lo + (i.wrapping_mul(2_654_435_761) >> 7) % (hi - lo).max(1);
+            key(x[j])
+        })
+        .collect();
+    let expect = k as f64 * m as f64 / n as f64;
+    let r = (expect + 4.0 * expect.sqrt() + 16.0).ceil() as usize;
+    if r >= m / 2 {
+        return None;
+    }
+    Some(select_kth_largest(&mut sample, r))
+}
+
+/// Ascending positions with key ≥ lo (one parallel pass).
+pub(crate) fn at_least(x: &[f32], lo: u32) -> Vec<u32> {
+    let parts: Vec<Vec<u32>> = x
+        .par_chunks(CHUNK)
+        .enumerate()
+        .map(|(ci, c)| {
+            let base = (ci * CHUNK) as u32;
+            let mut v = Vec::new();
+            for (j, e) in c.iter().enumerate() {
+                if key(*e) >= lo {
+                    v.push(base + j as u32);
+                }
+            }
+            v
+        })
+        .collect();
+    parts.concat()
 }
