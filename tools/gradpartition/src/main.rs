@@ -141,12 +141,12 @@ fn body(a: &Cli) -> Result<()> {
     let want_dense = a.method == Method::Deft;
     trace::check_complete(&rows, &layout, Some(want_dense)).with_context(|| {
         format!(
-            "--method {} needs {} input ({})",
+            "--method {} needs {} ({})",
             if want_dense { "deft" } else { "oktopk" },
             if want_dense {
                 "a dense tensor/1 trace"
             } else {
-                "a sparse tensor/1 of local selections (gradselect's output)"
+                "a sparse tensor/1 of local selections, e.g. from gradselect"
             },
             loaded.source
         )
