@@ -1,6 +1,7 @@
-# gradkit — the entry point. `make demo` and `make test` are the two commands a new user needs.
+# gradkit — the entry point. A new user needs two commands: `make demo` and `make test`.
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
+# mpirun as root (containers, CI) and more ranks than cores (2-core machines).
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
@@ -9,27 +10,41 @@ APT_PKGS := build-essential pkg-config clang libclang-dev openmpi-bin libopenmpi
             openssh-client python3-venv ca-certificates
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 VENV := .venv
-PY := $(VENV)/bin/python
+CARGO := cargo
 CARGO_FLAGS := --release --locked
 BIN := target/release
+FAST ?= 0
+export FAST
 
-.PHONY: all deps deps-apt deps-rust deps-py build demo test test-rust test-py bench clean fmt lint
+.PHONY: all help deps deps-apt deps-rust deps-py build demo test bench lint fmt clean \
+        repro repro-oktopk repro-deft repro-onebit-lamb repro-embrace
 
 all: build
 
-## deps: install what is missing (apt packages, the Python venv for interop tests). Idempotent.
+help:
+	@echo "make demo    install what is missing, build, run the demo pipeline (data/out/demo/)"
+	@echo "make test    install what is missing, build, run every test"
+	@echo "make bench   benchmarks (numbers go to docs/RESULTS.md by hand)"
+	@echo "make repro-oktopk | repro-deft | repro-onebit-lamb | repro-embrace   (FAST=1: ~1 min)"
+
+## deps: what is missing, and only that (apt packages as root or with sudo; the Python venv
+## with numpy and pyarrow used by the interoperability tests). Quick when all is present.
 deps: deps-apt deps-rust deps-py
 
 deps-apt:
-	@missing=$$(for p in $(APT_PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	@missing=$$(for p in $(APT_PKGS); do \
+	    dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
-	  echo "deps: installing $$missing"; \
+	  echo "deps: installing" $$missing; \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
 deps-rust:
-	@command -v cargo >/dev/null || { echo "error: cargo not found; install Rust >= 1.88 with rustup" >&2; exit 1; }
+	@command -v $(CARGO) >/dev/null || { echo "error: cargo not found; install Rust >= 1.88 with rustup (https://rustup.rs)" >&2; exit 1; }
+	@v=$$(rustc --version | awk '{print $$2}'); \
+	  if [ "$$(printf '%s\n' 1.88.0 "$$v" | sort -V | head -1)" != 1.88.0 ]; then \
+	    echo "error: rustc $$v is too old; gradkit needs >= 1.88 (rustup update)" >&2; exit 1; fi
 
 deps-py: $(VENV)/.ok
 $(VENV)/.ok:
@@ -37,29 +52,31 @@ $(VENV)/.ok:
 	$(VENV)/bin/pip install -q --disable-pip-version-check numpy pyarrow
 	touch $@
 
-## build: release binaries of the six tools
+## build: release binaries of the six tools in target/release
 build: deps-apt deps-rust
-	cargo build $(CARGO_FLAGS) --workspace
+	$(CARGO) build $(CARGO_FLAGS) --workspace
 
-## demo: a real pipeline on the embedded default (in-process ranks, no mpirun needed)
+## demo: synthetic trace → selections → plans → every allreduce → short training → report
 demo: deps build
 	@bash pipelines/demo.sh
 
-## test: every test, unit and integration (tools run as a user would, also under mpirun)
+## test: unit, property and CLI tests (also under mpirun), then every reproduction in FAST mode
 test: deps build
-	cargo test $(CARGO_FLAGS) --workspace
-	@bash pipelines/test-pipelines.sh
+	$(CARGO) test $(CARGO_FLAGS) --workspace
+	$(MAKE) --no-print-directory FAST=1 repro
 
-## bench: throughput and volume benchmarks; results go to docs/RESULTS.md by hand
 bench: deps build
 	@bash pipelines/bench.sh
 
+include pipelines/oktopk.mk pipelines/deft.mk pipelines/onebit-lamb.mk pipelines/embrace.mk
+repro: repro-oktopk repro-deft repro-onebit-lamb repro-embrace
+
 fmt:
-	cargo fmt --all
+	$(CARGO) fmt --all
 lint:
-	cargo fmt --all -- --check
-	cargo clippy --workspace --all-targets $(CARGO_FLAGS) -- -D warnings
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy $(CARGO_FLAGS) --workspace --all-targets -- -D warnings
 
 clean:
-	cargo clean
-	rm -rf data/out $(VENV)
+	$(CARGO) clean
+	rm -rf data/out

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use gradkit_collectives::registry::{Balance, Split};
-use gradkit_collectives::{make_reducer, Flat, Op, Params};
+use gradkit_collectives::{cost, make_reducer, Flat, Op, Params};
 use gradkit_comm::{dist, Comm, PhaseCounts, World};
 use gradkit_core::cli::IoArgs;
 use gradkit_core::trace::{self, Layout, MetricSink};
@@ -208,6 +208,12 @@ fn reduce_rank(
                 g.rank
             );
         }
+        let n = layout.total();
+        let k_in = if dense {
+            params.k_for(n)
+        } else {
+            g.rows.iter().map(|r| r.stored() as u64).sum()
+        };
         let input = if dense {
             Flat::Dense(trace::flatten_dense(&g.rows))
         } else {
@@ -229,6 +235,11 @@ fn reduce_rank(
             Flat::Sparse(s) => s.len(),
         };
         sink.push(g.step, rank, "nnz", nnz as f64);
+        // The paper's formula beside the measurement (Ok-Topk Table 1: TopkDSA's best case,
+        // Ok-Topk's worst case; k = the target for dense input, the input's nnz for sparse).
+        if let Some(c) = cost::by_algo(&args.algo, comm.size(), n as f64, k_in as f64) {
+            sink.push(g.step, rank, "model_bytes_sent", c.bytes());
+        }
         if comm.rank() == 0 {
             results.extend(match &out.result {
                 Flat::Dense(v) => trace::unflatten_dense(v, &layout, g.step, 0),
