@@ -7,10 +7,12 @@
 //! [`metrics`] holds the shared pieces: metric selection (`name`, `name:phase`, `name:*`),
 //! grouping and statistics.
 //!
-//! Not here: running algorithms or evaluating the cost model. The model's predictions are read
-//! from `model_<metric>` rows that the producing tools write next to their measurements.
+//! The cost model's predictions are read from `model_<metric>` rows that the producing tools
+//! write next to their measurements; [`model`] computes them with `gradkit_collectives::cost`
+//! when the input lacks them and the gradient size is given. Not here: running algorithms.
 
 pub mod metrics;
+pub mod model;
 pub mod plot;
 pub mod table;
 pub mod tensor;

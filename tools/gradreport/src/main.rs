@@ -6,8 +6,10 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use gradkit_core::cli::{self, Format};
+use gradkit_core::MetricRow;
 use gradkit_core::{read_tensor, Input, ReadOptions};
 use gradreport::metrics::{self, Stat};
+use gradreport::model::{self, ModelParams};
 use gradreport::plot::{self, Kind, PlotOpts};
 use gradreport::table::{self, TableOpts};
 use gradreport::{tensor, volume};
@@ -99,6 +101,8 @@ Example:\n  gradreport plot volume m4.parquet m8.parquet -o volume.svg")]
         /// Width and height in pixels
         #[arg(long, value_name = "WxH", default_value = "900x560")]
         size: String,
+        #[command(flatten)]
+        model: ModelArgs,
     },
     /// Measured bytes per rank and step next to the cost model's formula, and their ratio
     #[command(
@@ -120,6 +124,8 @@ column is the median over steps and ranks, with min and max; ratio = measured / 
         /// Also one row per phase (<metric>:<phase>)
         #[arg(long)]
         phases: bool,
+        #[command(flatten)]
+        model: ModelArgs,
         /// Output format
         #[arg(long, value_enum, default_value_t = Format::Md)]
         format: Format,
@@ -145,6 +151,63 @@ column is the median over steps and ranks, with min and max; ratio = measured / 
         #[arg(long, value_enum, default_value_t = Format::Md)]
         format: Format,
     },
+}
+
+/// The cost model's parameters, for inputs without `model_*` rows.
+#[derive(clap::Args)]
+#[command(next_help_heading = "Cost model (for inputs without model_* rows)")]
+struct ModelArgs {
+    /// Gradient size n in elements (e.g. 16M): compute model_bytes_sent and model_time_s with
+    /// gradkit_collectives::cost for algorithms whose rows the input lacks
+    #[arg(long, value_name = "SIZE")]
+    n: Option<String>,
+    /// Density k/n of the sparse algorithms
+    #[arg(long, default_value_t = 0.01)]
+    density: f64,
+    /// Start-up latency α in microseconds
+    #[arg(long, default_value_t = 5.0)]
+    alpha_us: f64,
+    /// Link bandwidth in GB/s (β = 4 bytes / bandwidth per word)
+    #[arg(long, default_value_t = 10.0)]
+    bandwidth_gbps: f64,
+    /// Figures: draw the model's lines up to this many ranks
+    #[arg(long, value_name = "P", default_value_t = 256)]
+    project_to: u32,
+}
+
+/// Adds computed model rows when `--n` is given (figures: up to `--project-to` ranks).
+fn with_model(mut rows: Vec<MetricRow>, a: &ModelArgs, figure: bool) -> Result<Vec<MetricRow>> {
+    let Some(n) = &a.n else {
+        return Ok(rows);
+    };
+    let params = ModelParams::new(
+        model::parse_size(n)?,
+        a.density,
+        a.alpha_us,
+        a.bandwidth_gbps,
+    )?;
+    let extra = if figure {
+        let lo = rows.iter().map(|r| r.world_size).min().unwrap_or(2).max(2);
+        model::powers_of_two(lo, a.project_to)
+    } else {
+        Vec::new()
+    };
+    let (add, unknown) = model::complete(&rows, &params, &extra);
+    eprintln!(
+        "note: cost model (gradkit_collectives::cost) with n={} k={} α={} µs bandwidth={} GB/s: {} rows added{}",
+        params.n,
+        params.k,
+        a.alpha_us,
+        a.bandwidth_gbps,
+        add.len(),
+        if unknown.is_empty() {
+            String::new()
+        } else {
+            format!("; not in the model: {}", unknown.join(", "))
+        }
+    );
+    rows.extend(add);
+    Ok(rows)
 }
 
 fn parse_size(s: &str) -> Result<(u32, u32)> {
@@ -184,6 +247,7 @@ fn body(args: Args) -> Result<()> {
             metric,
             title,
             size,
+            model,
         } => {
             let (width, height) = parse_size(&size)?;
             let opts = PlotOpts {
@@ -194,6 +258,7 @@ fn body(args: Args) -> Result<()> {
                 height,
             };
             let rows = metrics::load(&files)?;
+            let rows = with_model(rows, &model, matches!(kind, Kind::Volume | Kind::Scaling))?;
             let svg = plot::plot(&rows, &opts)?;
             plot::write_svg(&output, &svg)?;
             eprintln!("wrote {}", output.display());
@@ -205,17 +270,18 @@ fn body(args: Args) -> Result<()> {
             metric,
             phases,
             format,
+            model,
         } => {
             let opts = volume::VolumeOpts {
                 by: metrics::parse_cols(&by)?,
                 metric,
                 phases,
             };
-            let rows = metrics::load(&files)?;
+            let rows = with_model(metrics::load(&files)?, &model, false)?;
             let lines = volume::volume(&rows, &opts)?;
             if lines.iter().all(|l| l.model.is_none()) {
                 eprintln!(
-                    "note: no `{}` rows in the input: the model column is empty",
+                    "note: no `{}` rows in the input: the model column is empty (give --n SIZE to compute it)",
                     volume::model_name(&opts.metric)
                 );
             }

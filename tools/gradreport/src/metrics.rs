@@ -281,7 +281,21 @@ pub fn median(values: &[f64]) -> f64 {
 }
 
 /// Summary of a group's samples under `stat`, with min and max of all samples.
+/// NaN samples (e.g. a model value that does not exist) are left out; a group of NaN only
+/// gives NaN.
 pub fn aggregate(samples: &[&MetricRow], stat: Stat) -> Summary {
+    let samples: Vec<&MetricRow> = samples
+        .iter()
+        .copied()
+        .filter(|r| !r.value.is_nan())
+        .collect();
+    if samples.is_empty() {
+        return Summary {
+            value: f64::NAN,
+            min: f64::NAN,
+            max: f64::NAN,
+        };
+    }
     let values: Vec<f64> = samples.iter().map(|r| r.value).collect();
     let min = values.iter().copied().fold(f64::INFINITY, f64::min);
     let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -313,9 +327,10 @@ pub struct Summary {
 }
 
 /// Median per step over the other columns (ranks, runs) of the samples: a curve.
+/// Non-finite values are left out (a plot cannot place them).
 pub fn per_step_median(samples: &[&MetricRow]) -> Vec<(u32, f64)> {
     let mut by: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
-    for r in samples {
+    for r in samples.iter().filter(|r| r.value.is_finite()) {
         by.entry(r.step).or_default().push(r.value);
     }
     by.into_iter().map(|(s, v)| (s, median(&v))).collect()

@@ -10,6 +10,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use gradkit_core::MetricRow;
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::metrics::{self, Col, Stat};
 
@@ -148,6 +149,12 @@ fn log_range(lo: f64, hi: f64, base: f64) -> std::ops::Range<f64> {
     lo_p..hi_p
 }
 
+/// A log range widened by 15 % at each end, so points on the first and last tick stand clear
+/// of the axes.
+fn padded_log(r: std::ops::Range<f64>) -> std::ops::Range<f64> {
+    r.start / 1.15..r.end * 1.15
+}
+
 /// `1.5 kB`, `20 MB`: SI prefixes (powers of 1000), three significant digits.
 pub fn si(v: f64, unit: &str) -> String {
     if v == 0.0 || !v.is_finite() {
@@ -213,8 +220,16 @@ fn loss(root: &DrawingArea<SVGBackend, Shift>, rows: &[MetricRow], opts: &PlotOp
         }
     };
     let labels = metrics::run_labels(rows);
-    let panels = root.split_evenly((names.len(), 1));
-    for (pi, (name, area)) in names.iter().zip(panels.iter()).enumerate() {
+    // One colour per run in every panel.
+    let colours: BTreeMap<&String, usize> = labels
+        .values()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| (l, i))
+        .collect();
+    let mut panels_data = Vec::new();
+    for name in &names {
         let samples = metrics::samples(rows, name);
         let mut curves: BTreeMap<String, Vec<&MetricRow>> = BTreeMap::new();
         for r in &samples {
@@ -229,14 +244,34 @@ fn loss(root: &DrawingArea<SVGBackend, Shift>, rows: &[MetricRow], opts: &PlotOp
                     .collect();
                 (l, pts)
             })
+            .filter(|(_, pts): &(String, Vec<(f64, f64)>)| !pts.is_empty())
             .collect();
-        let xs = curves.iter().flat_map(|c| c.1.iter().map(|p| p.0));
+        if curves.is_empty() {
+            bail!("metric `{name}` has no finite values to plot");
+        }
+        panels_data.push(curves);
+    }
+    // One step axis for every panel.
+    let (xlo, xhi) = min_max(
+        panels_data
+            .iter()
+            .flatten()
+            .flat_map(|c| c.1.iter().map(|p| p.0)),
+    );
+    let xr = padded(xlo, xhi);
+    let panels = root.split_evenly((names.len(), 1));
+    for (pi, ((name, curves), area)) in names
+        .iter()
+        .zip(&panels_data)
+        .zip(panels.iter())
+        .enumerate()
+    {
         let ys: Vec<f64> = curves
             .iter()
             .flat_map(|c| c.1.iter().map(|p| p.1))
             .collect();
-        let (xlo, xhi) = min_max(xs);
         let (ylo, yhi) = min_max(ys.iter().copied());
+        let yr = padded(ylo, yhi);
         let title = if pi == 0 {
             opts.title
                 .clone()
@@ -252,20 +287,18 @@ fn loss(root: &DrawingArea<SVGBackend, Shift>, rows: &[MetricRow], opts: &PlotOp
             .margin(12)
             .x_label_area_size(48)
             .y_label_area_size(80)
-            .build_cartesian_2d(padded(xlo, xhi), padded(ylo, yhi))
+            .build_cartesian_2d(xr.clone(), yr.clone())
             .map_err(draw_err)?;
-        chart
-            .configure_mesh()
+        mesh(&mut chart.configure_mesh())
             .x_desc("step (iterations)")
             .y_desc(axis_label(name, &ys))
-            .label_style((FONT, 13))
-            .axis_desc_style((FONT, 15))
             .x_label_formatter(&|v| integer_label(*v))
             .y_label_formatter(&|v| short(*v))
             .draw()
             .map_err(draw_err)?;
-        for (i, (label, pts)) in curves.iter().enumerate() {
-            let c = color(i);
+        let mut occupied = Vec::new();
+        for (label, pts) in curves {
+            let c = color(colours.get(label).copied().unwrap_or(0));
             chart
                 .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
                 .map_err(draw_err)?
@@ -278,14 +311,79 @@ fn loss(root: &DrawingArea<SVGBackend, Shift>, rows: &[MetricRow], opts: &PlotOp
                     .draw_series(pts.iter().map(|p| Circle::new(*p, 4, c.filled())))
                     .map_err(draw_err)?;
             }
+            let norm: Vec<(f64, f64)> = pts
+                .iter()
+                .map(|p| (unit(p.0, &xr), unit(p.1, &yr)))
+                .collect();
+            occupied.extend(densify(&norm));
         }
-        legend(&mut chart)?;
+        legend(&mut chart, free_corner(&occupied))?;
     }
     Ok(())
 }
 
+/// The mesh style every figure shares: readable tick labels, faint minor grid lines.
+fn mesh<'a, 'b, X, Y, DB>(
+    m: &'b mut plotters::chart::MeshStyle<'a, 'b, X, Y, DB>,
+) -> &'b mut plotters::chart::MeshStyle<'a, 'b, X, Y, DB>
+where
+    X: plotters::coord::ranged1d::Ranged<ValueType = f64>,
+    Y: plotters::coord::ranged1d::Ranged<ValueType = f64>,
+    DB: DrawingBackend,
+{
+    m.label_style((FONT, 13))
+        .axis_desc_style((FONT, 15))
+        .light_line_style(RGBColor(238, 238, 238))
+        .bold_line_style(RGBColor(200, 200, 200))
+}
+
+/// `v` on `r` mapped to 0..1.
+fn unit(v: f64, r: &std::ops::Range<f64>) -> f64 {
+    (v - r.start) / (r.end - r.start)
+}
+
+/// Points along a polyline (in unit coordinates), so a line counts where it passes.
+fn densify(pts: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    let mut out: Vec<(f64, f64)> = pts.to_vec();
+    for w in pts.windows(2) {
+        for i in 1..16 {
+            let t = i as f64 / 16.0;
+            out.push((
+                w[0].0 + t * (w[1].0 - w[0].0),
+                w[0].1 + t * (w[1].1 - w[0].1),
+            ));
+        }
+    }
+    out
+}
+
+/// The corner of the plot (unit coordinates, y up) whose box holds the fewest data points.
+fn free_corner(pts: &[(f64, f64)]) -> SeriesLabelPosition {
+    let (bw, bh) = (0.4, 0.4);
+    let corners = [
+        (SeriesLabelPosition::UpperRight, 1.0 - bw, 1.0 - bh),
+        (SeriesLabelPosition::UpperLeft, 0.0, 1.0 - bh),
+        (SeriesLabelPosition::LowerRight, 1.0 - bw, 0.0),
+        (SeriesLabelPosition::LowerLeft, 0.0, 0.0),
+    ];
+    let count = |x0: f64, y0: f64| {
+        pts.iter()
+            .filter(|p| p.0 >= x0 && p.0 <= x0 + bw && p.1 >= y0 && p.1 <= y0 + bh)
+            .count()
+    };
+    let mut best = (usize::MAX, SeriesLabelPosition::UpperRight);
+    for (pos, x0, y0) in corners {
+        let c = count(x0, y0);
+        if c < best.0 {
+            best = (c, pos);
+        }
+    }
+    best.1
+}
+
 fn legend<'a, DB: DrawingBackend + 'a, X, Y>(
     chart: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
+    pos: SeriesLabelPosition,
 ) -> Result<()>
 where
     X: plotters::coord::ranged1d::Ranged,
@@ -293,9 +391,9 @@ where
 {
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
+        .position(pos)
         .label_font((FONT, 13))
-        .background_style(WHITE.mix(0.85))
+        .background_style(WHITE.mix(0.9))
         .border_style(BLACK)
         .draw()
         .map_err(draw_err)
@@ -323,20 +421,6 @@ fn component_name(metric: &str) -> String {
     }
 }
 
-/// Bar labels: `algo`, or `algo P=N` when the input has several world sizes.
-fn bar_labels(keys: &[metrics::Key]) -> Vec<String> {
-    let sizes: BTreeSet<&metrics::KeyPart> = keys.iter().map(|k| &k[1]).collect();
-    keys.iter()
-        .map(|k| {
-            if sizes.len() > 1 {
-                format!("{} P={}", k[0], k[1])
-            } else {
-                k[0].to_string()
-            }
-        })
-        .collect()
-}
-
 /// Seconds in the unit that keeps the largest bar between 1 and 1000.
 fn time_unit(max_s: f64) -> (f64, &'static str) {
     if max_s >= 1.0 {
@@ -362,14 +446,16 @@ fn breakdown(
                 .map(|m| m.to_string())
                 .collect();
             if present.is_empty() {
-                // Names the metrics and what the input holds.
-                metrics::expand(rows, Some(&[BREAKDOWN.join(", ")]))?;
+                bail!(
+                    "no rows for metrics {} (plot breakdown); give --metric NAMES",
+                    BREAKDOWN.join(", ")
+                );
             }
             present
         }
     };
     let by = [Col::Algo, Col::WorldSize];
-    // value[component][group]
+    // per[component][group]: median over steps and ranks.
     let mut keys: BTreeSet<metrics::Key> = BTreeSet::new();
     let mut per: Vec<BTreeMap<metrics::Key, f64>> = Vec::new();
     for n in &names {
@@ -377,63 +463,67 @@ fn breakdown(
         let g: BTreeMap<metrics::Key, f64> = metrics::group(&s, &by)
             .into_iter()
             .map(|(k, v)| (k, metrics::aggregate(&v, Stat::Median).value))
+            .filter(|(_, v)| v.is_finite())
             .collect();
         keys.extend(g.keys().cloned());
         per.push(g);
     }
     let keys: Vec<metrics::Key> = keys.into_iter().collect();
-    let labels = bar_labels(&keys);
+    let several_p = keys.iter().map(|k| &k[1]).collect::<BTreeSet<_>>().len() > 1;
+    // Slots on the x axis: one per bar, a gap between algorithms when bars are grouped.
+    let mut slot_of = Vec::with_capacity(keys.len());
+    let mut slot = 0.0f64;
+    for (i, k) in keys.iter().enumerate() {
+        if several_p && i > 0 && keys[i - 1][0] != k[0] {
+            slot += 0.6;
+        }
+        slot_of.push(slot);
+        slot += 1.0;
+    }
     let totals: Vec<f64> = keys
         .iter()
         .map(|k| per.iter().map(|g| g.get(k).copied().unwrap_or(0.0)).sum())
         .collect();
     let max = totals.iter().copied().fold(0.0, f64::max);
-    let (scale, unit) = time_unit(max);
-    let n = keys.len() as u32;
+    let (scale, unit_name) = time_unit(max);
     let title = opts
         .title
         .clone()
         .unwrap_or_else(|| "time per step by algorithm (median over steps and ranks)".to_string());
-    let ymax = if max > 0.0 { max * scale * 1.25 } else { 1.0 };
+    let ymax = if max > 0.0 { max * scale * 1.3 } else { 1.0 };
+    let xr = -0.2..slot + 0.2;
     let mut chart = ChartBuilder::on(root)
         .caption(title, (FONT, 20))
         .margin(12)
-        .x_label_area_size(48)
+        .x_label_area_size(if several_p { 76 } else { 52 })
         .y_label_area_size(80)
-        .build_cartesian_2d((0u32..n).into_segmented(), 0f64..ymax)
+        .build_cartesian_2d(xr.clone(), 0f64..ymax)
         .map_err(draw_err)?;
-    let fmt_x = |v: &SegmentValue<u32>| match v {
-        SegmentValue::CenterOf(i) => labels.get(*i as usize).cloned().unwrap_or_default(),
-        _ => String::new(),
-    };
-    chart
-        .configure_mesh()
+    mesh(&mut chart.configure_mesh())
         .disable_x_mesh()
-        .x_labels(n as usize + 1)
-        .x_desc("algorithm")
-        .y_desc(format!("time per step ({unit})"))
-        .label_style((FONT, 13))
-        .axis_desc_style((FONT, 15))
-        .x_label_formatter(&fmt_x)
+        .x_labels(0)
+        .x_desc(if several_p {
+            "ranks P, grouped by algorithm"
+        } else {
+            "algorithm"
+        })
+        .y_desc(format!("time per step ({unit_name})"))
         .y_label_formatter(&|v| short(*v))
         .draw()
         .map_err(draw_err)?;
     let mut base = vec![0.0f64; keys.len()];
+    let mut occupied = Vec::new();
     for (ci, (name, g)) in names.iter().zip(&per).enumerate() {
         let c = color(ci);
         let mut bars = Vec::new();
         for (i, k) in keys.iter().enumerate() {
             let v = g.get(k).copied().unwrap_or(0.0) * scale;
-            let mut r = Rectangle::new(
-                [
-                    (SegmentValue::Exact(i as u32), base[i]),
-                    (SegmentValue::Exact(i as u32 + 1), base[i] + v),
-                ],
+            let x0 = slot_of[i] + 0.1;
+            bars.push(Rectangle::new(
+                [(x0, base[i]), (x0 + 0.8, base[i] + v)],
                 c.filled(),
-            );
-            r.set_margin(0, 0, 12, 12);
+            ));
             base[i] += v;
-            bars.push(r);
         }
         chart
             .draw_series(bars)
@@ -441,7 +531,45 @@ fn breakdown(
             .label(component_name(name))
             .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], c.filled()));
     }
-    legend(&mut chart)?;
+    for (i, top) in base.iter().enumerate() {
+        for j in 0..=10 {
+            let y = top * j as f64 / 10.0;
+            occupied.push((unit(slot_of[i] + 0.5, &xr), unit(y, &(0.0..ymax))));
+        }
+    }
+    legend(&mut chart, free_corner(&occupied))?;
+    // Tick labels under the bars (and algorithm names under their group).
+    let tick = TextStyle::from((FONT, 13).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
+    let group = TextStyle::from((FONT, 14).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
+    let (_, y0) = chart.backend_coord(&(0.0, 0.0));
+    for (i, k) in keys.iter().enumerate() {
+        let (x, _) = chart.backend_coord(&(slot_of[i] + 0.5, 0.0));
+        let label = if several_p {
+            format!("P={}", k[1])
+        } else {
+            k[0].to_string()
+        };
+        root.draw(&Text::new(label, (x, y0 + 6), tick.clone()))
+            .map_err(draw_err)?;
+    }
+    if several_p {
+        let mut i = 0;
+        while i < keys.len() {
+            let mut j = i;
+            while j + 1 < keys.len() && keys[j + 1][0] == keys[i][0] {
+                j += 1;
+            }
+            let mid = (slot_of[i] + slot_of[j]) / 2.0 + 0.5;
+            let (x, _) = chart.backend_coord(&(mid, 0.0));
+            root.draw(&Text::new(
+                keys[i][0].to_string(),
+                (x, y0 + 26),
+                group.clone(),
+            ))
+            .map_err(draw_err)?;
+            i = j + 1;
+        }
+    }
     Ok(())
 }
 
@@ -494,16 +622,13 @@ fn log_log(
         .x_label_area_size(48)
         .y_label_area_size(80)
         .build_cartesian_2d(
-            log_range(xlo, xhi, 2.0).log_scale().base(2.0),
+            padded_log(log_range(xlo, xhi, 2.0)).log_scale().base(2.0),
             log_range(ylo, yhi, 10.0).log_scale(),
         )
         .map_err(draw_err)?;
-    chart
-        .configure_mesh()
+    mesh(&mut chart.configure_mesh())
         .x_desc("ranks P (log scale)")
         .y_desc(y_desc)
-        .label_style((FONT, 13))
-        .axis_desc_style((FONT, 15))
         .x_label_formatter(&|v| integer_label(*v))
         .y_label_formatter(&|v| si(*v, unit))
         .draw()
@@ -536,7 +661,19 @@ fn log_log(
                 .legend(move |(x, y)| Circle::new((x + 10, y), 5, c.filled()));
         }
     }
-    legend(&mut chart)?;
+    let xr = padded_log(log_range(xlo, xhi, 2.0));
+    let yr = log_range(ylo, yhi, 10.0);
+    let logu =
+        |v: f64, r: &std::ops::Range<f64>| (v.ln() - r.start.ln()) / (r.end.ln() - r.start.ln());
+    let mut occupied = Vec::new();
+    for c in lines.values() {
+        let norm: Vec<(f64, f64)> = c.iter().map(|p| (logu(p.0, &xr), logu(p.1, &yr))).collect();
+        occupied.extend(densify(&norm));
+    }
+    for c in points.values() {
+        occupied.extend(c.iter().map(|p| (logu(p.0, &xr), logu(p.1, &yr))));
+    }
+    legend(&mut chart, free_corner(&occupied))?;
     Ok(())
 }
 

@@ -72,7 +72,8 @@ pub fn volume(rows: &[MetricRow], opts: &VolumeOpts) -> Result<Vec<VolumeLine>> 
         for (k, v) in metrics::group(&measured, &opts.by) {
             let model = mg
                 .get(&k)
-                .map(|m| metrics::aggregate(m, Stat::Median).value);
+                .map(|m| metrics::aggregate(m, Stat::Median).value)
+                .filter(|v| !v.is_nan());
             per_key.entry(k.clone()).or_default().push(VolumeLine {
                 key: k,
                 phase: phase.clone(),

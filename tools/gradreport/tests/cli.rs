@@ -360,6 +360,45 @@ ring,4,200,200,200,-,-
 }
 
 #[test]
+fn volume_model_from_cost_module() {
+    let d = tempfile::tempdir().unwrap();
+    let f1 = write_metrics(d.path(), "a.parquet", &comm_rows());
+    // n = 100, density 0.1 → k = 10. Ok-Topk Table 1 (worst): 6k(P−1)/P words = 30 words =
+    // 120 bytes at P = 2; ring: 2n(P−1)/P words = 100 words = 400 bytes.
+    let out = ok(&[
+        "volume",
+        s(&f1),
+        "--n",
+        "100",
+        "--density",
+        "0.1",
+        "--format",
+        "csv",
+    ]);
+    let want = "\
+algo,world_size,bytes_sent,bytes_sent_min,bytes_sent_max,model_bytes_sent,ratio
+oktopk,2,50,30,70,120,0.42
+ring,2,100,100,300,400,0.25
+";
+    assert_eq!(out, want);
+    // Model rows in the input win over computed ones.
+    let f3 = write_metrics(d.path(), "model.parquet", &model_rows());
+    let out = ok(&[
+        "volume",
+        s(&f1),
+        s(&f3),
+        "--n",
+        "100",
+        "--density",
+        "0.1",
+        "--format",
+        "csv",
+    ]);
+    assert!(out.contains("oktopk,2,50,30,70,40,1.25\n"), "{out}");
+    assert!(out.contains("ring,2,100,100,300,100,1.00\n"), "{out}");
+}
+
+#[test]
 fn tensor_stats() {
     let d = tempfile::tempdir().unwrap();
     let f = tensor_file(d.path());
