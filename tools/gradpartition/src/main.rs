@@ -212,17 +212,9 @@ fn steps_of(rows: &[TensorRow]) -> Vec<(u32, Vec<Vec<f32>>)> {
     out
 }
 
-/// Indices of the k largest |x| (any order; ties broken arbitrarily but deterministically).
+/// Indices of the k largest |x| (gradkit-sparsify's exact top-k, ties to the lower index).
 fn topk(x: &[f32], k: usize) -> Vec<u32> {
-    let k = k.min(x.len());
-    if k == 0 {
-        return Vec::new();
-    }
-    let mut idx: Vec<u32> = (0..x.len() as u32).collect();
-    let key = |i: &u32| x[*i as usize].to_bits() & 0x7fff_ffff;
-    idx.select_nth_unstable_by(k - 1, |a, b| key(b).cmp(&key(a)).then(a.cmp(b)));
-    idx.truncate(k);
-    idx
+    gradkit_sparsify::topk::topk_indices(x, k)
 }
 
 fn run_deft(

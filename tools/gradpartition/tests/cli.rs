@@ -415,3 +415,49 @@ fn bad_input_is_refused() {
     // a usage error is clap's: exit 2
     assert_eq!(run(&["--method", "nope", d, "-o", o]).0, 2);
 }
+
+/// The build-up check on `gradtrace synthetic --overlap 0.2` data (gradkit-core's
+/// generator), P = 8: plain top-k's union grows well above k, DEFT's stays ≤ 1.05 k.
+#[test]
+fn build_up_on_a_synthetic_trace_with_overlap_0_2() {
+    use gradkit_core::synth::{self, SynthSpec};
+    let mut spec = SynthSpec::new(synth::shape("mlp", 0.1).unwrap(), 8, 3, 1);
+    spec.overlap = 0.2;
+    let rows = synth::generate(&spec).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let input = write(dir.path(), "g.parquet", &rows);
+    let out = dir.path().join("plan.parquet");
+    let m = dir.path().join("m.parquet");
+    let (code, err) = run(&[
+        "--method",
+        "deft",
+        "--density",
+        "0.01",
+        input.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--metrics",
+        m.to_str().unwrap(),
+        "-q",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let ms = metrics(&m);
+    for step in 0..3 {
+        let v = |name: &str| {
+            ms.iter()
+                .find(|r| r.metric == name && r.step == step)
+                .unwrap()
+                .value
+        };
+        assert!(
+            v("buildup_topk") > 3.0,
+            "step {step}: {}",
+            v("buildup_topk")
+        );
+        assert!(
+            v("buildup_deft") <= 1.05,
+            "step {step}: {}",
+            v("buildup_deft")
+        );
+    }
+}
