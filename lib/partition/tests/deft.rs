@@ -435,7 +435,10 @@ fn deft_has_no_gradient_build_up() {
         let topk = st.union_topk.unwrap() as f64 / k as f64;
         let d = st.union_deft as f64 / k as f64;
         assert!(topk > 3.0, "step {step}: plain top-k union/k = {topk}");
-        assert!((0.95..=1.05).contains(&d), "step {step}: DEFT union/k = {d}");
+        assert!(
+            (0.95..=1.05).contains(&d),
+            "step {step}: DEFT union/k = {d}"
+        );
         // the union really is disjoint: reference union of the workers' selections
         let mut all = vec![];
         for r in &st.rows {
