@@ -170,7 +170,7 @@ pub enum Variant {
 }
 
 /// The error buffers of one rank, kept across the calls of a run.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct OneBitState {
     pub variant: Variant,
     /// World size the buffers were sized for.
@@ -181,6 +181,14 @@ pub struct OneBitState {
     pub worker_error: Vec<f32>,
     /// Server error of this rank's chunk (`padded/P`; empty for [`Variant::Naive`]).
     pub server_error: Vec<f32>,
+    /// Buffers reused across calls (fresh allocations of this size cost page faults).
+    scratch: Scratch,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Scratch {
+    bits: Vec<u8>,
+    z: Vec<f32>,
 }
 
 impl OneBitState {
@@ -200,6 +208,7 @@ impl OneBitState {
             n,
             worker_error: vec![0.0; npad],
             server_error: vec![0.0; server],
+            scratch: Scratch::default(),
         }
     }
 
@@ -230,21 +239,34 @@ impl OneBitState {
         }
     }
 
-    /// Step 1 on this rank: error-compensated worker compression; returns (bits, scale).
-    fn worker_compress(&mut self, comm: &dyn Comm, data: &[f32]) -> (Vec<u8>, f32) {
+    /// Step 1 on this rank: `buf = x + worker_error` fused with its sum of squares, then
+    /// the sign bits into `scratch.bits` and the new worker error. Returns the scale.
+    fn worker_compress(&mut self, comm: &dyn Comm, data: &[f32]) -> f32 {
         let _ph = comm.phase("compress");
         let e = &mut self.worker_error;
-        for (b, x) in e.iter_mut().zip(data) {
-            *b += *x;
+        let mut lanes = [0f64; 8];
+        let (head, tail) = e.split_at_mut(data.len() / 8 * 8);
+        for (c, x) in head.chunks_exact_mut(8).zip(data.chunks_exact(8)) {
+            for j in 0..8 {
+                c[j] += x[j];
+                lanes[j] += c[j] as f64 * c[j] as f64;
+            }
         }
-        let mut bits = vec![0u8; e.len() / 8];
-        let s = compress_into(e, &mut bits);
-        (bits, s)
+        let mut ss: f64 = lanes.iter().sum();
+        for (k, v) in tail.iter_mut().enumerate() {
+            *v += data.get(head.len() + k).copied().unwrap_or(0.0);
+            ss += *v as f64 * *v as f64;
+        }
+        let s = (ss / e.len() as f64).sqrt() as f32;
+        self.scratch.bits.resize(e.len() / 8, 0);
+        pack_and_feedback(e, &mut self.scratch.bits, s);
+        s
     }
 
     fn allreduce_server(&mut self, comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
         let p = comm.size();
-        let (bits, s_w) = self.worker_compress(comm, data);
+        let s_w = self.worker_compress(comm, data);
+        let bits = &self.scratch.bits;
         let cb = bits.len() / p; // bytes per chunk
         let chunk_len = cb * 8;
         // Phase 1: alltoall of the sign chunks, each with the sender's worker scale.
@@ -256,33 +278,33 @@ impl OneBitState {
                 m
             })
             .collect();
-        drop(bits);
         let got = {
             let _ph = comm.phase("alltoall");
             comm.alltoallv(sends)
         };
-        // Server stage on chunk r.
-        let (server_bits, s_s) = {
+        // Server stage on chunk r: z = Σ_i (s_i/P)·sign_i (rank order) + server_error.
+        let mine = {
             let _ph = comm.phase("server");
-            let mut z = vec![0f32; chunk_len];
+            let z = &mut self.scratch.z;
+            z.clear();
+            z.resize(chunk_len, 0.0);
             for m in got {
                 let (b, s) = split_scale(m)?;
                 if b.len() != cb {
                     bail!("1-bit chunk of {} bytes, expected {cb}", b.len());
                 }
-                unpack_accumulate(&b, s / p as f32, &mut z);
+                unpack_accumulate(&b, s / p as f32, z);
             }
             for (zi, ei) in z.iter_mut().zip(&self.server_error) {
                 *zi += *ei;
             }
-            let mut sb = vec![0u8; cb];
-            let s_s = compress_into(&mut z, &mut sb);
-            self.server_error = z;
-            (sb, s_s)
+            let mut sb = vec![0u8; cb + 4];
+            let s_s = compress_into(z, &mut sb[..cb]);
+            sb[cb..].copy_from_slice(&s_s.to_le_bytes());
+            std::mem::swap(&mut self.server_error, z);
+            sb
         };
         // Phase 2: ring allgather of the packed server chunks with their scales.
-        let mut mine = server_bits;
-        push_scale(&mut mine, s_s);
         let all = {
             let _ph = comm.phase("allgather");
             comm.allgatherv(mine)
@@ -302,18 +324,20 @@ impl OneBitState {
 
     fn allreduce_naive(&mut self, comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
         let p = comm.size();
-        let (mut bits, s_w) = self.worker_compress(comm, data);
+        let s_w = self.worker_compress(comm, data);
+        let mut bits = self.scratch.bits.clone();
         push_scale(&mut bits, s_w);
         let all = {
             let _ph = comm.phase("allgather");
             comm.allgatherv(bits)
         };
         let _ph = comm.phase("decompress");
-        let npad = self.padded();
-        let mut acc = vec![0f32; npad];
+        let acc = &mut self.scratch.z;
+        acc.clear();
+        acc.resize(self.worker_error.len(), 0.0);
         for m in all {
             let (b, s) = split_scale(m)?;
-            unpack_accumulate(&b, s / p as f32, &mut acc);
+            unpack_accumulate(&b, s / p as f32, acc);
         }
         data.copy_from_slice(&acc[..data.len()]);
         Ok(())

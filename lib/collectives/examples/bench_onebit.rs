@@ -1,0 +1,339 @@
+//! Benchmarks of the 1-bit compressed allreduce and EmbRace's AlltoAll exchange
+//! (docs/results/onebit-embrace.md). Run:
+//!
+//! ```text
+//! cargo run --release -p gradkit-collectives --example bench_onebit [-- MiB [iters]]
+//! ```
+//!
+//! 1. 1-bit vs fp32 ring vs native allreduce on a 64 MiB buffer, P = 4 Local ranks: bytes
+//!    sent per rank and time per call (median over `iters`, after one warm-up call).
+//! 2. Pack / unpack throughput, one thread, GB/s of f32 data.
+//! 3. EmbRace on a Zipf token batch (vocab 100k, d 512, P = 4 and 8): bytes per rank of
+//!    AlltoAll-columns vs AlltoAll-rows vs AllGather vs dense allreduce, and the per-rank load
+//!    imbalance (max/mean of bytes received by the owners) of the row vs the column split.
+
+use std::time::Instant;
+
+use gradkit_collectives::alltoall::{embedding_forward, exchange, slice, sparse_allgather, Rows};
+use gradkit_collectives::onebit::{
+    compress_into, pack_signs, rms, unpack_accumulate, unpack_scaled, OneBitState, Variant,
+};
+use gradkit_collectives::registry::Split;
+use gradkit_comm::{run_local, Comm};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+        z ^ (z >> 31)
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn gb(bytes: usize, secs: f64) -> f64 {
+    bytes as f64 / secs / 1e9
+}
+
+/// One allreduce per iteration on every rank; returns (bytes sent per rank per call,
+/// median seconds per call measured on rank 0 between barriers).
+fn time_allreduce(p: usize, n: usize, iters: usize, algo: &str) -> (u64, f64) {
+    let res = run_local(p, |comm| {
+        let mut g = Rng(comm.rank() as u64 + 1);
+        let mut data: Vec<f32> = (0..n).map(|_| (g.unit() - 0.5) as f32).collect();
+        let mut st = OneBitState::new(Variant::Server, p, n);
+        let mut times = Vec::new();
+        let mut sent = 0;
+        for it in 0..=iters {
+            comm.traffic().reset();
+            comm.barrier();
+            let t = Instant::now();
+            match algo {
+                "onebit" => st.allreduce(comm, &mut data)?,
+                "ring" => gradkit_collectives::dense::ring(comm, &mut data),
+                "native" => gradkit_collectives::dense::native(comm, &mut data),
+                _ => unreachable!(),
+            }
+            comm.barrier();
+            if it > 0 {
+                times.push(t.elapsed().as_secs_f64());
+            }
+            sent = comm.traffic().total().bytes_sent;
+            // Keep magnitudes bounded across iterations (ring sums grow by P each call).
+            if algo != "onebit" {
+                let inv = 1.0 / p as f32;
+                data.iter_mut().for_each(|v| *v *= inv);
+            }
+        }
+        Ok((sent, median(times)))
+    })
+    .expect("bench run");
+    res[0]
+}
+
+fn bench_pack(n: usize) {
+    let mut g = Rng(9);
+    let x: Vec<f32> = (0..n).map(|_| (g.unit() - 0.5) as f32).collect();
+    let mut bits = vec![0u8; n / 8];
+    let mut out = vec![0f32; n];
+    let reps = 5;
+    let best = |f: &mut dyn FnMut()| {
+        (0..reps)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    let bytes = n * 4;
+    let t_rms = best(&mut || {
+        std::hint::black_box(rms(&x));
+    });
+    let mut work = x.clone();
+    let t_comp = best(&mut || {
+        work.copy_from_slice(&x);
+        std::hint::black_box(compress_into(&mut work, &mut bits));
+    });
+    let t_copy = best(&mut || {
+        work.copy_from_slice(&x);
+    });
+    let t_pack = best(&mut || pack_signs(&x, &mut bits));
+    let t_unpack = best(&mut || unpack_scaled(&bits, 0.5, &mut out));
+    let t_acc = best(&mut || unpack_accumulate(&bits, 0.5, &mut out));
+    let t_memcpy = t_copy;
+    println!(
+        "\n## pack / unpack, one thread, {} MiB of f32\n",
+        bytes >> 20
+    );
+    println!("| kernel | GB/s (f32 bytes) |");
+    println!("|---|---|");
+    println!("| memcpy (reference) | {:.2} |", gb(bytes, t_memcpy));
+    println!("| rms (f64 sum of squares) | {:.2} |", gb(bytes, t_rms));
+    println!(
+        "| compress: rms + pack + error feedback (minus the copy) | {:.2} |",
+        gb(bytes, (t_comp - t_copy).max(1e-9))
+    );
+    println!("| pack signs only | {:.2} |", gb(bytes, t_pack));
+    println!("| unpack to ±scale | {:.2} |", gb(bytes, t_unpack));
+    println!("| unpack-accumulate (server) | {:.2} |", gb(bytes, t_acc));
+}
+
+/// Zipf(s) over 0..v by inverse CDF (rank 0 the most frequent id).
+struct Zipf {
+    cdf: Vec<f64>,
+}
+impl Zipf {
+    fn new(v: usize, s: f64) -> Zipf {
+        let mut cdf = Vec::with_capacity(v);
+        let mut acc = 0.0;
+        for k in 1..=v {
+            acc += 1.0 / (k as f64).powf(s);
+            cdf.push(acc);
+        }
+        for c in &mut cdf {
+            *c /= acc;
+        }
+        Zipf { cdf }
+    }
+    fn sample(&self, g: &mut Rng) -> u32 {
+        let u = g.unit();
+        self.cdf.partition_point(|&c| c < u).min(self.cdf.len() - 1) as u32
+    }
+}
+
+fn phase_bytes(comm: &dyn Comm, name: &str) -> (u64, u64) {
+    let s = comm.traffic().snapshot();
+    s.get(name)
+        .map(|c| (c.bytes_sent, c.bytes_recv))
+        .unwrap_or((0, 0))
+}
+
+fn bench_embrace(p: usize, v: usize, d: usize, tokens: usize, zipf: &Zipf) {
+    let ids: Vec<Vec<u32>> = (0..p)
+        .map(|r| {
+            let mut g = Rng(1000 + r as u64);
+            (0..tokens).map(|_| zipf.sample(&mut g)).collect()
+        })
+        .collect();
+    let res = run_local(p, |comm| {
+        let r = comm.rank();
+        let rows = Rows::new(ids[r].clone(), d, vec![1.0; tokens * d])?;
+        let uniq = rows.coalesce().len();
+        let t = Instant::now();
+        exchange(comm, Split::Columns, v, &rows)?;
+        let t_col = t.elapsed().as_secs_f64();
+        let col = phase_bytes(comm, "alltoall");
+        comm.traffic().reset();
+        let t = Instant::now();
+        exchange(comm, Split::Rows, v, &rows)?;
+        let t_row = t.elapsed().as_secs_f64();
+        let row = phase_bytes(comm, "alltoall");
+        comm.traffic().reset();
+        let t = Instant::now();
+        sparse_allgather(comm, &rows)?;
+        let t_ag = t.elapsed().as_secs_f64();
+        let ag = phase_bytes(comm, "allgather_sparse");
+        comm.traffic().reset();
+        let w = slice(d, p, r).len();
+        let shard = vec![0f32; v * w];
+        embedding_forward(comm, &shard, v, d, &ids)?;
+        let fwd = phase_bytes(comm, "alltoall_forward");
+        Ok((uniq, col, row, ag, fwd, t_col, t_row, t_ag))
+    })
+    .expect("embrace bench");
+    let m = (v * d * 4) as f64;
+    let dense = 2.0 * (p as f64 - 1.0) / p as f64 * m;
+    // Row-split forward volume (owners send full rows of the ids in their row range).
+    let row_fwd: Vec<u64> = (0..p)
+        .map(|k| {
+            let rr = slice(v, p, k);
+            (0..p)
+                .filter(|&j| j != k)
+                .map(|j| {
+                    ids[j]
+                        .iter()
+                        .filter(|&&i| rr.contains(&(i as usize)))
+                        .count()
+                })
+                .sum::<usize>() as u64
+                * d as u64
+                * 4
+        })
+        .collect();
+    let mean = |f: &dyn Fn(usize) -> f64| (0..p).map(f).sum::<f64>() / p as f64;
+    let max = |f: &dyn Fn(usize) -> f64| (0..p).map(f).fold(0.0, f64::max);
+    let mib = |b: f64| b / (1 << 20) as f64;
+    let alpha = mean(&|r| res[r].0 as f64) * d as f64 * 4.0 / m;
+    println!(
+        "\n### P = {p}: {tokens} tokens per rank, {:.0} distinct rows per rank on average (α = {:.4})\n",
+        mean(&|r| res[r].0 as f64),
+        alpha
+    );
+    println!("| scheme | MiB sent per rank: mean | max | MiB received per rank: mean | max | owner load max/mean | time (rank mean, ms) |");
+    println!("|---|---|---|---|---|---|---|");
+    // Owner load: what the shard owners handle — bytes received (gradient) or sent (lookup).
+    let line = |name: &str,
+                sent: &dyn Fn(usize) -> f64,
+                recv: &dyn Fn(usize) -> f64,
+                owner_sends: bool,
+                t: Option<&dyn Fn(usize) -> f64>| {
+        let load = if owner_sends { sent } else { recv };
+        println!(
+            "| {name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}× | {} |",
+            mib(mean(sent)),
+            mib(max(sent)),
+            mib(mean(recv)),
+            mib(max(recv)),
+            max(load) / mean(load),
+            t.map(|f| format!("{:.1}", mean(f) * 1e3))
+                .unwrap_or("–".into())
+        );
+    };
+    line(
+        "AlltoAll-columns, gradient (backward)",
+        &|r| res[r].1 .0 as f64,
+        &|r| res[r].1 .1 as f64,
+        false,
+        Some(&|r| res[r].5),
+    );
+    line(
+        "AlltoAll-columns, lookup (forward)",
+        &|r| res[r].4 .0 as f64,
+        &|r| res[r].4 .1 as f64,
+        true,
+        None,
+    );
+    line(
+        "AlltoAll-rows, gradient (backward)",
+        &|r| res[r].2 .0 as f64,
+        &|r| res[r].2 .1 as f64,
+        false,
+        Some(&|r| res[r].6),
+    );
+    line(
+        "AlltoAll-rows, lookup (forward, counted)",
+        &|r| row_fwd[r] as f64,
+        &|r| {
+            // rank r receives from every owner k≠r the rows of its ids in k's range
+            let own = slice(v, p, r);
+            ids[r]
+                .iter()
+                .filter(|&&i| !own.contains(&(i as usize)))
+                .count() as f64
+                * d as f64
+                * 4.0
+        },
+        true,
+        None,
+    );
+    line(
+        "AllGather (sparse, coalesced, with ids)",
+        &|r| res[r].3 .0 as f64,
+        &|r| res[r].3 .1 as f64,
+        false,
+        Some(&|r| res[r].7),
+    );
+    println!(
+        "| dense ring allreduce (2(P−1)/P·M, M = {:.1} MiB) | {:.2} | {:.2} | {:.2} | {:.2} | 1.00× | – |",
+        mib(m),
+        mib(dense),
+        mib(dense),
+        mib(dense),
+        mib(dense)
+    );
+    let col_total = mean(&|r| (res[r].1 .0 + res[r].4 .0) as f64);
+    let q = (p as f64 - 1.0) / p as f64;
+    let alpha_tok = (tokens * d * 4) as f64 / m;
+    println!(
+        "\nAlltoAll-columns forward + backward = {:.2} MiB per rank. embrace.md §1.3: (P−1)/P·α·M per AlltoAll = {:.2} MiB forward (α = {:.4}, all {tokens} tokens: the lookup is not deduplicated) + {:.2} MiB backward (α = {:.4}, coalesced rows) + {:.2} MiB of row ids = {:.2} MiB; the paper's 2(P−1)/P·αM with the coalesced α = {:.2} MiB.",
+        mib(col_total),
+        mib(q * alpha_tok * m),
+        alpha_tok,
+        mib(q * alpha * m),
+        alpha,
+        mib(mean(&|r| (res[r].0 * (p - 1) * 4) as f64)),
+        mib(q * alpha_tok * m + q * alpha * m + mean(&|r| (res[r].0 * (p - 1) * 4) as f64)),
+        mib(2.0 * q * alpha * m),
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let mib: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(64);
+    let iters: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(5);
+    let n = mib << 18; // f32 elements
+    let p = 4;
+    println!("## allreduce of {mib} MiB of f32, P = {p} Local ranks, median of {iters} calls\n");
+    println!("| algorithm | bytes sent per rank | vs ring | time per call (ms) | algbw (GB/s) |");
+    println!("|---|---|---|---|---|");
+    let ring = time_allreduce(p, n, iters, "ring");
+    for algo in ["ring", "native", "onebit"] {
+        let (b, t) = if algo == "ring" {
+            ring
+        } else {
+            time_allreduce(p, n, iters, algo)
+        };
+        println!(
+            "| {algo} | {b} | {:.1}× fewer | {:.1} | {:.2} |",
+            ring.0 as f64 / b.max(1) as f64,
+            t * 1e3,
+            gb(n * 4, t)
+        );
+    }
+    bench_pack(n);
+    println!("\n## EmbRace: Zipf(1.0) token batch, vocab 100k, d 512");
+    let zipf = Zipf::new(100_000, 1.0);
+    for p in [4usize, 8] {
+        bench_embrace(p, 100_000, 512, 4096, &zipf);
+    }
+}
