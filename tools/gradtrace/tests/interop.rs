@@ -174,19 +174,17 @@ fn gradtrace_reads_a_table_pyarrow_wrote() {
     );
     assert_eq!(lines[2], "1,enc.bias,-,5,4,2,2,8,0.4000,1.871,-2.000,1.500");
     // Through a pipe: pyarrow writes to stdout, gradtrace reads stdin.
-    let py = Command::new(python())
-        .args([
-            script("write_pyarrow.py").as_os_str(),
-            "-".as_ref(),
-        ])
+    let mut py = Command::new(python())
+        .args([script("write_pyarrow.py").as_os_str(), "-".as_ref()])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     let o = Command::new(BIN)
         .args(["inspect", "-", "--format", "csv"])
-        .stdin(py.stdout.unwrap())
+        .stdin(py.stdout.take().unwrap())
         .output()
         .unwrap();
+    assert!(py.wait().unwrap().success());
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(String::from_utf8(o.stdout).unwrap(), csv);
 }
