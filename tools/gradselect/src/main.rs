@@ -1,4 +1,637 @@
-fn main() {
-    eprintln!("coming");
-    std::process::exit(2)
+//! gradselect: sparsify a dense `tensor/1` gradient trace per (step, rank) with any selection
+//! method of the papers, with error feedback; writes a sparse `tensor/1` and metrics.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, ValueEnum};
+use gradkit_core::cli::{self, IoArgs};
+use gradkit_core::io::{Input, Meta, Output, ReadOptions};
+use gradkit_core::trace::{self, Layout, MetricSink, Sparse};
+use gradkit_core::{read_table, read_tensor, write_table, MetricRow, PlanRow, TensorRow};
+use gradkit_partition::deft as pdeft;
+use gradkit_sparsify::{deft, k_for, Bands, Method as SMethod, Residual, Selector};
+
+const ABOUT: &str =
+    "Sparsify a dense gradient trace: select entries per (step, rank) with a method of the papers.
+
+Reads a dense tensor/1 trace (e.g. from `gradtrace synthetic`), and for every rank, steps in
+order, forms the error-compensated accumulator acc_t = residual_{t-1} + g_t, selects entries of
+acc_t, writes them as a sparse tensor/1 (indices strictly ascending per row; a layer with no
+selected entry gets an empty row) and keeps residual_t = acc_t with the selected entries zeroed
+(--no-residual: acc_t = g_t). k = floor(density·n), at least 1, or --k K; n is the whole model
+(layers concatenated by layer_id, --scope global) or each layer (--scope layer).
+
+Methods:
+  topk       exact k largest |acc|, ties to the lower index
+  threshold  every entry with |acc| > --threshold T
+  oktopk     Ok-Topk (PPoPP'22 §3.1.3): exact k-th largest |acc| every --reeval steps (an exact
+             top-k step), reused as the threshold |acc| > th in the steps between; --adjust
+             [=vgg|lstm|bert] adds the reference code's count bands (docs/gradselect.md)
+  gaussiank  threshold |mean| + z(1-density/2)·std of a Gaussian fit, halved until ≥ 3k/4 pass
+  dgc        DGC: threshold from a strided sample (--sample), ×0.8 while < 0.8k pass, exact
+             top-k among the passing entries when more than 1.3k pass
+  randomk    k uniform indices from (--seed, step, layer): the same on every rank
+  deft       DEFT (ICPP'23): each rank selects only in its own ranges of the plan (--plan from
+             `gradpartition --method deft`, or computed here with the same library code),
+             with its own per-range k from the norms of its own accumulator
+
+Every threshold method selects exactly {i : |acc_i| > threshold} for the threshold it records;
+steps that ran an exact top-k are marked with the metric exact_topk = 1.";
+
+const AFTER: &str = "Examples:
+  # exact top-1% of the whole model, per step and rank, with metrics
+  gradtrace synthetic --shape vgg16 --scale 0.1 --ranks 4 --steps 8 --seed 1 \\
+    | gradselect --method topk --density 0.01 --metrics sel-m.parquet -o sel.parquet
+
+  # Ok-Topk's reused thresholds with the VGG bands, per layer
+  gradselect --method oktopk --density 0.01 --reeval 32 --adjust=vgg --scope layer trace.parquet -o ok.parquet
+
+  # DEFT with a plan from gradpartition, keeping the final residuals
+  gradpartition --method deft --density 0.01 trace.parquet -o plan.parquet
+  gradselect --method deft --density 0.01 --plan plan.parquet --residual-out res.parquet trace.parquet -o deft.parquet
+
+Metrics (--metrics, metrics/1, per step and rank): k_target, nnz, threshold, density,
+time_select_s, residual_norm, exact_topk (docs/gradselect.md).";
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum MethodArg {
+    Topk,
+    Threshold,
+    Oktopk,
+    Gaussiank,
+    Dgc,
+    Randomk,
+    Deft,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Scope {
+    /// k of the whole model, layers concatenated by layer_id
+    Global,
+    /// k of each layer, selected in each layer separately
+    Layer,
+}
+
+#[derive(Parser, Debug)]
+#[command(name = "gradselect", version, about = ABOUT, long_about = ABOUT, after_help = AFTER)]
+struct Cli {
+    /// Selection method
+    #[arg(long, value_enum)]
+    method: MethodArg,
+    /// Fraction kept: k = floor(D·n), at least 1; in (0, 1]
+    #[arg(long, value_name = "D", conflicts_with = "k")]
+    density: Option<f64>,
+    /// Number kept per (step, rank) (per layer with --scope layer; clamped to the size)
+    #[arg(long, value_name = "K")]
+    k: Option<usize>,
+    /// Index space of k: the whole model or each layer
+    #[arg(long, value_enum, default_value_t = Scope::Global)]
+    scope: Scope,
+    /// threshold: keep |acc| > T
+    #[arg(long, value_name = "T")]
+    threshold: Option<f32>,
+    /// oktopk: exact threshold every τ' steps (1 = exact top-k every step)
+    #[arg(long, value_name = "TAU", default_value_t = 32)]
+    reeval: u32,
+    /// oktopk: adjust the reused threshold with the reference code's count bands (`--adjust` = `--adjust=vgg`; also lstm, bert)
+    #[arg(long, value_name = "BANDS", num_args = 0..=1, require_equals = true, default_missing_value = "vgg")]
+    adjust: Option<String>,
+    /// dgc: fraction of entries sampled for the threshold estimate, in (0, 1]
+    #[arg(long, value_name = "F", default_value_t = 0.01)]
+    sample: f64,
+    /// randomk: seed shared by all ranks
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// deft: plan/1 from `gradpartition --method deft` (absent: computed in-process)
+    #[arg(long, value_name = "PLAN")]
+    plan: Option<PathBuf>,
+    /// deft (in-process plan): hand leftover k to the highest-norm pieces, as gradpartition --topup
+    #[arg(long)]
+    topup: bool,
+    /// No error feedback: select from each step's gradient alone
+    #[arg(long)]
+    no_residual: bool,
+    /// Write every rank's final residual as a dense tensor/1 to this file
+    #[arg(long, value_name = "FILE", conflicts_with = "no_residual")]
+    residual_out: Option<PathBuf>,
+    /// Also write per-(step, rank) metrics (metrics/1) to this Parquet file
+    #[arg(long, value_name = "M.parquet")]
+    metrics: Option<PathBuf>,
+    /// Run name in the metrics table (default: the input file's stem)
+    #[arg(long, value_name = "NAME")]
+    run: Option<String>,
+    #[command(flatten)]
+    io: IoArgs,
+}
+
+fn main() -> ExitCode {
+    let args = Cli::parse();
+    cli::run(|| body(&args))
+}
+
+/// How k is given.
+#[derive(Clone, Copy, Debug)]
+enum KSpec {
+    Density(f64),
+    Count(usize),
+    None,
+}
+
+impl KSpec {
+    fn k(self, n: usize) -> usize {
+        match self {
+            KSpec::Density(d) => k_for(d, n),
+            KSpec::Count(k) => k.min(n),
+            KSpec::None => 0,
+        }
+    }
+}
+
+fn check_args(a: &Cli) -> Result<(SMethod, KSpec)> {
+    let kspec = match (a.density, a.k) {
+        (Some(d), _) => {
+            if !(d > 0.0 && d <= 1.0) {
+                bail!("--density must lie in (0, 1], got {d}");
+            }
+            KSpec::Density(d)
+        }
+        (None, Some(0)) => bail!("--k must be at least 1"),
+        (None, Some(k)) => KSpec::Count(k),
+        (None, None) => KSpec::None,
+    };
+    if a.method != MethodArg::Threshold && matches!(kspec, KSpec::None) {
+        bail!("--method {:?} needs --density D or --k K", a.method);
+    }
+    let only = |set: bool, flag: &str, m: MethodArg| -> Result<()> {
+        if set && a.method != m {
+            bail!("{flag} applies to --method {m:?} only");
+        }
+        Ok(())
+    };
+    only(a.threshold.is_some(), "--threshold", MethodArg::Threshold)?;
+    only(a.adjust.is_some(), "--adjust", MethodArg::Oktopk)?;
+    only(a.plan.is_some(), "--plan", MethodArg::Deft)?;
+    only(a.topup, "--topup", MethodArg::Deft)?;
+    let m = match a.method {
+        MethodArg::Topk => SMethod::Topk,
+        MethodArg::Threshold => {
+            let t = a
+                .threshold
+                .context("--method threshold needs --threshold T")?;
+            if !t.is_finite() || t < 0.0 {
+                bail!("--threshold must be a finite number ≥ 0, got {t}");
+            }
+            SMethod::Threshold(t)
+        }
+        MethodArg::Oktopk => {
+            if a.reeval == 0 {
+                bail!("--reeval must be at least 1");
+            }
+            let adjust = match &a.adjust {
+                None => None,
+                Some(name) => Some(Bands::preset(name).with_context(|| {
+                    format!("--adjust: unknown bands `{name}` (use vgg, lstm or bert)")
+                })?),
+            };
+            SMethod::OkTopk {
+                reeval: a.reeval,
+                adjust,
+            }
+        }
+        MethodArg::Gaussiank => SMethod::GaussianK,
+        MethodArg::Dgc => {
+            if !(a.sample > 0.0 && a.sample <= 1.0) {
+                bail!("--sample must lie in (0, 1], got {}", a.sample);
+            }
+            SMethod::Dgc { sample: a.sample }
+        }
+        MethodArg::Randomk => SMethod::RandomK { seed: a.seed },
+        MethodArg::Deft => {
+            if a.scope == Scope::Layer {
+                bail!("--method deft plans over the whole model; drop --scope layer");
+            }
+            SMethod::Topk // placeholder: DEFT runs its own path
+        }
+    };
+    Ok((m, kspec))
+}
+
+/// Per-rank state: one selector per index space, and the residual.
+struct RankState {
+    selectors: Vec<Selector>,
+    residual: Residual,
+}
+
+/// What one (step, rank) selection produced.
+struct Out {
+    sparse: Sparse,
+    k_target: usize,
+    threshold: Option<f32>,
+    exact_topk: bool,
+    time: f64,
+}
+
+fn body(a: &Cli) -> Result<()> {
+    let (method, kspec) = check_args(a)?;
+    let input = a.io.input()?;
+    let output = a.io.output()?;
+    let loaded = read_tensor(&input, a.io.read_options())?;
+    let rows = loaded.rows;
+    if rows.is_empty() {
+        bail!("the input has no rows ({})", loaded.source);
+    }
+    let layout = Layout::of_rows(&rows);
+    trace::check_complete(&rows, &layout, Some(true)).with_context(|| {
+        format!(
+            "gradselect needs a dense tensor/1 trace, e.g. from `gradtrace synthetic` ({})",
+            loaded.source
+        )
+    })?;
+    let n = layout.total();
+    if n > u32::MAX as u64 {
+        bail!("the model has {n} elements; the flat index space is u32");
+    }
+    let n = n as usize;
+    let (steps, ranks) = trace::steps_and_ranks(&rows);
+    let p = ranks.len();
+    let plan = match &a.plan {
+        Some(path) => Some(load_plan(path, &layout, p, &steps)?),
+        None => None,
+    };
+    let groups = trace::group_step_rank(&rows);
+    let mut by_step: BTreeMap<u32, Vec<&trace::StepRank>> = BTreeMap::new();
+    for g in &groups {
+        by_step.entry(g.step).or_default().push(g);
+    }
+    let run = a.run.clone().unwrap_or_else(|| match &a.io.input {
+        Some(p) if p.as_os_str() != "-" => p
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        _ => "stdin".into(),
+    });
+    let algo = match a.method {
+        MethodArg::Deft => "deft",
+        _ => method.name(),
+    };
+    let mut sink = MetricSink::new(&run, "gradselect", algo, p as u32);
+    let residual_on = !a.no_residual;
+    let mut states: Vec<RankState> = (0..p)
+        .map(|_| RankState {
+            selectors: match a.scope {
+                Scope::Global => vec![Selector::new(method.clone(), 0)],
+                Scope::Layer => layout
+                    .layers
+                    .iter()
+                    .map(|l| Selector::new(method.clone(), l.layer_id as u64))
+                    .collect(),
+            },
+            residual: Residual::zeros(n),
+        })
+        .collect();
+    let pieces = pdeft::pieces(&layout, p);
+    let mut out_rows: Vec<TensorRow> = Vec::new();
+    let pb = cli::progress("gradselect", steps.len() as u64, a.io.quiet);
+    for (&step, group) in &by_step {
+        // Every rank's accumulator of this step (DEFT's leader needs its peers' too).
+        let accs: Vec<Vec<f32>> = group
+            .iter()
+            .map(|g| {
+                let mut acc = trace::flatten_dense(&g.rows);
+                if residual_on {
+                    states[g.rank as usize].residual.compensate(&mut acc);
+                }
+                acc
+            })
+            .collect();
+        let step_plan: Option<Vec<(pdeft::Piece, usize)>> = if a.method == MethodArg::Deft {
+            Some(match &plan {
+                Some(pl) => plan_for_step(pl, step).to_vec(),
+                None => {
+                    let k = kspec.k(n) as u64;
+                    let leader = step as usize % p;
+                    let rows =
+                        pdeft::plan_step(&layout, &pieces, &accs[leader], k, p, step, a.topup);
+                    plan_pieces(&rows, &layout)?
+                }
+            })
+        } else {
+            None
+        };
+        for (g, acc) in group.iter().zip(accs) {
+            let r = g.rank as usize;
+            let st = &mut states[r];
+            let o = match &step_plan {
+                Some(sp) => select_deft(&acc, &layout, sp, r, kspec.k(n), a.topup),
+                None => select_plain(&mut st.selectors, step, &acc, &layout, kspec),
+            };
+            if residual_on {
+                st.residual.update(acc, &o.sparse.indices);
+            }
+            let nnz = o.sparse.len();
+            sink.push(step, g.rank, "k_target", o.k_target as f64);
+            sink.push(step, g.rank, "nnz", nnz as f64);
+            if let Some(th) = o.threshold {
+                sink.push(step, g.rank, "threshold", th as f64);
+            }
+            sink.push(
+                step,
+                g.rank,
+                "exact_topk",
+                f64::from(u8::from(o.exact_topk)),
+            );
+            sink.push(
+                step,
+                g.rank,
+                "density",
+                if n > 0 { nnz as f64 / n as f64 } else { 0.0 },
+            );
+            sink.push(step, g.rank, "time_select_s", o.time);
+            let rn = if residual_on { st.residual.norm() } else { 0.0 };
+            sink.push(step, g.rank, "residual_norm", rn);
+            out_rows.extend(trace::unflatten_sparse(&o.sparse, &layout, step, g.rank));
+        }
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+
+    let mut meta = Meta::producer("gradselect");
+    meta.set("method", algo)
+        .set("world_size", p)
+        .set("scope", format!("{:?}", a.scope).to_lowercase())
+        .set("residual", residual_on);
+    match kspec {
+        KSpec::Density(d) => {
+            meta.set("density", d);
+        }
+        KSpec::Count(k) => {
+            meta.set("k", k);
+        }
+        KSpec::None => {}
+    }
+    match &method {
+        SMethod::Threshold(t) if a.method == MethodArg::Threshold => {
+            meta.set("threshold", t);
+        }
+        SMethod::OkTopk { reeval, .. } => {
+            meta.set("reeval", reeval)
+                .set("adjust", a.adjust.as_deref().unwrap_or("none"));
+        }
+        SMethod::Dgc { sample } => {
+            meta.set("sample", sample);
+        }
+        SMethod::RandomK { seed } => {
+            meta.set("seed", seed);
+        }
+        _ => {}
+    }
+    if a.method == MethodArg::Deft {
+        meta.set(
+            "plan",
+            a.plan
+                .as_ref()
+                .map_or("in-process".to_string(), |p| p.display().to_string()),
+        )
+        .set("topup", a.topup);
+    }
+    if let Some(m) = &a.metrics {
+        let mut mm = Meta::producer("gradselect");
+        mm.set("method", algo);
+        write_table::<MetricRow>(&Output::Path(m.clone()), &mm, &sink.rows)?;
+    }
+    if let Some(rpath) = &a.residual_out {
+        let last = *steps.last().expect("non-empty");
+        let mut res_rows = Vec::new();
+        for (r, st) in states.iter().enumerate() {
+            res_rows.extend(trace::unflatten_dense(
+                &st.residual.values,
+                &layout,
+                last,
+                r as u32,
+            ));
+        }
+        let mut rm = meta.clone();
+        rm.set("content", "residual");
+        write_table::<TensorRow>(&Output::Path(rpath.clone()), &rm, &res_rows)?;
+    }
+    write_table::<TensorRow>(&output, &meta, &out_rows)?;
+    if !a.io.quiet {
+        let total: usize = out_rows.iter().map(|r| r.values.len()).sum();
+        eprintln!(
+            "gradselect: {algo}: {} steps × {p} ranks, {total} entries selected of {} ({:.4}%)",
+            steps.len(),
+            steps.len() * p * n,
+            100.0 * total as f64 / (steps.len() * p * n).max(1) as f64
+        );
+    }
+    Ok(())
+}
+
+/// Every method but DEFT, global or per layer.
+fn select_plain(
+    sels: &mut [Selector],
+    step: u32,
+    acc: &[f32],
+    layout: &Layout,
+    kspec: KSpec,
+) -> Out {
+    let t0 = Instant::now();
+    if sels.len() == 1 {
+        let s = sels[0].select(step, acc, kspec.k(acc.len()));
+        return Out {
+            time: t0.elapsed().as_secs_f64(),
+            k_target: s.info.k_target,
+            threshold: s.info.threshold,
+            exact_topk: s.info.exact_topk,
+            sparse: Sparse {
+                indices: s.indices,
+                values: s.values,
+            },
+        };
+    }
+    let mut sparse = Sparse::default();
+    let (mut k_target, mut exact) = (0, true);
+    for (sel, l) in sels.iter_mut().zip(&layout.layers) {
+        let off = l.offset as usize;
+        let slice = &acc[off..off + l.numel as usize];
+        let s = sel.select(step, slice, kspec.k(slice.len()));
+        k_target += s.info.k_target;
+        exact &= s.info.exact_topk;
+        sparse
+            .indices
+            .extend(s.indices.iter().map(|&i| i + off as u32));
+        sparse.values.extend(s.values);
+    }
+    Out {
+        time: t0.elapsed().as_secs_f64(),
+        k_target,
+        // One threshold per layer: not a single number per (step, rank).
+        threshold: None,
+        exact_topk: exact,
+        sparse,
+    }
+}
+
+/// DEFT (deft.md §1.2–1.4): this rank's own norms over all the plan's pieces give its own
+/// per-piece k (Alg. 3); it then runs top-k in the pieces the plan gives it (Alg. 5).
+fn select_deft(
+    acc: &[f32],
+    layout: &Layout,
+    plan: &[(pdeft::Piece, usize)],
+    rank: usize,
+    k: usize,
+    topup: bool,
+) -> Out {
+    let t0 = Instant::now();
+    let pieces: Vec<pdeft::Piece> = plan.iter().map(|(pc, _)| *pc).collect();
+    let norms = pdeft::piece_norms(layout, &pieces, acc);
+    let ks = pdeft::allocate_k(&pieces, &norms, k as u64, topup);
+    let ranges: Vec<(usize, usize, usize)> = plan
+        .iter()
+        .zip(&ks)
+        .filter(|((_, w), _)| *w == rank)
+        .map(|((pc, _), &kx)| {
+            let r = pc.flat_range(layout);
+            (r.start, r.end, kx as usize)
+        })
+        .collect();
+    let k_target = ranges.iter().map(|r| r.2.min(r.1 - r.0)).sum();
+    let indices = deft::select_in_ranges(acc, &ranges);
+    let values = indices.iter().map(|&i| acc[i as usize]).collect();
+    Out {
+        time: t0.elapsed().as_secs_f64(),
+        k_target,
+        threshold: None,
+        exact_topk: true,
+        sparse: Sparse { indices, values },
+    }
+}
+
+/// A plan as (first step, pieces with their worker), ordered by step.
+type Plan = Vec<(u32, Vec<(pdeft::Piece, usize)>)>;
+
+/// The plan in force at `step`: the latest plan step ≤ step.
+fn plan_for_step(plan: &Plan, step: u32) -> &[(pdeft::Piece, usize)] {
+    let i = plan.partition_point(|(s, _)| *s <= step);
+    &plan[i - 1].1
+}
+
+/// Pieces of one plan step in flat order, checked to tile every layer exactly once.
+fn plan_pieces(rows: &[PlanRow], layout: &Layout) -> Result<Vec<(pdeft::Piece, usize)>> {
+    let mut v: Vec<(pdeft::Piece, usize)> = Vec::with_capacity(rows.len());
+    for r in rows {
+        let li = layout
+            .layers
+            .binary_search_by_key(&r.layer_id, |l| l.layer_id)
+            .ok()
+            .with_context(|| {
+                format!(
+                    "plan step {}: layer_id {} (`{}`) is not in the trace (column `layer_id`)",
+                    r.step, r.layer_id, r.layer
+                )
+            })?;
+        let l = &layout.layers[li];
+        if l.name != r.layer {
+            bail!(
+                "plan step {}: layer_id {} is `{}` in the plan but `{}` in the trace (column `layer`)",
+                r.step,
+                r.layer_id,
+                r.layer,
+                l.name
+            );
+        }
+        if r.start > r.end || r.end > l.numel {
+            bail!(
+                "plan step {}: range {}..{} lies outside layer `{}` of {} elements (columns `start`, `end`)",
+                r.step, r.start, r.end, l.name, l.numel
+            );
+        }
+        v.push((
+            pdeft::Piece {
+                layer: li,
+                start: r.start,
+                end: r.end,
+            },
+            r.worker as usize,
+        ));
+    }
+    v.sort_by_key(|(pc, _)| (pc.layer, pc.start, pc.end));
+    v.retain(|(pc, _)| pc.end > pc.start);
+    // Tiling: consecutive pieces of a layer meet, and each non-empty layer is covered.
+    let mut pos = 0u64; // flat position reached
+    for (pc, _) in &v {
+        let l = &layout.layers[pc.layer];
+        let s = l.offset + pc.start;
+        if s != pos {
+            bail!(
+                "plan ranges do not tile the model: flat position {pos} is {} (layer `{}`)",
+                if s > pos {
+                    "not covered"
+                } else {
+                    "covered twice"
+                },
+                l.name
+            );
+        }
+        pos = l.offset + pc.end;
+    }
+    if pos != layout.total() {
+        bail!(
+            "plan ranges do not tile the model: they end at {pos} of {} elements",
+            layout.total()
+        );
+    }
+    Ok(v)
+}
+
+/// Reads and checks a DEFT plan against the trace's layers, ranks and steps.
+fn load_plan(path: &std::path::Path, layout: &Layout, p: usize, steps: &[u32]) -> Result<Plan> {
+    load_plan_inner(path, layout, p, steps).with_context(|| format!("--plan {}", path.display()))
+}
+
+fn load_plan_inner(
+    path: &std::path::Path,
+    layout: &Layout,
+    p: usize,
+    steps: &[u32],
+) -> Result<Plan> {
+    let input = Input::Path(path.to_path_buf());
+    let loaded = read_table::<PlanRow>(&input, ReadOptions::default())?;
+    if let Some(m) = loaded.meta.get("method") {
+        if m != "deft" {
+            bail!("the plan was made with method `{m}`, not `deft` (metadata gradkit.method)");
+        }
+    }
+    let mut by_step: BTreeMap<u32, Vec<PlanRow>> = BTreeMap::new();
+    for r in loaded.rows {
+        by_step.entry(r.step).or_default().push(r);
+    }
+    let Some(&first) = by_step.keys().next() else {
+        bail!("the plan has no rows");
+    };
+    if first > steps[0] {
+        bail!(
+            "the plan starts at step {first} but the trace at step {} (column `step`)",
+            steps[0]
+        );
+    }
+    let mut plan = Plan::new();
+    for (s, rows) in by_step {
+        let workers = rows
+            .iter()
+            .map(|r| r.worker as usize + 1)
+            .max()
+            .unwrap_or(0);
+        if workers != p {
+            bail!(
+                "plan step {s} has {workers} workers but the trace has {p} ranks (column `worker`)"
+            );
+        }
+        plan.push((s, plan_pieces(&rows, layout)?));
+    }
+    Ok(plan)
 }
