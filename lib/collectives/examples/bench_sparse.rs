@@ -1,0 +1,176 @@
+//! Ok-Topk Table 1, measured: words sent per rank and time per allreduce of every sparse
+//! algorithm (and the dense ones) on a bert-base-shaped synthetic trace.
+//!
+//! ```text
+//! cargo run --release -p gradkit-collectives --example bench_sparse -- [SCALE] [P,P,...] [DENSITY]
+//! ```
+//! SCALE (default 0.15324, about 2^24 elements) shrinks bert-base's layers; P list default
+//! 4,8; density default 0.01. Two steps run; step 1 is reported (for Ok-Topk a reuse step with
+//! τ' = 32, regions from step 0). Every sparse algorithm gets the same input: each rank's exact
+//! local top-k of its gradient (`Flat::Sparse`), except Gaussiank (its Gaussian-threshold
+//! selection, made here) and DEFT (dense input, its own disjoint selection; its selection
+//! time is subtracted and shown apart). Ranks are threads of one process (Local backend).
+
+use std::time::Instant;
+
+use gradkit_collectives::registry::Params;
+use gradkit_collectives::sparse::gaussiank::gaussian_threshold;
+use gradkit_collectives::{cost, make_reducer, Flat};
+use gradkit_comm::run_local;
+use gradkit_core::synth::{shape, Generator, SynthSpec};
+use gradkit_core::trace::{flatten_dense, Layout, Sparse};
+use gradkit_sparsify::{threshold, topk};
+
+fn gather(x: &[f32], idx: Vec<u32>) -> Sparse {
+    let values = idx.iter().map(|&i| x[i as usize]).collect();
+    Sparse {
+        indices: idx,
+        values,
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let scale: f64 = args.get(1).map_or(Ok(0.15324), |s| s.parse())?;
+    let ps: Vec<usize> = args
+        .get(2)
+        .map_or("4,8", |s| s.as_str())
+        .split(',')
+        .map(|x| x.parse())
+        .collect::<Result<_, _>>()?;
+    let density: f64 = args.get(3).map_or(Ok(0.01), |s| s.parse())?;
+    println!("| P | algo | input | words/rank (mean) | words/rank (max) | Table 1 words | time/allreduce (ms) | select (ms) | nnz out | phases, rank 0 (ms) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for &p in &ps {
+        let spec = SynthSpec::new(shape("bert-base", scale)?, p as u32, 2, 1);
+        let gen = Generator::new(&spec)?;
+        let mut layout = Layout::default();
+        // dense[step][rank]
+        let mut dense: Vec<Vec<Vec<f32>>> = vec![Vec::new(), Vec::new()];
+        for rows in gen {
+            if layout.layers.is_empty() {
+                layout = Layout::of_rows(&rows);
+            }
+            let refs: Vec<_> = rows.iter().collect();
+            dense[rows[0].step as usize].push(flatten_dense(&refs));
+        }
+        let n = layout.total();
+        let params = Params {
+            density,
+            residual: false,
+            ..Params::default()
+        };
+        let k = params.k_for(n) as usize;
+        eprintln!("P={p}: n={n}, k={k}; selecting…");
+        let topk_in: Vec<Vec<Flat>> = dense
+            .iter()
+            .map(|st| {
+                st.iter()
+                    .map(|g| Flat::Sparse(gather(g, topk::topk_indices(g, k))))
+                    .collect()
+            })
+            .collect();
+        let gauss_in: Vec<Vec<Flat>> = dense
+            .iter()
+            .map(|st| {
+                st.iter()
+                    .map(|g| Flat::Sparse(gather(g, threshold::above(g, gaussian_threshold(g, k)))))
+                    .collect()
+            })
+            .collect();
+        let dense_in: Vec<Vec<Flat>> = dense
+            .iter()
+            .map(|st| st.iter().cloned().map(Flat::Dense).collect())
+            .collect();
+        drop(dense);
+        let nf = n as f64;
+        let kf = k as f64;
+        let formula = |algo: &str| -> String {
+            match algo {
+                "topkdsa" => format!(
+                    "{:.0} … {:.0}",
+                    cost::topkdsa_best(p, kf).words,
+                    cost::topkdsa_worst(p, nf, kf).words
+                ),
+                "oktopk" => format!(
+                    "{:.0} … {:.0}",
+                    cost::oktopk_best(p, kf).words,
+                    cost::oktopk_worst(p, kf).words
+                ),
+                a => {
+                    cost::by_algo(a, p, nf, kf).map_or("–".into(), |c| format!("{:.0}", c.words))
+                }
+            }
+        };
+        let runs: Vec<(&str, &str, &Vec<Vec<Flat>>)> = vec![
+            ("ring", "dense", &dense_in),
+            ("rabenseifner", "dense", &dense_in),
+            ("topka", "top-k", &topk_in),
+            ("topkdsa", "top-k", &topk_in),
+            ("gtopk", "top-k", &topk_in),
+            ("gaussiank", "gaussian", &gauss_in),
+            ("oktopk", "top-k", &topk_in),
+            ("deft", "dense", &dense_in),
+        ];
+        for (algo, input, ins) in runs {
+            let outs = run_local(p, |comm| {
+                let mut red = make_reducer(algo, &params)?;
+                let mut last = (0u64, 0f64, 0f64, 0usize, String::new());
+                for (t, st) in ins.iter().enumerate() {
+                    let x = st[comm.rank()].clone();
+                    comm.barrier();
+                    comm.traffic().reset();
+                    let t0 = Instant::now();
+                    let o = red.reduce(comm, t as u32, &layout, x)?;
+                    let secs = t0.elapsed().as_secs_f64();
+                    let sel = o
+                        .metrics
+                        .iter()
+                        .find(|m| m.0 == "time_select_s")
+                        .map_or(0.0, |m| m.1);
+                    let nnz = match &o.result {
+                        Flat::Sparse(s) => s.len(),
+                        Flat::Dense(d) => d.len(),
+                    };
+                    let phases: Vec<String> = comm
+                        .traffic()
+                        .snapshot()
+                        .iter()
+                        .filter(|(_, c)| c.seconds > 0.0)
+                        .map(|(k, c)| format!("{k} {:.1}", c.seconds * 1e3))
+                        .collect();
+                    last = (
+                        comm.traffic().total().bytes_sent,
+                        secs,
+                        sel,
+                        nnz,
+                        phases.join(", "),
+                    );
+                }
+                Ok(last)
+            })?;
+            let words: Vec<f64> = outs.iter().map(|o| o.0 as f64 / 4.0).collect();
+            let mean = words.iter().sum::<f64>() / p as f64;
+            let max = words.iter().copied().fold(0.0, f64::max);
+            let time = outs.iter().map(|o| o.1 - o.2).fold(0.0, f64::max);
+            let sel = outs.iter().map(|o| o.2).fold(0.0, f64::max);
+            let f = if algo == "deft" {
+                "–".to_string()
+            } else {
+                formula(algo)
+            };
+            println!(
+                "| {p} | {algo} | {input} | {mean:.0} | {max:.0} | {f} | {:.1} | {:.1} | {} | {} |",
+                time * 1e3,
+                sel * 1e3,
+                outs[0].3,
+                outs[0].4
+            );
+        }
+        eprintln!(
+            "P={p}: n={n}, k={k}, 2n(P−1)/P = {:.0} words",
+            cost::dense(p, nf).words
+        );
+    }
+    Ok(())
+}
