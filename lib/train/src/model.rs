@@ -121,6 +121,14 @@ fn layer_norm(x: &Tensor, p: &(Tensor, Tensor)) -> candle_core::Result<Tensor> {
     xn.broadcast_mul(&p.0)?.broadcast_add(&p.1)
 }
 
+/// 2×2 max pooling from reshape + max. candle 0.11's `max_pool2d` backward scales the
+/// gradient of a unique maximum by 1/4 (it multiplies by the window's tie fraction instead
+/// of dividing by the tie count); our finite-difference test caught it.
+fn max_pool_2x2(x: &Tensor) -> candle_core::Result<Tensor> {
+    let (b, c, h, w) = x.dims4()?;
+    x.reshape((b, c, h / 2, 2, w / 2, 2))?.max(5)?.max(3)
+}
+
 fn ln_params(vb: &VarBuilder, d: usize) -> candle_core::Result<(Tensor, Tensor)> {
     Ok((
         vb.get_with_hints(d, "weight", candle_nn::Init::Const(1.0))?,
@@ -327,7 +335,7 @@ impl Model {
                 for (i, c) in convs.iter().enumerate() {
                     h = c.forward(&h)?.relu()?;
                     if i % 2 == 1 {
-                        h = h.max_pool2d(2)?;
+                        h = max_pool_2x2(&h)?;
                     }
                 }
                 let mut h = h.flatten_from(1)?;

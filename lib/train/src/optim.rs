@@ -255,6 +255,18 @@ impl Optimizer for Lamb {
     }
 }
 
+/// The momentum mask of 1-bit LAMB/Adam (onebit-lamb.md §6): 1 bit cannot encode 0, so an
+/// entry whose gradient was exactly 0 through the whole warm-up (frozen v = 0, e.g. the
+/// always-blank corner pixels of the digits) would get a ±scale momentum divided by η and
+/// blow up. DeepSpeed asks the user for the mask; we derive it from the frozen variance.
+fn mask_never_seen(m: &mut [f32], v_frozen: &[f32]) {
+    for (mi, vi) in m.iter_mut().zip(v_frozen) {
+        if *vi == 0.0 {
+            *mi = 0.0;
+        }
+    }
+}
+
 /// 1-bit LAMB (Algorithm 1 of onebit-lamb.md). Steps `0..freeze_step` are LAMB on the
 /// allreduced gradient ([`OnebitLamb::warmup_step`]) while the per-tensor coefficient EMA
 /// `c_avg ← β3·c_avg + (1−β3)·c` is recorded (skipped when c == 1 exactly, as DeepSpeed
@@ -303,7 +315,9 @@ impl OnebitLamb {
             self.v_fresh = self.lamb.v.clone();
         }
     }
-    /// Lines 5–6 and the momentum scaling of §4.3: m ← k_ℓ·(β1·m_prev + (1−β1)·g_local).
+    /// Lines 5–6 and the momentum scaling of §4.3: m ← k_ℓ·(β1·m_prev + (1−β1)·g_local), with
+    /// k_ℓ = mean_ℓ(s_ℓ)/s_ℓ, s_ℓ = RMS of tensor ℓ of the global momentum at the first
+    /// compression step.
     /// Returns the fused buffer to allreduce with 1-bit compression.
     pub fn local_momentum(&mut self, g_local: &[f32]) -> Vec<f32> {
         let c = &self.lamb.cfg;
@@ -319,11 +333,13 @@ impl OnebitLamb {
             .map(|(mp, g)| c.beta1 * mp + (1.0 - c.beta1) * g)
             .collect();
         if self.scale.is_empty() {
+            // From the global momentum of the warm-up (identical on every rank, as
+            // DeepSpeed's), so every rank scales by the same k_ℓ.
             let s: Vec<f32> = self
                 .lamb
                 .segments
                 .iter()
-                .map(|&(o, n)| norm(&m[o..o + n]) / (n as f32).sqrt())
+                .map(|&(o, n)| norm(&self.m_prev[o..o + n]) / (n as f32).sqrt())
                 .collect();
             let united = s.iter().sum::<f32>() / s.len().max(1) as f32;
             self.scale = s
@@ -346,6 +362,7 @@ impl OnebitLamb {
     /// variance, compute the clipped ratio r and step with the frozen variance.
     pub fn compressed_step(&mut self, w: &mut [f32], mut m: Vec<f32>, lr: f32) {
         let c = self.lamb.cfg.clone();
+        mask_never_seen(&mut m, &self.lamb.v);
         for (li, &(o, n)) in self.lamb.segments.iter().enumerate() {
             let k = self.scale[li];
             m[o..o + n].iter_mut().for_each(|x| *x /= k);
@@ -446,7 +463,8 @@ impl OnebitAdam {
             .map(|(m, g)| c.beta1 * m + (1.0 - c.beta1) * g)
             .collect()
     }
-    pub fn compressed_step(&mut self, w: &mut [f32], m: Vec<f32>, lr: f32) {
+    pub fn compressed_step(&mut self, w: &mut [f32], mut m: Vec<f32>, lr: f32) {
+        mask_never_seen(&mut m, &self.v);
         self.m = m;
         self.apply(w, lr);
     }

@@ -567,7 +567,8 @@ fn rank_main(comm: &dyn Comm, cfg: &TrainConfig, data: &Dataset) -> Result<Optio
             last_eval = Some(ev);
         }
         if let Some(root) = &cfg.checkpoint {
-            if (cfg.checkpoint_every > 0 && done % cfg.checkpoint_every == 0) || done == last {
+            // A run stopped by `stop_after` acts as if killed: no final checkpoint.
+            if (cfg.checkpoint_every > 0 && done % cfg.checkpoint_every == 0) || done == cfg.steps {
                 let mut tensors = vec![("params".to_string(), params.clone())];
                 for (k, v) in opt.state() {
                     tensors.push((format!("opt.{k}"), v));
