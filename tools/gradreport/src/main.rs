@@ -28,15 +28,16 @@ Metric names: a plain name (`bytes_sent`) means the total: its own rows, or the 
 per-phase rows `bytes_sent:<phase>` where a sample has no plain row. `bytes_sent:split_and_reduce` \
 selects one phase; `bytes_sent:*` gives one column per phase.",
     after_help = "Examples:\n  \
-gradallreduce run --algo oktopk --ranks 4 trace.parquet -o /dev/null --metrics m.parquet\n  \
-gradreport table m.parquet                          # medians per algo and P, Markdown\n  \
+gradtrace synthetic --shape mlp --ranks 4 --steps 3 -o t.parquet\n  \
+gradallreduce --algo oktopk --ranks 4 --density 0.01 t.parquet -o /dev/null --metrics m.parquet\n  \
+gradreport table m*.parquet                         # medians per algo and P, Markdown\n  \
 gradreport table m*.parquet --by algo --metric bytes_sent,time_comm_s --format csv\n  \
 gradreport table train.parquet --by run --metric loss,accuracy --stat last\n  \
-gradreport volume m*.parquet --phases               # measured vs formula, per phase\n  \
+gradreport volume m*.parquet --phases --n 669706 --density 0.01   # measured vs formula\n  \
 gradreport plot loss train*.parquet -o loss.svg\n  \
 gradreport plot breakdown m*.parquet -o breakdown.svg\n  \
-gradreport plot volume m*.parquet -o volume.svg\n  \
-gradtrace synthetic --steps 2 | gradselect --density 0.01 | gradreport tensor"
+gradreport plot volume m*.parquet --n 669706 --density 0.01 -o volume.svg\n  \
+gradtrace synthetic --steps 2 | gradselect --method topk --density 0.01 | gradreport tensor"
 )]
 struct Args {
     #[command(subcommand)]
@@ -106,10 +107,12 @@ Example:\n  gradreport plot volume m4.parquet m8.parquet -o volume.svg")]
     },
     /// Measured bytes per rank and step next to the cost model's formula, and their ratio
     #[command(
-        after_help = "The formula's value comes from `model_<metric>` rows in the input (the \
-tools write them from gradkit_collectives::cost); groups without them show `-`. The measured \
-column is the median over steps and ranks, with min and max; ratio = measured / model \
-(1.00 means exact).\n\nExample:\n  gradreport volume m.parquet --phases --format csv"
+        after_help = "The formula's value comes from `model_<metric>` rows in the input or, with \
+--n, from gradkit_collectives::cost (Ok-Topk Table 1, DeepSpeed's 1-bit volume; `oktopk` is \
+Table 1's worst case 6k(P-1)/P) for the algorithms without such rows; groups with neither \
+show `-`. The measured column is the median over steps and ranks, with min and max; \
+ratio = measured / model (1.00 means exact).\n\nExample:\n  \
+gradreport volume m*.parquet --n 669706 --density 0.01 --phases --format csv"
     )]
     Volume {
         /// metrics/1 files (stdin when none)
@@ -132,7 +135,7 @@ column is the median over steps and ranks, with min and max; ratio = measured / 
     },
     /// nnz, density and L2 norm of every layer of a tensor/1 file, per step and rank
     #[command(
-        after_help = "Example:\n  gradselect --density 0.01 trace.parquet | gradreport tensor --step 0"
+        after_help = "Example:\n  gradselect --method topk --density 0.01 trace.parquet | gradreport tensor --step 0"
     )]
     Tensor {
         /// tensor/1 file (stdin when absent)

@@ -373,3 +373,74 @@ pub fn fmt(v: f64) -> String {
         _ => s,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(step: u32, rank: u32, metric: &str, value: f64) -> MetricRow {
+        MetricRow {
+            run: "r".into(),
+            tool: "t".into(),
+            algo: "a".into(),
+            world_size: 2,
+            step,
+            rank,
+            metric: metric.into(),
+            value,
+        }
+    }
+
+    #[test]
+    fn median_odd_even() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&[7.0]), 7.0);
+    }
+
+    #[test]
+    fn plain_rows_win_over_phase_sums() {
+        let rows = vec![
+            row(0, 0, "bytes_sent", 5.0),
+            row(0, 0, "bytes_sent:a", 1.0),
+            row(0, 0, "bytes_sent:b", 2.0),
+            row(0, 1, "bytes_sent:a", 10.0),
+            row(0, 1, "bytes_sent:b", 20.0),
+            row(0, 1, "bytes_sentx", 99.0),
+        ];
+        let s = samples(&rows, "bytes_sent");
+        let got: Vec<(u32, f64)> = s.iter().map(|r| (r.rank, r.value)).collect();
+        assert_eq!(got, vec![(0, 5.0), (1, 30.0)]);
+        let s = samples(&rows, "bytes_sent:b");
+        assert_eq!(
+            s.iter().map(|r| r.value).collect::<Vec<_>>(),
+            vec![2.0, 20.0]
+        );
+    }
+
+    #[test]
+    fn stats_by_hand() {
+        let rows = [
+            row(0, 0, "m", 1.0),
+            row(0, 1, "m", 3.0),
+            row(1, 0, "m", 10.0),
+            row(1, 1, "m", f64::NAN),
+        ];
+        let refs: Vec<&MetricRow> = rows.iter().collect();
+        assert_eq!(aggregate(&refs, Stat::Median).value, 3.0);
+        assert_eq!(aggregate(&refs, Stat::Sum).value, 14.0);
+        assert_eq!(aggregate(&refs, Stat::Last).value, 10.0);
+        let s = aggregate(&refs, Stat::Mean);
+        assert!((s.value - 14.0 / 3.0).abs() < 1e-12 && s.min == 1.0 && s.max == 10.0);
+        assert!(aggregate(&refs[3..], Stat::Median).value.is_nan());
+    }
+
+    #[test]
+    fn number_format() {
+        assert_eq!(fmt(4018236.0), "4018236");
+        assert_eq!(fmt(0.5), "0.5");
+        assert_eq!(fmt(0.0012345), "0.001234");
+        assert_eq!(fmt(2.5e-7), "2.5e-7");
+        assert_eq!(fmt(f64::NAN), "NaN");
+    }
+}

@@ -719,6 +719,9 @@ fn scaling(
         Some(_) => bail!("plot scaling takes one model metric (--metric), e.g. model_time_s"),
         None => "model_time_s".into(),
     };
+    if opts.metrics.is_none() && !rows.iter().any(|r| r.metric == metric) {
+        bail!("no rows for metric `{metric}` (plot scaling): give --n SIZE [--density D] to compute the cost model's projection, or input files with `{metric}` rows");
+    }
     metrics::expand(rows, Some(std::slice::from_ref(&metric)))?;
     let lines = curves_by_algo(rows, &metric);
     let title = opts

@@ -548,7 +548,23 @@ fn plot_volume_and_scaling_svg() {
         t.iter().any(|x| x.contains("(seconds, log scale)")),
         "{t:?}"
     );
-    // Scaling needs the model's rows.
+    // Scaling needs the model's rows, or --n to compute them (projected to 256 ranks).
     let e = fails(&["plot", "scaling", s(&f1), "-o", s(&svg)]);
-    assert!(e.contains("model_time_s"), "{e}");
+    assert!(e.contains("model_time_s") && e.contains("--n"), "{e}");
+    let svg = d.path().join("s2.svg");
+    ok(&[
+        "plot",
+        "scaling",
+        s(&f1),
+        "--n",
+        "100",
+        "--density",
+        "0.1",
+        "-o",
+        s(&svg),
+    ]);
+    let t = svg_texts(&svg);
+    for want in ["oktopk", "ring", "256"] {
+        assert!(has(&t, want), "missing `{want}` in {t:?}");
+    }
 }
