@@ -359,7 +359,7 @@ pub(crate) fn flat_range(algo: &str, layout: &Layout, r: &PlanRow) -> Result<(u6
     Ok((l.offset + r.start, l.offset + r.end))
 }
 
-/// Builds the step's output: scales by 1/P for `Op::Mean`, records `nnz` and `k`.
+/// Builds the step's output: scales by 1/P for `Op::Mean`, records `k`.
 pub(crate) fn output(
     comm: &dyn Comm,
     op: Op,
@@ -372,8 +372,8 @@ pub(crate) fn output(
         let inv = 1.0 / comm.size() as f32;
         result.values.iter_mut().for_each(|v| *v *= inv);
     }
+    // `nnz` of the result is recorded by the tool (gradallreduce) for every algorithm.
     metrics.push(("k".into(), k as f64));
-    metrics.push(("nnz".into(), result.len() as f64));
     let mut out = StepOutput::new(Flat::Sparse(result));
     out.metrics = metrics;
     out.contributed = contributed;

@@ -3,7 +3,9 @@
 //! One step on rank r, with a call counter c = 0, 1, 2, … (c plays Algorithm 1's t − 1):
 //! 1. Local selection (dense input only): on re-evaluation calls (c mod τ' = 0) the exact
 //!    local top-k of `acc = residual + g` and its k-th largest |acc| as the local threshold;
-//!    in between `{j : |acc_j| > local_th}` with the threshold reused (§3.1.3).
+//!    in between `{j : |acc_j| > local_th}` with the threshold reused (§3.1.3), raised ×1.03
+//!    up to 5 times while more than 4k/3 pass (reference code) and re-evaluated locally when
+//!    more than 2k still pass (our guard against error-feedback growth).
 //!    Sparse input (`gradselect`'s selection) is used as it is.
 //! 2. [`space_repartition`] every τ calls (`--period`), or regions from a `plan/1`
 //!    (`gradpartition --method oktopk`): each rank's P−1 equal-count cut points of its sorted
@@ -25,8 +27,9 @@
 //! Departures from the reference code (anchors.md §4): indices are `u32` messages, never
 //! floats; P = 1 and empty selections work (P = 1: no messages, the result is the local
 //! selection's top-k / threshold pass); balancing is implemented; the allgathers are rings
-//! (same volume as the paper's recursive doubling, P−1 instead of log P messages); the
-//! reference code's count-band nudges of reused thresholds are not applied.
+//! (same volume as the paper's recursive doubling, P−1 instead of log P messages); of the
+//! reference code's count-band nudges only the local ×1.03 loop is applied (plus the 2k guard);
+//! the global threshold is reused as is between re-evaluations.
 
 use std::time::Instant;
 
@@ -252,6 +255,27 @@ pub fn plan_bounds(layout: &Layout, rows: &[&PlanRow], p: usize, n: u64) -> Resu
         .collect())
 }
 
+/// Local selection with a reused threshold (§3.1.3) and the reference code's guard: while
+/// more than 4k/3 entries pass, the threshold is raised ×1.03 (at most 5 times); if more than
+/// 2k still pass (error feedback makes the accumulator grow right after the first steps),
+/// the threshold is re-evaluated exactly (local, no communication). Returns the selection and
+/// the threshold in force.
+fn reuse_local(acc: &[f32], th: f32, k: usize) -> (Vec<u32>, f32) {
+    let mut th = th;
+    let mut idx = threshold::above(acc, th);
+    let mut tries = 0;
+    while idx.len() * 3 > 4 * k && tries < 5 {
+        th *= 1.03;
+        idx = threshold::above(acc, th);
+        tries += 1;
+    }
+    if idx.len() > 2 * k {
+        th = exact_threshold(acc, k);
+        idx = threshold::above(acc, th);
+    }
+    (idx, th)
+}
+
 /// `--algo oktopk`: Algorithm 1 with its state across steps (boundaries, thresholds,
 /// residual). Reads `k`/`density`, `period` τ, `reeval` τ', `balance`, `plan`, `residual`.
 pub struct OkTopk {
@@ -313,7 +337,11 @@ impl Reducer for OkTopk {
             Flat::Dense(g) => {
                 let acc = self.fb.accumulate(g);
                 let idx = match self.local_th {
-                    Some(th) if !reeval => threshold::above(&acc, th),
+                    Some(th) if !reeval => {
+                        let (idx, th) = reuse_local(&acc, th, k);
+                        self.local_th = Some(th);
+                        idx
+                    }
                     _ => {
                         self.local_th = Some(exact_threshold(&acc, k));
                         select_topk(&acc, k)
