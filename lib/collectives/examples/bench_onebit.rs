@@ -19,7 +19,7 @@ use gradkit_collectives::onebit::{
     compress_into, pack_signs, rms, unpack_accumulate, unpack_scaled, OneBitState, Variant,
 };
 use gradkit_collectives::registry::Split;
-use gradkit_comm::{run_local, Comm};
+use gradkit_comm::{run_local, Comm, World};
 
 struct Rng(u64);
 impl Rng {
@@ -46,37 +46,39 @@ fn gb(bytes: usize, secs: f64) -> f64 {
 
 /// One allreduce per iteration on every rank; returns (bytes sent per rank per call,
 /// median seconds per call measured on rank 0 between barriers).
-fn time_allreduce(p: usize, n: usize, iters: usize, algo: &str) -> (u64, f64) {
-    let res = run_local(p, |comm| {
-        let mut g = Rng(comm.rank() as u64 + 1);
-        let mut data: Vec<f32> = (0..n).map(|_| (g.unit() - 0.5) as f32).collect();
-        let mut st = OneBitState::new(Variant::Server, p, n);
-        let mut times = Vec::new();
-        let mut sent = 0;
-        for it in 0..=iters {
-            comm.traffic().reset();
-            comm.barrier();
-            let t = Instant::now();
-            match algo {
-                "onebit" => st.allreduce(comm, &mut data)?,
-                "ring" => gradkit_collectives::dense::ring(comm, &mut data),
-                "native" => gradkit_collectives::dense::native(comm, &mut data),
-                _ => unreachable!(),
+fn time_allreduce(world: &World, n: usize, iters: usize, algo: &str) -> (u64, f64) {
+    let p = world.size();
+    let res = world
+        .run(|comm| {
+            let mut g = Rng(comm.rank() as u64 + 1);
+            let mut data: Vec<f32> = (0..n).map(|_| (g.unit() - 0.5) as f32).collect();
+            let mut st = OneBitState::new(Variant::Server, p, n);
+            let mut times = Vec::new();
+            let mut sent = 0;
+            for it in 0..=iters {
+                comm.traffic().reset();
+                comm.barrier();
+                let t = Instant::now();
+                match algo {
+                    "onebit" => st.allreduce(comm, &mut data)?,
+                    "ring" => gradkit_collectives::dense::ring(comm, &mut data),
+                    "native" => gradkit_collectives::dense::native(comm, &mut data),
+                    _ => unreachable!(),
+                }
+                comm.barrier();
+                if it > 0 {
+                    times.push(t.elapsed().as_secs_f64());
+                }
+                sent = comm.traffic().total().bytes_sent;
+                // Keep magnitudes bounded across iterations (ring sums grow by P each call).
+                if algo != "onebit" {
+                    let inv = 1.0 / p as f32;
+                    data.iter_mut().for_each(|v| *v *= inv);
+                }
             }
-            comm.barrier();
-            if it > 0 {
-                times.push(t.elapsed().as_secs_f64());
-            }
-            sent = comm.traffic().total().bytes_sent;
-            // Keep magnitudes bounded across iterations (ring sums grow by P each call).
-            if algo != "onebit" {
-                let inv = 1.0 / p as f32;
-                data.iter_mut().for_each(|v| *v *= inv);
-            }
-        }
-        Ok((sent, median(times)))
-    })
-    .expect("bench run");
+            Ok((sent, median(times)))
+        })
+        .expect("bench run");
     res[0]
 }
 
@@ -307,28 +309,86 @@ fn bench_embrace(p: usize, v: usize, d: usize, tokens: usize, zipf: &Zipf) {
     );
 }
 
+/// `bench_onebit bytes`: bytes sent per rank by onebit (1 MiB) and alltoall (the P = 4 Zipf
+/// batch) on whatever world starts — run it plain (4 Local ranks) and under
+/// `mpirun -np 4`; the lines must agree.
+fn bytes_check() {
+    let world = gradkit_comm::World::init(Some(4)).expect("world");
+    let zipf = Zipf::new(100_000, 1.0);
+    let out = world
+        .run(|comm| {
+            let r = comm.rank();
+            let n = 1 << 18;
+            let mut g = Rng(r as u64 + 1);
+            let mut data: Vec<f32> = (0..n).map(|_| (g.unit() - 0.5) as f32).collect();
+            let mut st = OneBitState::new(Variant::Server, comm.size(), n);
+            comm.traffic().reset();
+            st.allreduce(comm, &mut data)?;
+            let ob = comm.traffic().total();
+            let checksum: f64 = data.iter().map(|&v| v as f64).sum();
+            let mut g = Rng(1000 + r as u64);
+            let ids: Vec<u32> = (0..4096).map(|_| zipf.sample(&mut g)).collect();
+            let rows = Rows::new(ids, 512, vec![1.0; 4096 * 512])?;
+            comm.traffic().reset();
+            exchange(comm, Split::Columns, 100_000, &rows)?;
+            let a2a = comm.traffic().total();
+            Ok(format!(
+                "{} rank {r}: onebit sent {} recv {} msgs {} checksum {checksum:.6}; alltoall sent {} recv {} msgs {}",
+                comm.backend(),
+                ob.bytes_sent,
+                ob.bytes_recv,
+                ob.msgs_sent,
+                a2a.bytes_sent,
+                a2a.bytes_recv,
+                a2a.msgs_sent
+            ))
+        })
+        .expect("bytes check");
+    for line in out {
+        println!("{line}");
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("bytes") {
+        return bytes_check();
+    }
     let mib: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(64);
     let iters: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(5);
     let n = mib << 18; // f32 elements
-    let p = 4;
-    println!("## allreduce of {mib} MiB of f32, P = {p} Local ranks, median of {iters} calls\n");
-    println!("| algorithm | bytes sent per rank | vs ring | time per call (ms) | algbw (GB/s) |");
-    println!("|---|---|---|---|---|");
-    let ring = time_allreduce(p, n, iters, "ring");
+                       // Under mpirun: the allreduce table only, on the MPI ranks (native = MPI_Allreduce).
+    let world = World::init(Some(4)).expect("world");
+    let p = world.size();
+    let io = world.is_io_rank();
+    if io {
+        println!(
+            "## allreduce of {mib} MiB of f32, P = {p} {} ranks, median of {iters} calls\n",
+            world.backend()
+        );
+        println!(
+            "| algorithm | bytes sent per rank | vs ring | time per call (ms) | algbw (GB/s) |"
+        );
+        println!("|---|---|---|---|---|");
+    }
+    let ring = time_allreduce(&world, n, iters, "ring");
     for algo in ["ring", "native", "onebit"] {
         let (b, t) = if algo == "ring" {
             ring
         } else {
-            time_allreduce(p, n, iters, algo)
+            time_allreduce(&world, n, iters, algo)
         };
-        println!(
-            "| {algo} | {b} | {:.1}× fewer | {:.1} | {:.2} |",
-            ring.0 as f64 / b.max(1) as f64,
-            t * 1e3,
-            gb(n * 4, t)
-        );
+        if io {
+            println!(
+                "| {algo} | {b} | {:.1}× fewer | {:.1} | {:.2} |",
+                ring.0 as f64 / b.max(1) as f64,
+                t * 1e3,
+                gb(n * 4, t)
+            );
+        }
+    }
+    if world.backend() == "mpi" {
+        return;
     }
     bench_pack(n);
     println!("\n## EmbRace: Zipf(1.0) token batch, vocab 100k, d 512");
