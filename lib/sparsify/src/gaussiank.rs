@@ -110,6 +110,20 @@ pub fn select(x: &[f32], k: usize) -> (Vec<u32>, f32) {
         th = f32::MAX;
     }
     let mut idx = threshold::above(x, th);
+    if idx.len() < need && th > 0.0 {
+        // One pass finds how many halvings are needed; the selection below stays exact.
+        let j = halvings_needed(x, th, need);
+        let mut t = th;
+        for _ in 0..j {
+            t *= 0.5;
+        }
+        if j > 0 && t > 0.0 {
+            let cand = threshold::above(x, t);
+            if cand.len() >= need {
+                return (cand, t);
+            }
+        }
+    }
     let mut tries = 0;
     while idx.len() < need && th > 0.0 {
         tries += 1;
@@ -119,4 +133,46 @@ pub fn select(x: &[f32], k: usize) -> (Vec<u32>, f32) {
         }
     }
     (idx, th)
+}
+
+/// The smallest j with at least `need` entries above th·2^-j, from one pass that puts every
+/// entry in the bucket of the first halving it passes (exponent and mantissa comparison; an
+/// estimate for subnormals, which the caller's exact selection checks).
+fn halvings_needed(x: &[f32], th: f32, need: usize) -> u32 {
+    const B: usize = 66;
+    let tb = th.to_bits() & 0x7fff_ffff;
+    let (te, tm) = ((tb >> 23) as i32, tb & 0x7f_ffff);
+    let hist = x
+        .par_chunks(crate::topk::CHUNK)
+        .map(|c| {
+            let mut h = [0u64; B];
+            for v in c {
+                let b = v.to_bits() & 0x7fff_ffff;
+                let bucket = if b == 0 {
+                    B - 1
+                } else {
+                    let e = te - (b >> 23) as i32 + i32::from(b & 0x7f_ffff <= tm);
+                    e.clamp(0, B as i32 - 2) as usize
+                };
+                h[bucket] += 1;
+            }
+            h
+        })
+        .reduce(
+            || [0u64; B],
+            |mut a, b| {
+                for (p, q) in a.iter_mut().zip(b) {
+                    *p += q;
+                }
+                a
+            },
+        );
+    let mut c = 0u64;
+    for (j, h) in hist.iter().enumerate().take(B - 1) {
+        c += h;
+        if c >= need as u64 {
+            return j as u32;
+        }
+    }
+    (B - 2) as u32
 }

@@ -38,10 +38,6 @@ pub fn refine(x: &[f32], positions: &[u32], th: f32) -> Vec<u32> {
 
 fn above_seq(x: &[f32], th: f32, base: u32) -> Vec<u32> {
     let mut v = Vec::new();
-    for (j, e) in x.iter().enumerate() {
-        if e.abs() > th {
-            v.push(base + j as u32);
-        }
-    }
+    crate::topk::scan_mask(x, base, |e| e.abs() > th, |i, _| v.push(i));
     v
 }

@@ -18,6 +18,8 @@ const SMALL: usize = 1 << 16;
 pub(crate) const CHUNK: usize = 1 << 16;
 /// Sample size for the threshold estimate.
 const SAMPLE: usize = 1 << 15;
+/// Contiguous entries per sample block.
+const BLOCK: usize = 32;
 
 #[inline]
 pub(crate) fn key(v: f32) -> u32 {
@@ -35,10 +37,7 @@ pub fn topk_indices(x: &[f32], k: usize) -> Vec<u32> {
     if k == x.len() {
         return (0..x.len() as u32).collect();
     }
-    match kth_key(x, k) {
-        (th, Some(cands)) => take_top(x, cands.into_iter(), th, k),
-        (th, None) => take_top(x, 0..x.len() as u32, th, k),
-    }
+    topk_with_threshold(x, k).0
 }
 
 /// The k-th largest |x| (k ≥ 1, k ≤ len); used as Ok-Topk's exact threshold.
@@ -62,7 +61,7 @@ pub fn topk_with_threshold(x: &[f32], k: usize) -> (Vec<u32>, Option<f32>) {
     }
     let (th, cands) = kth_key(x, k);
     let idx = match cands {
-        Some(c) => take_top(x, c.into_iter(), th, k),
+        Some((c, keys)) => take_top_keyed(&c, &keys, th, k),
         None => take_top(x, 0..x.len() as u32, th, k),
     };
     (idx, Some(f32::from_bits(th)))
@@ -111,23 +110,45 @@ fn take_top(
     out
 }
 
+/// As [`take_top`], for candidates whose keys were collected with them.
+fn take_top_keyed(pos: &[u32], keys: &[u32], th: u32, k: usize) -> Vec<u32> {
+    let above = keys.iter().filter(|&&kv| kv > th).count();
+    let mut ties = k - above;
+    let mut out = Vec::with_capacity(k);
+    for (&i, &kv) in pos.iter().zip(keys) {
+        if kv > th || (kv == th && ties > 0) {
+            if kv == th {
+                ties -= 1;
+            }
+            out.push(i);
+            if out.len() == k {
+                break;
+            }
+        }
+    }
+    out
+}
+
 /// The k-th largest of `keys` (1 ≤ k ≤ len); reorders `keys`.
 fn select_kth_largest(keys: &mut [u32], k: usize) -> u32 {
     let pos = keys.len() - k;
     *keys.select_nth_unstable(pos).1
 }
 
-/// The k-th largest key of x, with the ascending candidate positions that contain every
-/// position whose key is ≥ it (None: the caller scans all of x).
-fn kth_key(x: &[f32], k: usize) -> (u32, Option<Vec<u32>>) {
+/// Candidate positions (ascending) and their keys.
+type Candidates = (Vec<u32>, Vec<u32>);
+
+/// The k-th largest key of x, with the ascending candidate positions (and their keys) that
+/// contain every position whose key is ≥ it (None: the caller scans all of x).
+fn kth_key(x: &[f32], k: usize) -> (u32, Option<Candidates>) {
     let n = x.len();
     if n >= SMALL {
         if let Some(lo) = estimate_lower_key(x, k) {
-            let cands = at_least(x, lo);
+            let (cands, keys) = at_least(x, lo);
             if cands.len() >= k {
-                let mut keys: Vec<u32> = cands.iter().map(|&i| key(x[i as usize])).collect();
-                let th = select_kth_largest(&mut keys, k);
-                return (th, Some(cands));
+                let mut scratch = keys.clone();
+                let th = select_kth_largest(&mut scratch, k);
+                return (th, Some((cands, keys)));
             }
         }
     }
@@ -139,20 +160,22 @@ fn kth_key(x: &[f32], k: usize) -> (u32, Option<Vec<u32>>) {
     (select_kth_largest(&mut keys, k), None)
 }
 
-/// A key that is ≤ the k-th largest with high probability, from a strided sample; None when
-/// the sample says nearly everything would pass (the filter would not pay).
+/// A key that is ≤ the k-th largest with high probability, from a sample of `SAMPLE` entries in
+/// blocks of `BLOCK` contiguous ones spread evenly over x (few cache misses); None when the
+/// sample says nearly everything would pass (the filter would not pay).
 fn estimate_lower_key(x: &[f32], k: usize) -> Option<u32> {
     let n = x.len();
-    let m = SAMPLE.min(n);
-    let mut sample: Vec<u32> = (0..m)
-        .map(|i| {
-            // Strided, with a deterministic jitter inside each stride against periodic inputs.
-            let lo = i * n / m;
-            let hi = (i + 1) * n / m;
-            let j = lo + (i.wrapping_mul(2_654_435_761) >> 7) % (hi - lo).max(1);
-            key(x[j])
-        })
-        .collect();
+    let blocks = (SAMPLE / BLOCK).min(n / BLOCK).max(1);
+    let stride = n / blocks;
+    let mut sample: Vec<u32> = Vec::with_capacity(blocks * BLOCK);
+    for b in 0..blocks {
+        // A deterministic jitter inside each stride, against periodic inputs.
+        let room = stride.saturating_sub(BLOCK).max(1);
+        let start = b * stride + (b.wrapping_mul(2_654_435_761) >> 5) % room;
+        let end = (start + BLOCK).min(n);
+        sample.extend(x[start..end].iter().map(|v| key(*v)));
+    }
+    let m = sample.len();
     let expect = k as f64 * m as f64 / n as f64;
     let r = (expect + 4.0 * expect.sqrt() + 16.0).ceil() as usize;
     if r >= m / 2 {
@@ -161,21 +184,62 @@ fn estimate_lower_key(x: &[f32], k: usize) -> Option<u32> {
     Some(select_kth_largest(&mut sample, r))
 }
 
-/// Ascending positions with key ≥ lo (one parallel pass).
-pub(crate) fn at_least(x: &[f32], lo: u32) -> Vec<u32> {
-    let parts: Vec<Vec<u32>> = x
+/// Ascending positions with key ≥ lo and their keys (one parallel pass).
+pub(crate) fn at_least(x: &[f32], lo: u32) -> (Vec<u32>, Vec<u32>) {
+    let parts: Vec<(Vec<u32>, Vec<u32>)> = x
         .par_chunks(CHUNK)
         .enumerate()
         .map(|(ci, c)| {
-            let base = (ci * CHUNK) as u32;
-            let mut v = Vec::new();
-            for (j, e) in c.iter().enumerate() {
-                if key(*e) >= lo {
-                    v.push(base + j as u32);
-                }
-            }
-            v
+            let mut idx = Vec::new();
+            let mut keys = Vec::new();
+            scan_mask(
+                c,
+                (ci * CHUNK) as u32,
+                |v| key(v) >= lo,
+                |i, v| {
+                    idx.push(i);
+                    keys.push(key(v));
+                },
+            );
+            (idx, keys)
         })
         .collect();
-    parts.concat()
+    let total = parts.iter().map(|p| p.0.len()).sum();
+    let (mut idx, mut keys) = (Vec::with_capacity(total), Vec::with_capacity(total));
+    for (i, k) in parts {
+        idx.extend_from_slice(&i);
+        keys.extend_from_slice(&k);
+    }
+    (idx, keys)
+}
+
+/// Calls `hit(base + j, c[j])` for every j with `pred(c[j])`, in order. The predicate is
+/// evaluated 32 lanes at a time into a bit mask (vectorised, branch-free); blocks with no hit
+/// cost one test, so a pass with few hits runs near memory speed.
+#[inline(always)]
+pub(crate) fn scan_mask(
+    c: &[f32],
+    base: u32,
+    pred: impl Fn(f32) -> bool,
+    mut hit: impl FnMut(u32, f32),
+) {
+    let mut blocks = c.chunks_exact(32);
+    let mut off = base;
+    for b in &mut blocks {
+        let mut m = 0u32;
+        for (j, v) in b.iter().enumerate() {
+            m |= (pred(*v) as u32) << j;
+        }
+        while m != 0 {
+            let j = m.trailing_zeros();
+            hit(off + j, b[j as usize]);
+            m &= m - 1;
+        }
+        off += 32;
+    }
+    for (j, v) in blocks.remainder().iter().enumerate() {
+        if pred(*v) {
+            hit(off + j as u32, *v);
+        }
+    }
 }
