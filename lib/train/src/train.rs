@@ -427,6 +427,8 @@ fn rank_main(comm: &dyn Comm, cfg: &TrainConfig, data: &Dataset) -> Result<Optio
                 for (k, v) in &out.metrics {
                     if k == "time_select_s" {
                         select_s += v;
+                    } else if k == "nnz" {
+                        // counted below from the result itself
                     } else {
                         extra.push((k.clone(), *v));
                     }
@@ -466,6 +468,10 @@ fn rank_main(comm: &dyn Comm, cfg: &TrainConfig, data: &Dataset) -> Result<Optio
                         }
                     }
                 }
+                extra.push((
+                    "nnz".into(),
+                    in_result.iter().filter(|x| **x).count() as f64,
+                ));
                 let inv_p = 1.0 / p as f32;
                 u.iter_mut().for_each(|x| *x *= inv_p);
                 let tu = Instant::now();
@@ -536,11 +542,7 @@ fn rank_main(comm: &dyn Comm, cfg: &TrainConfig, data: &Dataset) -> Result<Optio
         sink.push(s, r, "time_comm_s", comm_s);
         sink.push(s, r, "time_update_s", update_s);
         if !extra.iter().any(|(k, _)| k == "nnz") {
-            let nnz = match &exchange {
-                Exchange::Sparse { .. } => 0.0,
-                _ => n as f64,
-            };
-            sink.push(s, r, "nnz", nnz);
+            sink.push(s, r, "nnz", n as f64); // dense and 1-bit exchanges carry every entry
         }
         for (k, v) in extra {
             sink.push(s, r, &k, v);

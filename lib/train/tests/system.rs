@@ -2,7 +2,7 @@
 //! equivalences with independent references, exact resume, checksums.
 
 use gradkit_comm::World;
-use gradkit_train::data::{load, DataSpec, Shard};
+use gradkit_train::data::{load, Shard};
 use gradkit_train::model::{Model, ModelSpec};
 use gradkit_train::optim::OptConfig;
 use gradkit_train::{train, TrainConfig};
@@ -195,4 +195,29 @@ fn ranks_hold_identical_parameters_with_every_exchange() {
         let rep = train(&w, &cfg).unwrap().unwrap();
         assert!(rep.final_loss.is_finite(), "{ex}");
     }
+}
+
+#[test]
+fn dump_gradients_gives_each_ranks_real_gradient() {
+    let w = World::local(2);
+    let mut cfg = tiny_mlp("dense", "sgd");
+    cfg.steps = 3;
+    let rows = gradkit_train::dump_gradients(&w, &cfg).unwrap();
+    let ds = load(&cfg.data).unwrap();
+    let model = Model::new(&cfg.model, &ds, cfg.seed).unwrap();
+    let layers = model.layout().layers.len();
+    assert_eq!(rows.len(), 3 * 2 * layers);
+    assert!(rows
+        .iter()
+        .all(|r| r.indices.is_none() && r.values.len() as u64 == r.numel));
+    // step 0 of rank 1, recomputed independently from the initial model and rank 1's shard
+    let shard = Shard::new(&ds, 1, 2, cfg.batch, cfg.model.seq_len).unwrap();
+    let (_, g) = model
+        .loss_and_grad(&shard.batch(cfg.seed, 0, cfg.batch))
+        .unwrap();
+    let mut got: Vec<&gradkit_core::TensorRow> =
+        rows.iter().filter(|r| r.step == 0 && r.rank == 1).collect();
+    got.sort_by_key(|r| r.layer_id);
+    let flat: Vec<f32> = got.iter().flat_map(|r| r.values.clone()).collect();
+    assert_eq!(flat, g);
 }
