@@ -107,6 +107,10 @@ fn load(args: &ReduceArgs, world: &World) -> Result<gradkit_core::Loaded<TensorR
     }
     let layout = Layout::of_rows(&t.rows);
     trace::check_complete(&t.rows, &layout, None).with_context(|| format!("in {}", t.source))?;
+    if args.algo == "alltoall" {
+        gradkit_collectives::alltoall::check_embedding_rows(&t.rows)
+            .with_context(|| format!("in {}", t.source))?;
+    }
     let (_, ranks) = trace::steps_and_ranks(&t.rows);
     if ranks.len() != world.size() {
         bail!(
@@ -198,9 +202,26 @@ fn reduce_rank(
     let groups = trace::group_step_rank(&mine);
     let bar = gradkit_core::cli::progress("reduce", groups.len() as u64, quiet || comm.rank() != 0);
     let rank = comm.rank() as u32;
+    // EmbRace's exchange takes sparse embedding rows beside dense layers: the layers given
+    // sparse are the embedding tables (their 2-D shape stays in the layout the reducer sees).
+    let hybrid = args.algo == "alltoall";
+    let reducer_layout = if hybrid {
+        let mut l = layout.clone();
+        for info in &mut l.layers {
+            if mine
+                .iter()
+                .any(|r| r.layer_id == info.layer_id && r.is_dense())
+            {
+                info.shape = None;
+            }
+        }
+        l
+    } else {
+        layout.clone()
+    };
     for g in groups {
-        let dense = g.rows.iter().all(|r| r.is_dense());
-        let sparse = g.rows.iter().all(|r| !r.is_dense());
+        let dense = g.rows.iter().all(|r| r.is_dense()) && !hybrid;
+        let sparse = g.rows.iter().all(|r| !r.is_dense()) || hybrid;
         if !dense && !sparse {
             bail!(
                 "step {} rank {}: mixed dense and sparse rows (column `indices`); give all-dense or all-sparse input",
@@ -222,7 +243,7 @@ fn reduce_rank(
         let before = comm.traffic().snapshot();
         let t0 = std::time::Instant::now();
         let out = reducer
-            .reduce(comm, g.step, &layout, input)
+            .reduce(comm, g.step, &reducer_layout, input)
             .with_context(|| format!("step {}", g.step))?;
         let wall = t0.elapsed().as_secs_f64();
         let after = comm.traffic().snapshot();

@@ -267,3 +267,186 @@ fn a_killed_rank_ends_the_mpi_job() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// An EmbRace-style trace: a sparse embedding table [50, 8] (whole rows) + a dense layer.
+fn embedding_trace(
+    p: u32,
+    steps: u32,
+    shape: Option<Vec<u32>>,
+    partial_rows: bool,
+) -> Vec<TensorRow> {
+    let (v, d) = (50u32, 8u32);
+    let mut rows = Vec::new();
+    for step in 0..steps {
+        for rank in 0..p {
+            let ids: Vec<u32> = (0..v)
+                .filter(|i| (i * 7 + rank * 3 + step) % 5 == 0)
+                .collect();
+            let mut indices = Vec::new();
+            for id in &ids {
+                let width = if partial_rows { d - 1 } else { d };
+                indices.extend((0..width).map(|c| id * d + c));
+            }
+            let values = indices
+                .iter()
+                .map(|&i| ((i + rank) % 17) as f32 - 8.0)
+                .collect();
+            rows.push(TensorRow {
+                step,
+                rank,
+                layer_id: 0,
+                layer: "embedding.weight".into(),
+                numel: (v * d) as u64,
+                shape: shape.clone(),
+                indices: Some(indices),
+                values,
+            });
+            rows.push(TensorRow {
+                step,
+                rank,
+                layer_id: 1,
+                layer: "fc.weight".into(),
+                numel: 37,
+                shape: Some(vec![37]),
+                indices: None,
+                values: (0..37).map(|i| (i * (rank + 1)) as f32 / 7.0).collect(),
+            });
+        }
+    }
+    rows
+}
+
+#[test]
+fn every_algorithm_gives_the_same_bytes_on_local_and_mpi() {
+    let d = tmpdir("all");
+    let inp = d.join("t.parquet");
+    write_trace(&inp, &trace(4, 3));
+    let emb = d.join("emb.parquet");
+    let emb_rows = embedding_trace(4, 2, Some(vec![50, 8]), false);
+    write_trace(&emb, &emb_rows);
+    let algos = [
+        "ring",
+        "rabenseifner",
+        "tree",
+        "topka",
+        "topkdsa",
+        "gtopk",
+        "gaussiank",
+        "oktopk",
+        "deft",
+        "onebit",
+        "onebit-naive",
+        "alltoall",
+    ];
+    for algo in algos {
+        let input = if algo == "alltoall" { &emb } else { &inp };
+        let outs: Vec<(Vec<TensorRow>, Vec<(u32, u32, String, f64)>)> = ["local", "mpi"]
+            .iter()
+            .map(|how| {
+                let (o, m) = (
+                    d.join(format!("{algo}-{how}.parquet")),
+                    d.join(format!("{algo}-{how}-m.parquet")),
+                );
+                let mut cmd = if *how == "local" {
+                    let mut c = Command::new(BIN);
+                    c.args(["--ranks", "4"]);
+                    c
+                } else {
+                    mpirun(4)
+                };
+                let r = run(cmd
+                    .args([
+                        "--algo",
+                        algo,
+                        "--density",
+                        "0.05",
+                        "--reeval",
+                        "2",
+                        "--period",
+                        "2",
+                        "-q",
+                    ])
+                    .arg(input)
+                    .arg("-o")
+                    .arg(&o)
+                    .arg("--metrics")
+                    .arg(&m));
+                assert!(
+                    r.status.success(),
+                    "{algo} {how}: {}",
+                    String::from_utf8_lossy(&r.stderr)
+                );
+                let rows = read_tensor(&Input::Path(o), Default::default())
+                    .unwrap()
+                    .rows;
+                let mut counts: Vec<_> =
+                    read_table::<MetricRow>(&Input::Path(m), Default::default())
+                        .unwrap()
+                        .rows
+                        .into_iter()
+                        .filter(|x| {
+                            x.metric.starts_with("bytes") || x.metric.starts_with("messages")
+                        })
+                        .map(|x| (x.step, x.rank, x.metric, x.value))
+                        .collect();
+                counts.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                (rows, counts)
+            })
+            .collect();
+        assert_eq!(
+            outs[0].0, outs[1].0,
+            "{algo}: outputs differ between Local and MPI"
+        );
+        assert_eq!(
+            outs[0].1, outs[1].1,
+            "{algo}: counters differ between Local and MPI"
+        );
+        assert!(!outs[0].1.is_empty());
+    }
+    // alltoall: the written result is the plain sum of the inputs (dense reference).
+    let out = read_tensor(
+        &Input::Path(d.join("alltoall-local.parquet")),
+        Default::default(),
+    )
+    .unwrap()
+    .rows;
+    for r in &out {
+        let want: Vec<f32> = (0..r.numel as usize)
+            .map(|i| {
+                emb_rows
+                    .iter()
+                    .filter(|x| x.step == r.step && x.layer == r.layer)
+                    .map(|x| x.to_dense()[i])
+                    .sum()
+            })
+            .collect();
+        let got = r.to_dense();
+        for (g, w) in got.iter().zip(&want) {
+            assert!(
+                (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                "alltoall {}: {g} vs {w}",
+                r.layer
+            );
+        }
+    }
+}
+
+#[test]
+fn alltoall_rejects_embeddings_without_shape_or_whole_rows() {
+    let d = tmpdir("emb-bad");
+    let (inp, out) = (d.join("e.parquet"), d.join("out.parquet"));
+    write_trace(&inp, &embedding_trace(4, 1, None, false));
+    let o = run(Command::new(BIN)
+        .args(["--ranks", "4", "--algo", "alltoall"])
+        .arg(&inp)
+        .arg("-o")
+        .arg(&out));
+    assert_clean_failure(&o, "needs a 2-D shape", &out);
+    write_trace(&inp, &embedding_trace(4, 1, Some(vec![50, 8]), true));
+    let o = run(Command::new(BIN)
+        .args(["--ranks", "4", "--algo", "alltoall"])
+        .arg(&inp)
+        .arg("-o")
+        .arg(&out));
+    assert_clean_failure(&o, "row", &out);
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# make bench: every benchmark of the project, side by side in one run, on this machine.
+# Speed is measured here, never asserted in tests. Results go to data/out/bench/ and are
+# copied into docs/RESULTS.md by hand (with the machine and the date).
+source "$(dirname "$0")/lib.sh"
+OUT=$ROOT/data/out/bench
+mkdir -p "$OUT"
+cd "$ROOT"
+ex() { run cargo run --release --locked -q -p "$1" --example "$2" -- "${@:3}"; }
+
+echo "== Parquet I/O: 1 GiB of f32 written and read, vs pyarrow (docs/results/io.md)" >&2
+ex gradtrace bench_io | tee "$OUT/io.md"
+
+echo "== selection: top-k, Ok-Topk reuse, Gaussiank, DGC on 2^24 values vs numpy and one pass" >&2
+ex gradkit-sparsify bench_select | tee "$OUT/select.md"
+
+echo "== planning: DEFT and Ok-Topk plans for BERT-base at P = 8, 64, 256" >&2
+ex gradkit-partition bench_plan | tee "$OUT/partition.md"
+
+echo "== dense allreduce, 64 MiB, P = 4: Local ranks, then mpirun (ring, Rabenseifner vs native)" >&2
+run $B/gradallreduce bench --ranks 4 --algo ring,rabenseifner,tree,native --sizes 4K:64M --factor 16 \
+    --iters 10 --fit | tee "$OUT/dense-local.md"
+run mpirun -np 4 $B/gradallreduce bench --algo ring,rabenseifner,tree,native --sizes 4K:64M \
+    --factor 16 --iters 10 --fit | tee "$OUT/dense-mpi.md"
+
+echo "== sparse allreduces: words per rank vs Table 1 and time, P = 4 and 8" >&2
+ex gradkit-collectives bench_sparse | tee "$OUT/sparse.md"
+
+echo "== 1-bit vs ring vs native (64 MiB, P = 4), pack/unpack GB/s; EmbRace volumes" >&2
+ex gradkit-collectives bench_onebit | tee "$OUT/onebit.md"
+
+echo "bench results are in data/out/bench/" >&2
