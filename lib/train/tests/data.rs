@@ -1,6 +1,6 @@
 //! Data: the shipped digits, the Markov source's entropy rate against an independent
-#![allow(clippy::needless_range_loop)]
 //! computation, shards and deterministic batches.
+#![allow(clippy::needless_range_loop)]
 
 use gradkit_train::data::{load, Batch, DataSpec, Dataset, MarkovSource, Shard};
 
