@@ -29,6 +29,8 @@ nullable = {f.name for f in table.schema if f.nullable}
 assert nullable == {"shape", "indices"}, nullable
 meta = pq.read_metadata(path).metadata
 assert meta[b"gradkit.schema"] == b"tensor/1", meta
+# Also in the stored Arrow schema, where pyarrow, pandas and polars look.
+assert table.schema.metadata[b"gradkit.schema"] == b"tensor/1", table.schema.metadata
 assert meta[b"gradkit.producer"].decode().startswith(producer_tool + " "), meta
 assert b"gradkit.world_size" in meta, meta
 # Encodings DESIGN §2b promises: zstd, byte-stream-split values, delta-packed indices.
