@@ -42,10 +42,10 @@ print(pl.read_parquet(metrics).pivot(on="metric", index=["algo", "step", "rank"]
 # --- duckdb
 import duckdb
 
-print(duckdb.sql(f"SELECT decode(key) AS key, decode(value) AS value FROM parquet_kv_metadata('{trace}')").fetchall())
+print(duckdb.sql(f"SELECT decode(key) AS key, decode(value) AS value FROM parquet_kv_metadata('{trace}') WHERE decode(key) LIKE 'gradkit.%'").fetchall())
 print(duckdb.sql(f"""
     SELECT layer, count(*) AS rows, sum(len("values")) AS stored,
-           sqrt(sum(list_sum(list_transform("values", x -> x * x)))) AS l2
+           sqrt(sum(list_sum(list_transform("values", lambda x: x * x)))) AS l2
     FROM '{trace}' GROUP BY layer_id, layer ORDER BY layer_id LIMIT 5""").fetchall())
 print(duckdb.sql(f"""
     SELECT step, rank, layer, unnest("values") AS v
