@@ -23,7 +23,7 @@
 //! with `--state FILE` in [`StateFile`] format and loads them when the file exists —
 //! DeepSpeed drops them on checkpoint load; we keep them.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -361,37 +361,28 @@ pub struct StateFile;
 const MAGIC: &[u8; 8] = b"GKONEBIT";
 
 impl StateFile {
-    /// Writes `states` (rank order) to `path` via `path.tmp-<pid>` and a rename.
+    /// Writes `states` (rank order) to `path` atomically (temporary file and rename).
     pub fn save(path: &Path, states: &[OneBitState]) -> Result<()> {
         let first = states.first().context("no 1-bit state to save")?;
-        let tmp = PathBuf::from(format!("{}.tmp-{}", path.display(), std::process::id()));
-        let res = (|| -> Result<()> {
-            let f = std::fs::File::create(&tmp)?;
-            let mut w = std::io::BufWriter::new(f);
-            w.write_all(MAGIC)?;
-            w.write_all(&1u32.to_le_bytes())?;
-            let v = match first.variant {
-                Variant::Server => 0u32,
-                Variant::Naive => 1,
-            };
-            w.write_all(&v.to_le_bytes())?;
-            w.write_all(&(states.len() as u32).to_le_bytes())?;
-            w.write_all(&(first.n as u64).to_le_bytes())?;
-            w.write_all(&(first.padded() as u64).to_le_bytes())?;
-            w.write_all(&(first.server_error.len() as u64).to_le_bytes())?;
-            for s in states {
-                for x in s.worker_error.iter().chain(&s.server_error) {
-                    w.write_all(&x.to_le_bytes())?;
-                }
+        let mut w: Vec<u8> = Vec::new();
+        w.extend_from_slice(MAGIC);
+        w.extend_from_slice(&1u32.to_le_bytes());
+        let v = match first.variant {
+            Variant::Server => 0u32,
+            Variant::Naive => 1,
+        };
+        w.extend_from_slice(&v.to_le_bytes());
+        w.extend_from_slice(&(states.len() as u32).to_le_bytes());
+        w.extend_from_slice(&(first.n as u64).to_le_bytes());
+        w.extend_from_slice(&(first.padded() as u64).to_le_bytes());
+        w.extend_from_slice(&(first.server_error.len() as u64).to_le_bytes());
+        for s in states {
+            for x in s.worker_error.iter().chain(&s.server_error) {
+                w.extend_from_slice(&x.to_le_bytes());
             }
-            w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-            std::fs::rename(&tmp, path)?;
-            Ok(())
-        })();
-        if res.is_err() {
-            let _ = std::fs::remove_file(&tmp);
         }
-        res.with_context(|| format!("writing 1-bit state (--state {})", path.display()))
+        gradkit_core::io::write_file_atomic(path, &w)
+            .with_context(|| format!("writing 1-bit state (--state {})", path.display()))
     }
 
     /// Reads every rank's state; checks it matches (variant, P, n).

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use gradkit_core::MetricRow;
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -70,21 +70,9 @@ pub fn plot(rows: &[MetricRow], opts: &PlotOpts) -> Result<String> {
     Ok(svg)
 }
 
-/// Writes `svg` to `path` through a temporary file renamed into place.
+/// Writes `svg` to `path` atomically (see `gradkit_core::io::write_file_atomic`).
 pub fn write_svg(path: &Path, svg: &str) -> Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".tmp-{}", std::process::id()));
-    let tmp = std::path::PathBuf::from(tmp);
-    let res = std::fs::write(&tmp, svg)
-        .with_context(|| format!("cannot write {}", tmp.display()))
-        .and_then(|_| {
-            std::fs::rename(&tmp, path)
-                .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
-        });
-    if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    res
+    gradkit_core::io::write_file_atomic(path, svg.as_bytes())
 }
 
 fn draw_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
