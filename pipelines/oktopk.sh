@@ -4,9 +4,9 @@ source "$(dirname "$0")/lib.sh"
 OUT=$ROOT/data/out/oktopk
 rm -rf "$OUT" && mkdir -p "$OUT" && cd "$OUT"
 if [ "$FAST" != 0 ]; then
-  PS="4"; SHAPE="--shape vgg16 --scale 0.02"; T1_STEPS=3; REUSE_STEPS=12; REEVAL=4; TRAIN_STEPS=100
+  PS="4"; SHAPE="--shape vgg16 --scale 0.02"; T1_STEPS=3; REUSE_STEPS=80; REUSE_D=0.05; REEVAL=8; TRAIN_STEPS=100
 else
-  PS="4 8"; SHAPE="--shape bert-base --scale 0.15"; T1_STEPS=4; REUSE_STEPS=96; REEVAL=32; TRAIN_STEPS=600
+  PS="4 8"; SHAPE="--shape bert-base --scale 0.15"; T1_STEPS=4; REUSE_STEPS=400; REUSE_D=0.01; REEVAL=32; TRAIN_STEPS=600
 fi
 D=0.01
 {
@@ -42,20 +42,24 @@ echo
 
 echo "### Fig. 6: local threshold reuse — selected count vs k"
 echo
-echo "\`gradselect --method oktopk --reeval $REEVAL\` over $REUSE_STEPS steps of a VGG-16-shaped trace"
-echo "(4 ranks, error feedback on): the exact k-th largest |acc| every $REEVAL steps, reused in"
-echo "between, with and without the reference code's count-band adjustment (\`--adjust\`)."
-echo "The paper reports < 11 % average deviation."
+echo "\`gradselect --method oktopk --density $REUSE_D --reeval $REEVAL\` over $REUSE_STEPS steps of a"
+echo "VGG-16-shaped trace (2 ranks, error feedback on): the exact k-th largest |acc| every $REEVAL"
+echo "steps, reused in between, with and without the reference code's count-band adjustment"
+echo "(\`--adjust\`). Mean |nnz − k|/k per quarter of the run: the residuals start at zero, so the"
+echo "reused threshold lets too many through until the accumulators reach their steady state"
+echo "(about 1/density steps); the paper, measuring in steady state, reports < 11 %."
 echo
-run $B/gradtrace synthetic --shape vgg16 --scale 0.02 --ranks 4 --steps $REUSE_STEPS --seed 2 --overlap 0.3 -q -o reuse.parquet
-run $B/gradselect --method oktopk --density $D --reeval $REEVAL -q --run reuse reuse.parquet -o reuse-sel.parquet --metrics reuse-m.parquet
-run $B/gradselect --method oktopk --density $D --reeval $REEVAL --adjust -q --run reuse-adjust reuse.parquet -o reuse-adj.parquet --metrics reuse-adj-m.parquet
-echo "| variant | mean |nnz−k|/k | max |nnz−k|/k |"
-echo "|---|---:|---:|"
+run $B/gradtrace synthetic --shape vgg16 --scale 0.02 --ranks 2 --steps $REUSE_STEPS --seed 2 --overlap 0.3 -q -o reuse.parquet
+run $B/gradselect --method oktopk --density $REUSE_D --reeval $REEVAL -q --run reuse reuse.parquet -o reuse-sel.parquet --metrics reuse-m.parquet
+run $B/gradselect --method oktopk --density $REUSE_D --reeval $REEVAL --adjust -q --run reuse-adjust reuse.parquet -o reuse-adj.parquet --metrics reuse-adj-m.parquet
+Q=$((REUSE_STEPS / 4))
+echo "| variant | steps 0–$((Q-1)) | $Q–$((2*Q-1)) | $((2*Q))–$((3*Q-1)) | $((3*Q))–$((REUSE_STEPS-1)) |"
+echo "|---|---:|---:|---:|---:|"
 for v in reuse-m reuse-adj-m; do
-  $B/gradreport table $v.parquet --by step,rank --metric nnz,k_target --format csv \
-    | awk -F, -v name="$v" 'NR>1 { d=($3-$6)/$6; if (d<0) d=-d; s+=d; n++; if (d>m) m=d }
-        END { printf "| %s | %.1f %% | %.1f %% |\n", (name=="reuse-m" ? "reuse" : "reuse + --adjust"), 100*s/n, 100*m }'
+  $B/gradreport table $v.parquet --by step --metric nnz,k_target --format csv \
+    | awk -F, -v name="$v" -v q=$Q 'NR>1 { d=($2-$5)/$5; if (d<0) d=-d; b=int($1/q); if (b>3) b=3; s[b]+=d; n[b]++ }
+        END { printf "| %s |", (name=="reuse-m" ? "reuse" : "reuse + --adjust");
+              for (i=0;i<4;i++) printf " %.1f %% |", 100*s[i]/n[i]; print "" }'
 done
 echo
 
