@@ -10,6 +10,9 @@
 //! local top-k of its gradient (`Flat::Sparse`), except Gaussiank (its Gaussian-threshold
 //! selection, made here) and DEFT (dense input, its own disjoint selection; its selection
 //! time is subtracted and shown apart). Ranks are threads of one process (Local backend).
+//! Error feedback is on, as `gradselect` does it: the selections of step t are taken from
+//! acc_t = g_t + residual_{t−1} and the residual keeps acc_t with the selected entries zeroed;
+//! algorithms fed dense input (DEFT) keep their own residual (`residual: true`).
 
 use std::time::Instant;
 
@@ -29,6 +32,31 @@ fn gather(x: &[f32], idx: Vec<u32>) -> Sparse {
     }
 }
 
+/// Selections `select(acc_t)` per step and rank with gradselect's error feedback:
+/// acc_t = g_t + residual_{t−1}, residual_t = acc_t with the selected entries zeroed.
+fn with_feedback(dense: &[Vec<Vec<f32>>], select: impl Fn(&[f32]) -> Vec<u32>) -> Vec<Vec<Flat>> {
+    let ranks = dense[0].len();
+    let mut res: Vec<Vec<f32>> = vec![vec![0.0; dense[0][0].len()]; ranks];
+    dense
+        .iter()
+        .map(|st| {
+            st.iter()
+                .zip(res.iter_mut())
+                .map(|(g, r)| {
+                    let acc: Vec<f32> = g.iter().zip(r.iter()).map(|(a, b)| a + b).collect();
+                    let idx = select(&acc);
+                    let sel = gather(&acc, idx.clone());
+                    *r = acc;
+                    for i in idx {
+                        r[i as usize] = 0.0;
+                    }
+                    Flat::Sparse(sel)
+                })
+                .collect()
+        })
+        .collect()
+}
+
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let scale: f64 = args.get(1).map_or(Ok(0.15324), |s| s.parse())?;
@@ -39,7 +67,7 @@ fn main() -> anyhow::Result<()> {
         .map(|x| x.parse())
         .collect::<Result<_, _>>()?;
     let density: f64 = args.get(3).map_or(Ok(0.01), |s| s.parse())?;
-    println!("| P | algo | input | words/rank (mean) | words/rank (max) | Table 1 words | time/allreduce (ms) | select (ms) | nnz out | phases, rank 0 (ms) |");
+    println!("| P | algo | input | words/rank (mean) | words/rank (max) | Table 1 words | time/allreduce (ms) | select (ms) | nnz out | phases, rank 0 (ms / words sent) |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for &p in &ps {
         let spec = SynthSpec::new(shape("bert-base", scale)?, p as u32, 2, 1);
@@ -57,27 +85,15 @@ fn main() -> anyhow::Result<()> {
         let n = layout.total();
         let params = Params {
             density,
-            residual: false,
+            residual: true,
             ..Params::default()
         };
         let k = params.k_for(n) as usize;
         eprintln!("P={p}: n={n}, k={k}; selecting…");
-        let topk_in: Vec<Vec<Flat>> = dense
-            .iter()
-            .map(|st| {
-                st.iter()
-                    .map(|g| Flat::Sparse(gather(g, topk::topk_indices(g, k))))
-                    .collect()
-            })
-            .collect();
-        let gauss_in: Vec<Vec<Flat>> = dense
-            .iter()
-            .map(|st| {
-                st.iter()
-                    .map(|g| Flat::Sparse(gather(g, threshold::above(g, gaussian_threshold(g, k)))))
-                    .collect()
-            })
-            .collect();
+        let topk_in = with_feedback(&dense, |acc| topk::topk_indices(acc, k));
+        let gauss_in = with_feedback(&dense, |acc| {
+            threshold::above(acc, gaussian_threshold(acc, k))
+        });
         let dense_in: Vec<Vec<Flat>> = dense
             .iter()
             .map(|st| st.iter().cloned().map(Flat::Dense).collect())
@@ -136,8 +152,8 @@ fn main() -> anyhow::Result<()> {
                         .traffic()
                         .snapshot()
                         .iter()
-                        .filter(|(_, c)| c.seconds > 0.0)
-                        .map(|(k, c)| format!("{k} {:.1}", c.seconds * 1e3))
+                        .filter(|(_, c)| c.seconds > 0.0 || c.bytes_sent > 0)
+                        .map(|(k, c)| format!("{k} {:.1} / {}", c.seconds * 1e3, c.bytes_sent / 4))
                         .collect();
                     last = (
                         comm.traffic().total().bytes_sent,

@@ -18,7 +18,11 @@
 //! 4. On re-evaluation calls, [`th_re_evaluate`]: allgatherv of all reduced non-zeros, the
 //!    exact top-k of them is the result and its k-th largest |value| the global threshold
 //!    (as the reference code does, Step D is skipped on these calls).
-//!    Otherwise each rank keeps `{j ∈ region r : |reduced_j| > global_th}` and
+//!    Otherwise the reused global threshold is first adjusted collectively ([`th_adjust`]:
+//!    every rank counts its reduced entries above a ladder of candidate thresholds around it,
+//!    one integer allreduce sums the counts, every rank picks the same rung so that the global
+//!    count stays in a band around k), then each rank keeps
+//!    `{j ∈ region r : |reduced_j| > global_th}` and
 //!    [`balance_and_allgatherv`] (Step D) moves the buffers to near-equal sizes when the
 //!    largest exceeds 4× the average (`--balance auto`; `always`, `never`), then allgathers.
 //!
@@ -29,7 +33,10 @@
 //! selection's top-k / threshold pass); balancing is implemented; the allgathers are rings
 //! (same volume as the paper's recursive doubling, P−1 instead of log P messages); of the
 //! reference code's count-band nudges only the local ×1.03 loop is applied (plus the 2k guard);
-//! the global threshold is reused as is between re-evaluations.
+//! instead of the reference code's per-step global nudges (÷1.01 below 2k/3, ×1.008 above 4k/3,
+//! applied *after* the step has already moved the over-full buffers), the global threshold is
+//! adjusted before Step D with [`th_adjust`], which keeps the step's own global count ≤ 4k/3
+//! and so Table 1's 6k(P−1)/P volume bound under error feedback.
 
 use std::time::Instant;
 
@@ -143,6 +150,88 @@ pub fn th_re_evaluate(comm: &dyn Comm, reduced: Sparse, k: usize) -> (Sparse, f3
     let all = concat(allgatherv_sparse(comm, reduced));
     let th = exact_threshold(&all.values, k);
     (topk_sparse(&all, k), th)
+}
+
+/// Ratio between neighbouring rungs of [`th_adjust`]'s ladder.
+pub const TH_LADDER_STEP: f64 = 1.06;
+/// Rungs above the reused threshold (1.06^24 ≈ 4.05×).
+pub const TH_LADDER_UP: i32 = 24;
+/// Rungs below it (1.06^−12 ≈ 0.50×).
+pub const TH_LADDER_DOWN: i32 = 12;
+/// At most this many ladder rounds per step (a round re-centres the ladder on its top or
+/// bottom rung when the band was not reached: up to 4.05^4 ≈ 270× per step).
+pub const TH_ADJUST_ROUNDS: u32 = 4;
+/// Counts summed per round: one per rung plus the count of all reduced non-zeros.
+pub const TH_ADJUST_COUNTS: usize = (TH_LADDER_DOWN + TH_LADDER_UP + 2) as usize;
+
+/// The ladder around `th`: rung i (i = 0 … D+U) is `th·1.06^(i−D)`, computed in f64 and
+/// rounded to f32 (the same bits on every rank); rung D is `th` itself.
+pub fn th_ladder(th: f32) -> Vec<f32> {
+    (-TH_LADDER_DOWN..=TH_LADDER_UP)
+        .map(|j| (th as f64 * TH_LADDER_STEP.powi(j)) as f32)
+        .collect()
+}
+
+/// What one ladder round decided from the global counts `counts[i]` = #{|v| > rung i}
+/// (non-increasing in i) and `all` = # reduced non-zeros.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rung {
+    /// Use rung i.
+    Take(usize),
+    /// Re-centre the ladder on rung i and count again (band not reached inside the ladder).
+    Recentre(usize),
+}
+
+/// The rule of [`th_adjust`] for one round, band [2k/3, 4k/3] (the reference code's VGG
+/// global band, anchors.md §4): among the rungs whose global count is ≤ 4k/3, the one whose
+/// count is closest to k (ties to the higher threshold). When no rung is ≤ 4k/3 the ladder
+/// re-centres on its top rung; when the pick is the bottom rung, its count is < 2k/3 and
+/// lowering could still add entries (`all` > that count), it re-centres on the bottom rung.
+/// Re-centring only happens while `last` is false (the final round takes the best rung it has).
+pub fn pick_rung(counts: &[u64], all: u64, k: u64, last: bool) -> Rung {
+    let top = counts.len() - 1;
+    let pick = (0..counts.len())
+        .filter(|&i| 3 * counts[i] <= 4 * k)
+        .min_by_key(|&i| (counts[i].abs_diff(k), std::cmp::Reverse(i)));
+    match pick {
+        None if last => Rung::Take(top),
+        None => Rung::Recentre(top),
+        Some(0) if !last && 3 * counts[0] < 2 * k && all > counts[0] => Rung::Recentre(0),
+        Some(i) => Rung::Take(i),
+    }
+}
+
+/// Collective count-band adjustment of a reused global threshold (reuse steps, before Step D).
+/// Each rank counts its reduced entries with |v| > rung for every rung of [`th_ladder`]`(th)`
+/// (and its number of non-zeros); one integer allreduce ([`allreduce_sum_u64`], ⌈log2 P⌉
+/// (+2) messages of 8·[`TH_ADJUST_COUNTS`] bytes) sums them; every rank applies
+/// [`pick_rung`] to the same sums, so every rank gets the same threshold. Repeats on the
+/// re-centred ladder at most [`TH_ADJUST_ROUNDS`] times. A threshold of 0 (at most k
+/// non-zeros at the last re-evaluation, e.g. density 1) is kept as is, without messages.
+/// Returns the threshold, the global count at `th` (what the unadjusted threshold would
+/// have let through; `None` when `th` was kept without counting) and the rounds run.
+pub fn th_adjust(comm: &dyn Comm, reduced: &[f32], th: f32, k: usize) -> (f32, Option<u64>, u32) {
+    if th <= 0.0 || !th.is_finite() {
+        return (th, None, 0);
+    }
+    let mut mag: Vec<f32> = reduced.iter().map(|v| v.abs()).collect();
+    mag.sort_unstable_by(|a, b| a.total_cmp(b));
+    let above = |t: f32| (mag.len() - mag.partition_point(|&m| m <= t)) as u64;
+    let mut th = th;
+    let mut before = None;
+    for round in 1..=TH_ADJUST_ROUNDS {
+        let rungs = th_ladder(th);
+        let mut counts: Vec<u64> = rungs.iter().map(|&t| above(t)).collect();
+        counts.push(mag.iter().filter(|&&m| m > 0.0).count() as u64);
+        allreduce_sum_u64(comm, &mut counts);
+        let all = counts.pop().expect("count of non-zeros");
+        let before = *before.get_or_insert(counts[TH_LADDER_DOWN as usize]);
+        match pick_rung(&counts, all, k as u64, round == TH_ADJUST_ROUNDS) {
+            Rung::Take(i) => return (rungs[i], Some(before), round),
+            Rung::Recentre(i) => th = rungs[i],
+        }
+    }
+    unreachable!("the last round takes a rung")
 }
 
 /// Step D: allgather of the P buffer sizes; when `balance` says so (auto: largest > 4× the
@@ -384,6 +473,16 @@ impl Reducer for OkTopk {
             (res, false)
         } else {
             let th = self.global_th.expect("threshold from the first call");
+            let (th, before, rounds) = {
+                let _ph = comm.phase("th_adjust");
+                th_adjust(comm, &reduced.values, th, k)
+            };
+            // The adjusted threshold is the step's and carries over to the next reuse step.
+            self.global_th = Some(th);
+            if let Some(b) = before {
+                metrics.push(("global_count_reused_th".into(), b as f64));
+            }
+            metrics.push(("th_adjust_rounds".into(), f64::from(rounds)));
             let keep: Vec<usize> = (0..reduced.len())
                 .filter(|&i| reduced.values[i].abs() > th)
                 .collect();
