@@ -25,24 +25,46 @@ fn add_into(dst: &mut [f32], src: &[f32]) {
 
 /// Ring allreduce (sum) in place: P−1 reduce-scatter steps, then P−1 allgather steps, each
 /// sending one chunk to the right neighbour. Rank r sends `n − |c_{r+1}| − |c_{r+2}| + n`
-/// elements in 2(P−1) messages (chunks cut as `i·n/P`).
+/// elements in 2(P−1) messages (chunks cut as `i·n/P`). Traffic is charged to the phases
+/// `reduce_scatter` and `allgather`.
 pub fn ring(comm: &dyn Comm, data: &mut [f32]) {
-    let (p, r, n) = (comm.size(), comm.rank(), data.len());
-    if p == 1 {
+    if comm.size() == 1 {
         return;
     }
-    let right = (r + 1) % p;
-    let left = (r + p - 1) % p;
     {
         let _ph = comm.phase("reduce_scatter");
-        for s in 0..p - 1 {
-            let send_c = (r + p - s) % p;
-            let recv_c = (r + 2 * p - s - 1) % p;
-            let got: Vec<f32> = comm.sendrecv(right, data[chunk(n, p, send_c)].to_vec(), left);
-            add_into(&mut data[chunk(n, p, recv_c)], &got);
-        }
+        ring_reduce_scatter(comm, data);
     }
     let _ph = comm.phase("allgather");
+    ring_allgather(comm, data);
+}
+
+/// [`ring`] with its traffic charged to the caller's phase (for algorithms that ring-reduce
+/// one of their own stages, e.g. DEFT's values or EmbRace's dense layers).
+pub fn ring_in_caller_phase(comm: &dyn Comm, data: &mut [f32]) {
+    if comm.size() == 1 {
+        return;
+    }
+    ring_reduce_scatter(comm, data);
+    ring_allgather(comm, data);
+}
+
+/// Ring reduce-scatter: afterwards rank r holds the full sum of chunk r+1.
+fn ring_reduce_scatter(comm: &dyn Comm, data: &mut [f32]) {
+    let (p, r, n) = (comm.size(), comm.rank(), data.len());
+    let (right, left) = ((r + 1) % p, (r + p - 1) % p);
+    for s in 0..p - 1 {
+        let send_c = (r + p - s) % p;
+        let recv_c = (r + 2 * p - s - 1) % p;
+        let got: Vec<f32> = comm.sendrecv(right, data[chunk(n, p, send_c)].to_vec(), left);
+        add_into(&mut data[chunk(n, p, recv_c)], &got);
+    }
+}
+
+/// Ring allgather of the reduced chunks (rank r starts with chunk r+1).
+fn ring_allgather(comm: &dyn Comm, data: &mut [f32]) {
+    let (p, r, n) = (comm.size(), comm.rank(), data.len());
+    let (right, left) = ((r + 1) % p, (r + p - 1) % p);
     for s in 0..p - 1 {
         let send_c = (r + 1 + p - s) % p;
         let recv_c = (r + p - s) % p;

@@ -57,7 +57,7 @@ pub fn exchange(comm: &dyn Comm, acc: &[f32], sel: Vec<u32>) -> Result<Sparse> {
     let mut values: Vec<f32> = union.iter().map(|&i| acc[i as usize]).collect();
     {
         let _ph = comm.phase("allreduce_values");
-        super::ring_sum(comm, &mut values);
+        crate::dense::ring_in_caller_phase(comm, &mut values);
     }
     Ok(Sparse {
         indices: union,

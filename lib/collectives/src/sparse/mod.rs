@@ -12,7 +12,7 @@
 //! | [`topkdsa`] | topkdsa | `reduce`, `allgather_sizes`, `allgatherv` |
 //! | [`gtopk`] | gtopk | `reduce_tree`, `broadcast` |
 //! | [`gaussiank`] | gaussiank | `allgatherv` |
-//! | [`oktopk`] | oktopk | `space_repartition`, `split_and_reduce`, `th_re_evaluate`, `balance_and_allgatherv` |
+//! | [`oktopk`] | oktopk | `space_repartition`, `split_and_reduce`, `th_re_evaluate`, `th_adjust`, `balance_and_allgatherv` |
 //! | [`deft`] | deft | `plan`, `allgather_counts`, `allgather_indices`, `allreduce_values` |
 //!
 //! Residual rule for dense input (Ok-Topk Algorithm 2, DEFT Algorithm 1): after a step the
@@ -395,28 +395,4 @@ pub(crate) fn select_topk(acc: &[f32], k: usize) -> Vec<u32> {
     let mut idx = topk::topk_indices(acc, k);
     idx.retain(|&i| acc[i as usize] != 0.0);
     idx
-}
-
-/// Ring allreduce (sum) in place, charged to the caller's phase (`dense::ring` charges its
-/// own `reduce_scatter`/`allgather` phases): P−1 reduce-scatter steps then P−1 allgather
-/// steps over chunks cut at `i·m/P`; every rank ends with the same bits.
-pub(crate) fn ring_sum(comm: &dyn Comm, data: &mut [f32]) {
-    let (p, r, m) = (comm.size(), comm.rank(), data.len());
-    if p == 1 {
-        return;
-    }
-    let ch = |i: usize| crate::dense::chunk_start(m, p, i)..crate::dense::chunk_start(m, p, i + 1);
-    let (right, left) = ((r + 1) % p, (r + p - 1) % p);
-    for s in 0..p - 1 {
-        let (send_c, recv_c) = ((r + p - s) % p, (r + 2 * p - s - 1) % p);
-        let got: Vec<f32> = comm.sendrecv(right, data[ch(send_c)].to_vec(), left);
-        for (d, g) in data[ch(recv_c)].iter_mut().zip(&got) {
-            *d += *g;
-        }
-    }
-    for s in 0..p - 1 {
-        let (send_c, recv_c) = ((r + 1 + p - s) % p, (r + p - s) % p);
-        let got: Vec<f32> = comm.sendrecv(right, data[ch(send_c)].to_vec(), left);
-        data[ch(recv_c)].copy_from_slice(&got);
-    }
 }
