@@ -10,11 +10,14 @@
 //! - [`train`]: the step loop (dense, sparse with error feedback per Ok-Topk Algorithm 2,
 //!   1-bit compressed momentum), checksums across ranks, metrics, checkpoints;
 //!   [`train::dump_gradients`] for `gradtrace model`.
+//! - [`embrace`]: `--exchange embrace|allgather` (EmbRace's column-sharded embedding with
+//!   AlltoAll, the AllGather baseline, `--schedule fifo|embrace`).
 //!
 //! Not here: the collectives themselves (gradkit-collectives), file formats (gradkit-core).
 
 pub mod checkpoint;
 pub mod data;
+pub mod embrace;
 pub mod model;
 pub mod optim;
 pub mod train;

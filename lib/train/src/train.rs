@@ -55,6 +55,16 @@ pub const EXCHANGES: &[(&str, &str, &str)] = &[
         "onebit",
         "1-bit compressed allreduce of the momentum (with --optimizer onebit-lamb/onebit-adam)",
     ),
+    (
+        "embrace",
+        "alltoall",
+        "EmbRace: token embedding sharded by columns, AlltoAll lookups and row gradients, ring for the rest (--schedule)",
+    ),
+    (
+        "allgather",
+        "alltoall",
+        "sparse baseline: row-sparse embedding gradients allgathered onto full replicas, ring for the rest",
+    ),
 ];
 
 /// Everything a run needs.
@@ -90,6 +100,8 @@ pub struct TrainConfig {
     pub record_gradients: bool,
     /// Test hook: perturb rank 1's parameters after this step (checks the checksum).
     pub corrupt_at: Option<u32>,
+    /// `--exchange embrace`: communication schedule, `fifo` or `embrace` (crate::embrace).
+    pub schedule: String,
 }
 
 impl Default for TrainConfig {
@@ -118,6 +130,7 @@ impl Default for TrainConfig {
             run_name: "run".into(),
             record_gradients: false,
             corrupt_at: None,
+            schedule: "embrace".into(),
         }
     }
 }
@@ -202,10 +215,13 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
     if cfg.resume && cfg.checkpoint.is_none() {
         bail!("--resume needs --checkpoint DIR (flag --resume)");
     }
+    if crate::embrace::handles(&cfg.exchange) {
+        crate::embrace::check_config(cfg)?;
+    }
     Ok(())
 }
 
-fn checksum(v: &[f32]) -> u64 {
+pub(crate) fn checksum(v: &[f32]) -> u64 {
     // FNV-1a over the bit patterns: any difference in any parameter changes it.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for x in v {
@@ -249,7 +265,11 @@ pub fn train(world: &World, cfg: &TrainConfig) -> Result<Option<TrainReport>> {
             );
         }
     }
-    let out = world.run(|comm| rank_main(comm, cfg, &data))?;
+    let out = if crate::embrace::handles(&cfg.exchange) {
+        world.run(|comm| crate::embrace::rank_main(comm, cfg, &data))?
+    } else {
+        world.run(|comm| rank_main(comm, cfg, &data))?
+    };
     Ok(out.into_iter().next().flatten())
 }
 
@@ -636,7 +656,13 @@ fn rank_main(comm: &dyn Comm, cfg: &TrainConfig, data: &Dataset) -> Result<Optio
     Ok(Some(rep))
 }
 
-fn summarize(rows: Vec<MetricRow>, first: u32, last: u32, p: usize, data: &Dataset) -> TrainReport {
+pub(crate) fn summarize(
+    rows: Vec<MetricRow>,
+    first: u32,
+    last: u32,
+    p: usize,
+    data: &Dataset,
+) -> TrainReport {
     let mean = |name: &str, from: u32| -> f64 {
         let v: Vec<f64> = rows
             .iter()
