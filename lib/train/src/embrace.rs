@@ -214,35 +214,16 @@ fn lm_ids(b: &Batch) -> Result<&[u32]> {
     }
 }
 
-/// Bytes sent in phases whose name starts with one of `prefixes`, between two snapshots.
-fn phase_bytes(
-    before: &std::collections::BTreeMap<String, gradkit_comm::PhaseCounts>,
-    after: &std::collections::BTreeMap<String, gradkit_comm::PhaseCounts>,
-    names: &[&str],
-) -> f64 {
-    names
-        .iter()
-        .map(|n| {
-            let a = after.get(*n).map_or(0, |c| c.bytes_sent);
-            let b = before.get(*n).map_or(0, |c| c.bytes_sent);
-            (a - b) as f64
-        })
-        .sum()
-}
-
-/// One exchange of embedding-gradient rows `ids` (sorted, with full-width rows `grads`) under
-/// a named phase; returns the summed rows this rank must apply (its columns for embrace,
+/// One exchange of embedding-gradient rows `ids` (sorted, with full-width rows `grads`); returns the summed rows this rank must apply (its columns for embrace,
 /// all columns for allgather).
 fn grad_exchange(
     comm: &dyn Comm,
     allgather: bool,
-    phase: &str,
     v: usize,
     d: usize,
     ids: &[u32],
     grads: &[f32],
 ) -> Result<Rows> {
-    let _ph = comm.phase(phase);
     if allgather {
         sparse_allgather(comm, &Rows::new(ids.to_vec(), d, grads.to_vec())?)
     } else {
@@ -360,8 +341,9 @@ pub fn rank_main(
             .iter()
             .map(|s| s.batch(cfg.seed, step + 1, cfg.batch))
             .collect();
-        let snap0 = comm.traffic().snapshot();
         let tot0 = comm.traffic().total();
+        let sent = || comm.traffic().total().bytes_sent;
+        let (mut b_fwd, mut b_grad, mut b_dense) = (0u64, 0u64, 0u64);
         // 1. Embedding forward: full rows of this rank's tokens.
         let mut wait_s = 0.0;
         let t = Instant::now();
@@ -369,8 +351,10 @@ pub fn rank_main(
         let rows: Vec<f32> = if allgather {
             rows_of(&table, 0, d, my_ids)
         } else {
-            let _ph = comm.phase("emb_forward");
-            embedding_forward(comm, &table, v, d, &ids_all)?
+            let s0 = sent();
+            let r = embedding_forward(comm, &table, v, d, &ids_all)?;
+            b_fwd += sent() - s0;
+            r
         };
         wait_s += t.elapsed().as_secs_f64();
         for (k, &id) in my_ids.iter().enumerate() {
@@ -390,7 +374,9 @@ pub fn rank_main(
                         (r, t.elapsed().as_secs_f64())
                     });
                     let t = Instant::now();
-                    let got = grad_exchange(comm, false, "emb_delayed", v, d, &pd.ids, &pd.grads);
+                    let s0 = sent();
+                    let got = grad_exchange(comm, false, v, d, &pd.ids, &pd.grads);
+                    b_grad += sent() - s0;
                     let ex = t.elapsed().as_secs_f64();
                     let (r, c) = h.join().expect("compute thread panicked");
                     (r, c, got.map(|g| (g, ex)))
@@ -435,16 +421,17 @@ pub fn rank_main(
             };
             let pg = pos(&prior);
             let t = Instant::now();
-            let got = grad_exchange(comm, false, "emb_prior", v, d, &prior, &pg)?;
+            let s0 = sent();
+            let got = grad_exchange(comm, false, v, d, &prior, &pg)?;
+            b_grad += sent() - s0;
             wait_s += t.elapsed().as_secs_f64();
             let tu = Instant::now();
             apply(&mut table, &mut row_opt, &got, lr, step);
             update_s += tu.elapsed().as_secs_f64();
             let t = Instant::now();
-            {
-                let _ph = comm.phase("dense");
-                dense::allreduce(comm, "ring", Op::Mean, &mut gd)?;
-            }
+            let s0 = sent();
+            dense::allreduce(comm, "ring", Op::Mean, &mut gd)?;
+            b_dense += sent() - s0;
             wait_s += t.elapsed().as_secs_f64();
             let dg = pos(&delayed);
             pending = Some(Pending {
@@ -456,11 +443,12 @@ pub fn rank_main(
         } else {
             // FIFO: gradient-generation order (dense blocks, then the embedding).
             let t = Instant::now();
-            {
-                let _ph = comm.phase("dense");
-                dense::allreduce(comm, "ring", Op::Mean, &mut gd)?;
-            }
-            let got = grad_exchange(comm, allgather, "emb_grad", v, d, &u, &gu)?;
+            let s0 = sent();
+            dense::allreduce(comm, "ring", Op::Mean, &mut gd)?;
+            b_dense += sent() - s0;
+            let s0 = sent();
+            let got = grad_exchange(comm, allgather, v, d, &u, &gu)?;
+            b_grad += sent() - s0;
             wait_s += t.elapsed().as_secs_f64();
             let tu = Instant::now();
             apply(&mut table, &mut row_opt, &got, lr, step);
@@ -471,7 +459,6 @@ pub fn rank_main(
         update_s += tu.elapsed().as_secs_f64();
         let _ = t_after_compute;
         let step_s = t_step.elapsed().as_secs_f64();
-        let snap1 = comm.traffic().snapshot();
         let tot1 = comm.traffic().total();
         // Metrics.
         sink.push(step, r, "loss", loss as f64);
@@ -494,17 +481,11 @@ pub fn rank_main(
             "messages",
             (tot1.msgs_sent - tot0.msgs_sent) as f64,
         );
-        let fwd = phase_bytes(&snap0, &snap1, &["emb_forward"]);
-        let grad = phase_bytes(&snap0, &snap1, &["emb_grad", "emb_prior", "emb_delayed"]);
+        let (fwd, grad) = (b_fwd as f64, b_grad as f64);
         sink.push(step, r, "bytes_emb_forward", fwd);
         sink.push(step, r, "bytes_emb_grad", grad);
         sink.push(step, r, "bytes_emb", fwd + grad);
-        sink.push(
-            step,
-            r,
-            "bytes_dense",
-            phase_bytes(&snap0, &snap1, &["dense"]),
-        );
+        sink.push(step, r, "bytes_dense", b_dense as f64);
         sink.push(step, r, "time_compute_s", compute_s);
         sink.push(step, r, "time_comm_s", wait_s + overlap_s);
         sink.push(step, r, "time_overlapped_s", overlap_s);
@@ -551,8 +532,7 @@ pub fn rank_main(
         if eval_now {
             // Evaluation needs the whole current table: flush delayed rows, gather the shards.
             if let Some(pd) = pending.take() {
-                let got =
-                    grad_exchange(comm, false, "emb_delayed_flush", v, d, &pd.ids, &pd.grads)?;
+                let got = grad_exchange(comm, false, v, d, &pd.ids, &pd.grads)?;
                 apply(&mut table, &mut row_opt, &got, pd.lr, pd.step);
             }
             let full = full_table(comm, allgather, &table, v, d)?;
@@ -570,7 +550,7 @@ pub fn rank_main(
         batches = next;
     }
     if let Some(pd) = pending.take() {
-        let got = grad_exchange(comm, false, "emb_delayed_flush", v, d, &pd.ids, &pd.grads)?;
+        let got = grad_exchange(comm, false, v, d, &pd.ids, &pd.grads)?;
         apply(&mut table, &mut row_opt, &got, pd.lr, pd.step);
     }
     let full = full_table(comm, allgather, &table, v, d)?;
