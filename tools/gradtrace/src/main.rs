@@ -2,6 +2,7 @@
 
 mod import;
 mod inspect;
+mod model;
 
 use std::path::PathBuf;
 
@@ -41,6 +42,8 @@ enum Cmd {
     Import(import::ImportArgs),
     Inspect(InspectArgs),
     Cat(CatArgs),
+    /// Dump the real per-rank gradients of a few training steps of a gradtrain model
+    Model(model::ModelArgs),
 }
 
 const SYNTH_ABOUT: &str = "Generate gradients that behave like real ones.
@@ -162,6 +165,7 @@ fn main() -> std::process::ExitCode {
             inspect::run(&input, opts, a.format)
         }
         Cmd::Cat(a) => cat(&a),
+        Cmd::Model(a) => model::run(&a),
     })
 }
 
