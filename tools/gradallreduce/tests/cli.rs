@@ -316,6 +316,9 @@ fn embedding_trace(
     rows
 }
 
+/// (step, rank, metric, value) of one counter row.
+type Count = (u32, u32, String, f64);
+
 #[test]
 fn every_algorithm_gives_the_same_bytes_on_local_and_mpi() {
     let d = tmpdir("all");
@@ -340,7 +343,7 @@ fn every_algorithm_gives_the_same_bytes_on_local_and_mpi() {
     ];
     for algo in algos {
         let input = if algo == "alltoall" { &emb } else { &inp };
-        let outs: Vec<(Vec<TensorRow>, Vec<(u32, u32, String, f64)>)> = ["local", "mpi"]
+        let outs: Vec<(Vec<TensorRow>, Vec<Count>)> = ["local", "mpi"]
             .iter()
             .map(|how| {
                 let (o, m) = (
