@@ -46,4 +46,5 @@ echo
 echo "Figure: data/out/deft/loss.svg."
 } > section.md
 section deft section.md
+expect section.md "^\| deft +\| +2 \|" "^\| topk +\| +8 \|" "buildup_topk" "^\| +8 \| [0-9.]+ \(" "^\| dense +\| +0\.[0-9]+ \|" "^\| deft +\| +0\.[0-9]+ \|"
 cat section.md

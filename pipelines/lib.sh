@@ -37,3 +37,13 @@ open(doc, "w").write(text)
 PY
   echo "updated docs/RESULTS.md section '$name'" >&2
 }
+
+# expect FILE PATTERN…: fail unless every pattern occurs in FILE (the FAST runs in `make test`
+# check that each reproduction's tables have the rows they should).
+expect() {
+  local file=$1; shift
+  local p
+  for p in "$@"; do
+    grep -qE -- "$p" "$file" || { echo "error: $(basename "$PWD")/$(basename "$file") lacks the row /$p/" >&2; exit 1; }
+  done
+}

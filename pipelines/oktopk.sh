@@ -91,4 +91,5 @@ echo
 echo "Figures: data/out/oktopk/breakdown.svg, data/out/oktopk/loss.svg."
 } > section.md
 section oktopk section.md
+expect section.md "^\| topka +\| +4 \|.*\| +1\.00 \|$" "^\| oktopk " "^\| topkdsa " "^\| gtopk " "^\| gaussiank " "^\| ring +\| +4 \|.*\| +1\.00 \|$" "^\| reuse \|" "^\| reuse \+ --adjust" "region_imbalance" "^\| oktopk worst +\| 256" "^\| dense +\|" "^\| oktopk +\| +0\.[0-9]+ \|"
 cat section.md

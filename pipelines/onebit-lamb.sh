@@ -44,4 +44,5 @@ run $B/gradreport plot loss lamb.parquet onebit-lamb.parquet onebit-adam.parquet
 echo "Figure: data/out/onebit-lamb/loss.svg."
 } > section.md
 section onebit-lamb section.md
+expect section.md "^\| lamb +\| +[0-9]+ \|" "^\| onebit-lamb +\|" "^\| onebit-adam +\|" "measured volume reduction" "formula 1/\(w"
 cat section.md
