@@ -18,10 +18,10 @@ echo "== planning: DEFT and Ok-Topk plans for BERT-base at P = 8, 64, 256" >&2
 ex gradkit-partition bench_plan | tee "$OUT/partition.md"
 
 echo "== dense allreduce, 64 MiB, P = 4: Local ranks, then mpirun (ring, Rabenseifner vs native)" >&2
-run $B/gradallreduce bench --ranks 4 --algo ring,rabenseifner,tree,native --sizes 4K:64M --factor 16 \
+run $B/gradallreduce bench --ranks 4 --algo ring,rabenseifner,tree,native --sizes 4K:64M --factor 4 \
     --iters 10 --fit | tee "$OUT/dense-local.md"
 run mpirun -np 4 $B/gradallreduce bench --algo ring,rabenseifner,tree,native --sizes 4K:64M \
-    --factor 16 --iters 10 --fit | tee "$OUT/dense-mpi.md"
+    --factor 4 --iters 10 --fit | tee "$OUT/dense-mpi.md"
 
 echo "== sparse allreduces: words per rank vs Table 1 and time, P = 4 and 8" >&2
 ex gradkit-collectives bench_sparse | tee "$OUT/sparse.md"

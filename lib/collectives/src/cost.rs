@@ -59,11 +59,12 @@ pub fn ring(p: usize, n: f64) -> Cost {
     }
 }
 
-/// Binomial tree reduce + broadcast: the critical path carries n words 2 log P times.
+/// Binomial tree reduce + broadcast: 2 log P α on the critical path; the busiest rank (the
+/// root, sending n to each of its ⌈log2 P⌉ children in the broadcast) sends ⌈log2 P⌉·n words.
 pub fn tree(p: usize, n: f64) -> Cost {
     Cost {
         latency: 2.0 * log2p(p),
-        words: 2.0 * n * log2p(p),
+        words: n * log2p(p),
     }
 }
 

@@ -171,21 +171,24 @@ pub fn run(args: BenchArgs) -> Result<()> {
         return Ok(());
     }
     let points = points.into_iter().next().unwrap_or_default();
-    let (mut alpha, mut beta) = (args.alpha_us * 1e-6, 1.0 / (args.bandwidth_gbps * 1e9));
-    let mut fitted = false;
+    let (alpha, beta) = (args.alpha_us * 1e-6, 1.0 / (args.bandwidth_gbps * 1e9));
+    // --fit: per algorithm, t ≈ α·messages + β·bytes over its sizes (least squares).
+    let mut fits: std::collections::BTreeMap<String, (f64, f64)> = Default::default();
     if args.fit {
-        let pts: Vec<(f64, f64, f64)> = points
-            .iter()
-            .filter(|pt| pt.max_msgs > 0)
-            .map(|pt| (pt.max_msgs as f64, pt.max_bytes_sent as f64, pt.time_s))
-            .collect();
-        match cost::fit_alpha_beta(&pts) {
-            Some((a, b)) if a > 0.0 && b > 0.0 => {
-                (alpha, beta) = (a, b);
-                fitted = true;
-            }
-            other => {
-                eprintln!("gradallreduce bench: fit gave {other:?}; keeping the given α and β")
+        for a in &algos {
+            let pts: Vec<(f64, f64, f64)> = points
+                .iter()
+                .filter(|pt| &pt.algo == a && pt.max_msgs > 0)
+                .map(|pt| (pt.max_msgs as f64, pt.max_bytes_sent as f64, pt.time_s))
+                .collect();
+            match cost::fit_alpha_beta(&pts) {
+                Some((al, be)) if al > 0.0 && be > 0.0 => {
+                    fits.insert(a.clone(), (al, be));
+                }
+                other if !args.quiet => eprintln!(
+                    "gradallreduce bench: {a}: no usable α-β fit ({other:?}); its model column uses the given α and β"
+                ),
+                _ => {}
             }
         }
     }
@@ -205,8 +208,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     for pt in &points {
         let algbw = pt.bytes as f64 / pt.time_s / 1e9;
         let busbw = algbw * 2.0 * (p as f64 - 1.0) / p as f64;
+        let (al, be) = fits.get(&pt.algo).copied().unwrap_or((alpha, beta));
         let model = cost::by_algo(&pt.algo, p, pt.count as f64, 0.0)
-            .map(|c| c.latency * alpha + c.bytes() * beta);
+            .map(|c| c.latency * al + c.bytes() * be);
         table.push([
             pt.bytes.to_string(),
             pt.count.to_string(),
@@ -237,13 +241,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
     table.print(args.format)?;
     if !args.quiet {
         eprintln!(
-            "gradallreduce bench: {p} {} ranks; model α = {:.2} µs, β = {:.3} ns/byte ({:.2} GB/s){}",
+            "gradallreduce bench: {p} {} ranks; model column: α = {:.2} µs, β = {:.3} ns/byte ({:.2} GB/s) unless fitted",
             world.backend(),
             alpha * 1e6,
             beta * 1e9,
-            1e-9 / beta,
-            if fitted { " (fitted)" } else { "" }
+            1e-9 / beta
         );
+        for (a, (al, be)) in &fits {
+            eprintln!(
+                "  fitted {a}: α = {:.2} µs per message, β = {:.3} ns/byte ({:.2} GB/s)",
+                al * 1e6,
+                be * 1e9,
+                1e-9 / be
+            );
+        }
     }
     if let Some(path) = &args.metrics {
         let mut meta = Meta::producer("gradallreduce");
