@@ -79,8 +79,9 @@ fn draw_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("drawing the figure: {e:?}")
 }
 
-/// Tableau 10: distinct colours that stay readable in print.
-const PALETTE: [RGBColor; 10] = [
+/// Tableau 10, then darker variants: distinct colours that stay readable in print, enough for
+/// every algorithm of `gradallreduce` in one figure.
+const PALETTE: [RGBColor; 16] = [
     RGBColor(78, 121, 167),
     RGBColor(242, 142, 43),
     RGBColor(225, 87, 89),
@@ -91,6 +92,12 @@ const PALETTE: [RGBColor; 10] = [
     RGBColor(255, 157, 167),
     RGBColor(156, 117, 95),
     RGBColor(186, 176, 172),
+    RGBColor(31, 60, 110),
+    RGBColor(160, 80, 10),
+    RGBColor(130, 20, 40),
+    RGBColor(30, 100, 60),
+    RGBColor(90, 50, 120),
+    RGBColor(60, 60, 60),
 ];
 
 fn color(i: usize) -> RGBColor {
