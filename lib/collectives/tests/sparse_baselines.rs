@@ -8,44 +8,11 @@ use gradkit_collectives::{cost, make_reducer, Flat, StepOutput};
 use gradkit_comm::{run_local, PhaseCounts};
 use gradkit_core::trace::{Layout, Sparse};
 
-/// Tiny deterministic generator (xorshift64*).
-struct Rng(u64);
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    /// A non-zero dyadic value (k/8, |k| ≤ 64): sums of a few are exact in f32.
-    fn val(&mut self) -> f32 {
-        let k = self.below(128) as i64 - 64;
-        (if k >= 0 { k + 1 } else { k }) as f32 / 8.0
-    }
-}
+mod common;
+use common::{rand_sparse, Rng};
 
 fn layout(n: u64) -> Layout {
-    // Two layers so the flat index space spans a layer boundary.
-    let a = n / 3;
-    Layout::new(vec![(0, "a".into(), a, None), (1, "b".into(), n - a, None)])
-}
-
-/// A random sparse vector with about `m` entries in [0, n).
-fn rand_sparse(rng: &mut Rng, n: u64, m: usize) -> Sparse {
-    let mut idx: Vec<u32> = (0..m).map(|_| rng.below(n) as u32).collect();
-    idx.sort_unstable();
-    idx.dedup();
-    let values = idx.iter().map(|_| rng.val()).collect();
-    Sparse {
-        indices: idx,
-        values,
-    }
+    common::layout(n, 3)
 }
 
 fn dense_sum(inputs: &[Sparse], n: usize) -> Vec<f64> {

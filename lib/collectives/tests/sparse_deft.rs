@@ -11,29 +11,8 @@ use gradkit_comm::{run_local, PhaseCounts};
 use gradkit_core::trace::{Layout, Sparse};
 use gradkit_core::PlanRow;
 
-struct Rng(u64);
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn val(&mut self) -> f32 {
-        let k = (self.next() % 1024) as i64 - 512;
-        (if k >= 0 { k + 1 } else { k }) as f32 / 16.0
-    }
-}
-
-fn res(o: &StepOutput) -> &Sparse {
-    match &o.result {
-        Flat::Sparse(s) => s,
-        Flat::Dense(_) => panic!("sparse result expected"),
-    }
-}
+mod common;
+use common::{res, Rng};
 
 type Out = Vec<Vec<(StepOutput, std::collections::BTreeMap<String, PhaseCounts>)>>;
 

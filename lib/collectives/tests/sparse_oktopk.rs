@@ -16,41 +16,11 @@ use gradkit_comm::{run_local, Comm, PhaseCounts};
 use gradkit_core::trace::{flatten_dense, Layout, Sparse};
 use gradkit_core::PlanRow;
 
-struct Rng(u64);
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    /// Non-zero dyadic value k/16, |k| ≤ 512: sums of a few are exact in f32.
-    fn val(&mut self) -> f32 {
-        let k = self.below(1024) as i64 - 512;
-        (if k >= 0 { k + 1 } else { k }) as f32 / 16.0
-    }
-}
+mod common;
+use common::{rand_sparse, res, Rng};
 
 fn layout(n: u64) -> Layout {
-    let a = n / 4;
-    Layout::new(vec![(0, "a".into(), a, None), (1, "b".into(), n - a, None)])
-}
-
-fn rand_sparse(rng: &mut Rng, n: u64, m: usize) -> Sparse {
-    let mut idx: Vec<u32> = (0..m).map(|_| rng.below(n) as u32).collect();
-    idx.sort_unstable();
-    idx.dedup();
-    let values = idx.iter().map(|_| rng.val()).collect();
-    Sparse {
-        indices: idx,
-        values,
-    }
+    common::layout(n, 4)
 }
 
 /// Σ_i S_i as a map, exact zeros dropped (f64; exact for dyadic inputs).
@@ -130,13 +100,6 @@ fn ref_adjust(th: f32, sum: &BTreeMap<u32, f64>, k: usize) -> (f32, Option<usize
         }
     }
     unreachable!()
-}
-
-fn res(o: &StepOutput) -> &Sparse {
-    match &o.result {
-        Flat::Sparse(s) => s,
-        Flat::Dense(_) => panic!("sparse result expected"),
-    }
 }
 
 fn as_map(s: &Sparse) -> BTreeMap<u32, f64> {
