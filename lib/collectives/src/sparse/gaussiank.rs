@@ -14,7 +14,7 @@ use gradkit_core::trace::Layout;
 use gradkit_sparsify::threshold;
 
 use super::topka::allgather_sum;
-use super::{gather, k_of, output, Feedback};
+use super::{k_of, output, Feedback};
 use crate::{Flat, Params, Reducer, StepOutput};
 
 /// Φ⁻¹(p) for 0 < p < 1 (Acklam's rational approximation, relative error < 1.2e-9).
@@ -117,24 +117,15 @@ impl Reducer for GaussianK {
         let n = self.fb.check("gaussiank", layout, &input)?;
         let k = k_of(&self.params, n);
         let mut metrics = Vec::new();
-        match input {
-            Flat::Sparse(s) => {
-                metrics.push(("local_nnz".into(), s.len() as f64));
-                let res = allgather_sum(comm, s);
-                Ok(output(comm, self.params.op, res, k, None, metrics))
-            }
-            Flat::Dense(g) => {
-                let t = std::time::Instant::now();
-                let acc = self.fb.accumulate(g);
-                let th = gaussian_threshold(&acc, k);
-                let sel = threshold::above(&acc, th);
-                metrics.push(("time_select_s".into(), super::secs(t)));
-                metrics.push(("threshold".into(), th as f64));
-                metrics.push(("local_nnz".into(), sel.len() as f64));
-                let res = allgather_sum(comm, gather(&acc, sel.clone()));
-                self.fb.update(acc, &sel);
-                Ok(output(comm, self.params.op, res, k, Some(sel), metrics))
-            }
+        let (sel, acc) = self.fb.local_selection(input, &mut metrics, |acc| {
+            let th = gaussian_threshold(acc, k);
+            (threshold::above(acc, th), Some(th))
+        });
+        let contributed = acc.as_ref().map(|_| sel.indices.clone());
+        let res = allgather_sum(comm, sel);
+        if let (Some(acc), Some(c)) = (acc, &contributed) {
+            self.fb.update(acc, c);
         }
+        Ok(output(comm, self.params.op, res, k, contributed, metrics))
     }
 }

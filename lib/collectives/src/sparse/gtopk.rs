@@ -16,9 +16,7 @@ use anyhow::Result;
 use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::{Layout, Sparse};
 
-use super::{
-    exchange_sparse, gather, k_of, output, select_topk, sum_sparse, topk_sparse, Feedback,
-};
+use super::{exchange_sparse, k_of, output, select_topk, sum_sparse, topk_sparse, Feedback};
 use crate::{Flat, Params, Reducer, StepOutput};
 
 /// The gTop-k reduction tree and broadcast of one step.
@@ -90,17 +88,9 @@ impl Reducer for GTopk {
         let n = self.fb.check("gtopk", layout, &input)?;
         let k = k_of(&self.params, n);
         let mut metrics = Vec::new();
-        let (sel, acc) = match input {
-            Flat::Sparse(s) => (s, None),
-            Flat::Dense(g) => {
-                let t = std::time::Instant::now();
-                let acc = self.fb.accumulate(g);
-                let sel = gather(&acc, select_topk(&acc, k));
-                metrics.push(("time_select_s".into(), super::secs(t)));
-                (sel, Some(acc))
-            }
-        };
-        metrics.push(("local_nnz".into(), sel.len() as f64));
+        let (sel, acc) = self
+            .fb
+            .local_selection(input, &mut metrics, |acc| (select_topk(acc, k), None));
         let contributed = acc.as_ref().map(|_| sel.indices.clone());
         let res = tree_allreduce(comm, sel, k);
         if let (Some(acc), Some(c)) = (acc, &contributed) {

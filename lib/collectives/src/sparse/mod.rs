@@ -87,6 +87,33 @@ impl Feedback {
         Ok(n)
     }
 
+    /// This rank's contribution for one step: a sparse input as it is, or `select(acc)` of
+    /// `acc = residual + g` for a dense one (timed as `time_select_s`; `select` returns the
+    /// indices and, for threshold methods, the threshold it used). Records `local_nnz`. The
+    /// accumulator comes back for [`Feedback::update`] after the exchange.
+    pub fn local_selection(
+        &mut self,
+        input: Flat,
+        metrics: &mut Vec<(String, f64)>,
+        select: impl FnOnce(&[f32]) -> (Vec<u32>, Option<f32>),
+    ) -> (Sparse, Option<Vec<f32>>) {
+        let (sel, acc) = match input {
+            Flat::Sparse(s) => (s, None),
+            Flat::Dense(g) => {
+                let t = Instant::now();
+                let acc = self.accumulate(g);
+                let (idx, th) = select(&acc);
+                metrics.push(("time_select_s".into(), secs(t)));
+                if let Some(th) = th {
+                    metrics.push(("threshold".into(), th as f64));
+                }
+                (gather(&acc, idx), Some(acc))
+            }
+        };
+        metrics.push(("local_nnz".into(), sel.len() as f64));
+        (sel, acc)
+    }
+
     /// `acc = residual + g` (or `g` when error feedback is off or on the first step).
     pub fn accumulate(&mut self, mut g: Vec<f32>) -> Vec<f32> {
         if self.enabled {

@@ -48,25 +48,15 @@ impl Reducer for TopkA {
         let n = self.fb.check("topka", layout, &input)?;
         let k = k_of(&self.params, n);
         let mut metrics = Vec::new();
-        match input {
-            Flat::Sparse(s) => {
-                let local = s.len();
-                let res = allgather_sum(comm, s);
-                metrics.push(("local_nnz".into(), local as f64));
-                Ok(output(comm, self.params.op, res, k, None, metrics))
-            }
-            Flat::Dense(g) => {
-                let t = std::time::Instant::now();
-                let acc = self.fb.accumulate(g);
-                let sel = select_topk(&acc, k);
-                metrics.push(("time_select_s".into(), super::secs(t)));
-                metrics.push(("local_nnz".into(), sel.len() as f64));
-                let mine = super::gather(&acc, sel.clone());
-                let res = allgather_sum(comm, mine);
-                // Every sent entry is in the result.
-                self.fb.update(acc, &sel);
-                Ok(output(comm, self.params.op, res, k, Some(sel), metrics))
-            }
+        let (sel, acc) = self
+            .fb
+            .local_selection(input, &mut metrics, |acc| (select_topk(acc, k), None));
+        let contributed = acc.as_ref().map(|_| sel.indices.clone());
+        let res = allgather_sum(comm, sel);
+        if let (Some(acc), Some(c)) = (acc, &contributed) {
+            // Every sent entry is in the result.
+            self.fb.update(acc, c);
         }
+        Ok(output(comm, self.params.op, res, k, contributed, metrics))
     }
 }

@@ -87,17 +87,9 @@ impl Reducer for TopkDsa {
         let n = self.fb.check("topkdsa", layout, &input)?;
         let k = k_of(&self.params, n);
         let mut metrics = Vec::new();
-        let (sel, acc) = match input {
-            Flat::Sparse(s) => (s, None),
-            Flat::Dense(g) => {
-                let t = std::time::Instant::now();
-                let acc = self.fb.accumulate(g);
-                let sel = gather(&acc, select_topk(&acc, k));
-                metrics.push(("time_select_s".into(), super::secs(t)));
-                (sel, Some(acc))
-            }
-        };
-        metrics.push(("local_nnz".into(), sel.len() as f64));
+        let (sel, acc) = self
+            .fb
+            .local_selection(input, &mut metrics, |acc| (select_topk(acc, k), None));
         let (res, dense) = sparse_allreduce(comm, &sel, n as u64);
         metrics.push(("dense_allgather".into(), f64::from(u8::from(dense))));
         let contributed = acc.as_ref().map(|_| sel.indices.clone());
