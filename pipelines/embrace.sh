@@ -9,8 +9,8 @@ if [ "$FAST" != 0 ]; then
   V=3000; NTOK=30000; PS="2 4"; STEPS=2; MODEL="--d-model 16 --layers 1 --heads 2 --seq-len 16"; BATCH=4
   SWEEP_V=500; SWEEP_B="1 8"; EQ_STEPS=4
 else
-  V=50000; NTOK=60000; PS="2 3 4 6 8"; STEPS=5; MODEL="--d-model 64 --layers 2 --heads 4 --seq-len 32"; BATCH=4
-  SWEEP_V=2000; SWEEP_B="1 4 16 64"; EQ_STEPS=30
+  V=50000; NTOK=30000; PS="2 4 8"; STEPS=4; MODEL="--d-model 64 --layers 2 --heads 4 --seq-len 32"; BATCH=4
+  SWEEP_V=2000; SWEEP_B="1 4 16 64"; EQ_STEPS=10
 fi
 # A Zipf(1.1) token stream over V ids (i.i.d.; gradtrain's synthetic-lm builds a V×V Markov
 # matrix, which does not fit in memory at V = 50k). Token V−1 appears once so vocab = V.
