@@ -74,6 +74,10 @@ pub struct TrainConfig {
     pub data: DataSpec,
     pub exchange: String,
     pub density: f64,
+    /// Sparse exchanges: the first `dense_warmup` steps exchange densely (ring allreduce,
+    /// mean, the optimiser on it exactly as `--exchange dense`), then the sparse exchange
+    /// starts with zero residuals. The Ok-Topk reference code uses 512 (VGG), 128 (LSTM).
+    pub dense_warmup: u32,
     /// Ok-Topk τ and τ'.
     pub period: u32,
     pub reeval: u32,
@@ -111,6 +115,7 @@ impl Default for TrainConfig {
             data: DataSpec::default(),
             exchange: "dense".into(),
             density: 0.01,
+            dense_warmup: 0,
             period: 64,
             reeval: 32,
             opt: OptConfig::default(),
@@ -215,6 +220,13 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
     if cfg.resume && cfg.checkpoint.is_none() {
         bail!("--resume needs --checkpoint DIR (flag --resume)");
     }
+    if cfg.dense_warmup > 0 && (cfg.exchange == "onebit" || crate::embrace::handles(&cfg.exchange))
+    {
+        bail!(
+            "--dense-warmup applies to the sparse exchanges (topk, gaussiank, topkdsa, gtopk, oktopk, deft), not `{}`; 1-bit optimisers warm up with --freeze-step (flag --dense-warmup)",
+            cfg.exchange
+        );
+    }
     if crate::embrace::handles(&cfg.exchange) {
         crate::embrace::check_config(cfg)?;
     }
@@ -234,7 +246,7 @@ pub(crate) fn checksum(v: &[f32]) -> u64 {
 }
 
 fn run_meta(cfg: &TrainConfig, p: usize, n: usize) -> Vec<(String, String)> {
-    vec![
+    let mut meta = vec![
         ("model".into(), cfg.model.name.clone()),
         ("data".into(), cfg.data.name.clone()),
         ("exchange".into(), cfg.exchange.clone()),
@@ -243,7 +255,12 @@ fn run_meta(cfg: &TrainConfig, p: usize, n: usize) -> Vec<(String, String)> {
         ("n_params".into(), n.to_string()),
         ("seed".into(), cfg.seed.to_string()),
         ("batch".into(), cfg.batch.to_string()),
-    ]
+    ];
+    if cfg.dense_warmup > 0 {
+        // Only when set, so checkpoints written before the flag existed still resume.
+        meta.push(("dense_warmup".into(), cfg.dense_warmup.to_string()));
+    }
+    meta
 }
 
 /// Trains on every rank of `world`; returns the report on the I/O rank (`None` elsewhere
@@ -416,7 +433,30 @@ fn rank_main(comm: &dyn Comm, cfg: &TrainConfig, data: &Dataset) -> Result<Optio
         let mut select_s = 0.0;
         let mut extra: Vec<(String, f64)> = Vec::new();
         let mut update_s = 0.0;
+        let warming = step < cfg.dense_warmup;
         match &mut exchange {
+            Exchange::Sparse { fold_lr, .. } if warming => {
+                // Dense warm-up of a sparse exchange: exactly the `Exchange::Dense` step.
+                let mut g = g;
+                dense::allreduce(comm, "ring", Op::Mean, &mut g)?;
+                let tu = Instant::now();
+                opt.step(&mut params, &g, lr, step);
+                if step + 1 == cfg.dense_warmup {
+                    if let Some(sgd) = fold_lr {
+                        // Hand the momentum over to the lr-folded SGD of Algorithm 2, whose
+                        // buffer holds lr-scaled updates (exact for a constant lr).
+                        if let Some((_, b)) = opt
+                            .state()
+                            .into_iter()
+                            .find(|(k, _)| k == "momentum_buffer")
+                        {
+                            sgd.buf = b.iter().map(|x| x * lr).collect();
+                        }
+                    }
+                }
+                update_s = tu.elapsed().as_secs_f64();
+                extra.push(("dense_warmup".into(), 1.0));
+            }
             Exchange::Dense => {
                 let mut g = g;
                 dense::allreduce(comm, "ring", Op::Mean, &mut g)?;

@@ -86,6 +86,11 @@ struct Cli {
     /// Fraction of gradient entries a sparse exchange keeps (k = density·n)
     #[arg(long, default_value_t = 0.01)]
     density: f64,
+    /// Sparse exchanges: exchange densely (ring allreduce) for the first N steps, then switch
+    /// to --exchange with zero residuals (Ok-Topk's reference code uses 512 for VGG, 128 for
+    /// LSTM)
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    dense_warmup: u32,
     /// Ok-Topk: space repartition period τ
     #[arg(long, default_value_t = 64)]
     period: u32,
@@ -205,6 +210,7 @@ fn config(a: &Cli) -> TrainConfig {
         },
         exchange: a.exchange.clone(),
         density: a.density,
+        dense_warmup: a.dense_warmup,
         period: a.period,
         reeval: a.reeval,
         opt: OptConfig {
