@@ -8,7 +8,7 @@ use std::io::Write;
 use std::process::Command;
 use std::time::Instant;
 
-use gradkit_sparsify::{dgc, gaussiank, threshold, topk, Bands, Method, Selector};
+use gradkit_sparsify::{threshold, topk, Bands, Method, Selector};
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 
@@ -46,18 +46,48 @@ fn one_pass(x: &[f32]) -> f64 {
         .sum()
 }
 
-/// Fastest of `reps` runs after one warm-up (the machine is shared: the minimum is the
-/// least disturbed run).
-fn time<T>(reps: usize, mut f: impl FnMut() -> T) -> (f64, T) {
-    let mut out = f();
-    let mut ts = Vec::new();
-    for _ in 0..reps {
-        let t = Instant::now();
-        out = f();
-        ts.push(t.elapsed().as_secs_f64());
+/// A named timed closure that returns the number of selected entries.
+type Case<'a> = (&'a str, Box<dyn FnMut() -> usize + 'a>);
+
+/// Runs every case once per round, `reps` rounds after one warm-up round, and returns each
+/// case's median time (the machine is shared: interleaving gives every case the same load, and
+/// the median is robust to the disturbed rounds).
+fn time_all(reps: usize, cases: &mut [Case<'_>]) -> Vec<(f64, usize)> {
+    let mut ts = vec![Vec::new(); cases.len()];
+    let mut sel = vec![0; cases.len()];
+    for round in 0..=reps {
+        for (j, (_, f)) in cases.iter_mut().enumerate() {
+            let t = Instant::now();
+            sel[j] = std::hint::black_box(f());
+            if round > 0 {
+                ts[j].push(t.elapsed().as_secs_f64());
+            }
+        }
     }
-    ts.sort_by(|a, b| a.total_cmp(b));
-    (ts[0], out)
+    ts.into_iter()
+        .zip(sel)
+        .map(|(mut t, s)| {
+            t.sort_by(|a, b| a.total_cmp(b));
+            (t[t.len() / 2], s)
+        })
+        .collect()
+}
+
+fn normal(n: usize) -> Vec<f32> {
+    (0..n)
+        .into_par_iter()
+        .chunks(1 << 16)
+        .flat_map_iter(|c| {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(c[0] as u64 ^ 0x5eed);
+            c.into_iter()
+                .map(|_| {
+                    let u: f64 = rng.gen::<f64>().max(1e-300);
+                    let v: f64 = rng.gen();
+                    ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos() * 1e-3) as f32
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 fn numpy(x: &[f32], k: usize, python: &str) -> Option<f64> {
@@ -96,45 +126,90 @@ fn main() {
         .unwrap_or_else(|| "/work/main/.venv/bin/python".into());
     let n = 1usize << log2n;
     let k = n / 100;
-    let x = heavy_tailed(n);
-    let reps = 9;
+    let reps = 15;
     println!(
-        "n = 2^{log2n} = {n} f32 ({:.0} MiB), k = {k} (1%), {} rayon threads, fastest of {reps}",
+        "n = 2^{log2n} = {n} f32 ({:.0} MiB), k = {k} (1%), {} rayon threads, median of {reps} \
+         interleaved rounds",
         n as f64 * 4.0 / (1 << 20) as f64,
         rayon::current_num_threads()
     );
+    for (name, x) in [("heavy-tailed", heavy_tailed(n)), ("normal", normal(n))] {
+        table(
+            name,
+            &x,
+            k,
+            reps,
+            (name == "heavy-tailed").then_some(python.as_str()),
+        );
+    }
+}
 
-    let (t_pass, s) = time(reps, || one_pass(&x));
-    std::hint::black_box(s);
-    let (t_topk, idx) = time(reps, || topk::topk_indices(&x, k));
-    assert_eq!(idx.len(), k);
-    let (t_kth, _) = time(reps, || topk::kth_largest_abs(&x, k));
-    // Ok-Topk reuse step: the threshold of a re-evaluation step, then a pure threshold pass.
-    let mut ok = Selector::new(
-        Method::OkTopk {
-            reeval: 1_000_000,
-            adjust: None,
-        },
-        0,
-    );
-    let _ = ok.select(0, &x, k);
-    let (t_ok, s_ok) = time(reps, || ok.select(1, &x, k));
-    let mut oka = Selector::new(
-        Method::OkTopk {
-            reeval: 1_000_000,
-            adjust: Some(Bands::VGG),
-        },
-        0,
-    );
-    let _ = oka.select(0, &x, k);
-    let th = topk::kth_largest_abs(&x, k);
-    let (t_above, _) = time(reps, || threshold::above(&x, th));
-    let (t_count, _) = time(reps, || threshold::count_above(&x, th));
-    let (t_gauss, (g_idx, _)) = time(reps, || gaussiank::select(&x, k));
-    let (t_dgc, d) = time(reps, || dgc::select(&x, k, 0.01));
-    let t_np = numpy(&x, k, &python);
-
+fn table(name: &str, x: &[f32], k: usize, reps: usize, python: Option<&str>) {
+    let n = x.len();
+    let th = topk::kth_largest_abs(x, k);
+    // Ok-Topk reuse steps: the threshold of a re-evaluation step, then pure threshold passes.
+    let ok_sel = |adjust| {
+        let mut s = Selector::new(
+            Method::OkTopk {
+                reeval: 1_000_000,
+                adjust,
+            },
+            0,
+        );
+        let _ = s.select(0, x, k);
+        s
+    };
+    let (mut ok, mut oka) = (ok_sel(None), ok_sel(Some(Bands::VGG)));
+    let mut gk = Selector::new(Method::GaussianK, 0);
+    let mut dg = Selector::new(Method::Dgc { sample: 0.01 }, 0);
+    let mut cases: Vec<Case<'_>> = vec![
+        (
+            "one streaming pass (sum of abs)",
+            Box::new(|| one_pass(x) as usize),
+        ),
+        (
+            "topk_indices (exact)",
+            Box::new(|| topk::topk_indices(x, k).len()),
+        ),
+        (
+            "kth_largest_abs (exact threshold)",
+            Box::new(|| topk::kth_largest_abs(x, k) as usize),
+        ),
+        (
+            "oktopk reuse step (Selector, with values)",
+            Box::new(move || ok.select(1, x, k).indices.len()),
+        ),
+        (
+            "oktopk reuse step, --adjust vgg (Selector)",
+            Box::new(move || oka.select(1, x, k).indices.len()),
+        ),
+        (
+            "threshold::above (indices)",
+            Box::new(move || threshold::above(x, th).len()),
+        ),
+        (
+            "threshold::above_with_values",
+            Box::new(move || threshold::above_with_values(x, th).0.len()),
+        ),
+        (
+            "threshold::count_above",
+            Box::new(move || threshold::count_above(x, th)),
+        ),
+        (
+            "gaussiank (Selector)",
+            Box::new(move || gk.select(0, x, k).indices.len()),
+        ),
+        (
+            "dgc, sample 1% (Selector)",
+            Box::new(move || dg.select(0, x, k).indices.len()),
+        ),
+    ];
+    let res = time_all(reps, &mut cases);
+    let t_np = python.and_then(|p| numpy(x, k, p));
+    let t_pass = res[0].0;
     let rate = |t: f64| n as f64 / t / 1e9;
+    println!();
+    println!("{name} input:");
     println!();
     println!("| what | time (ms) | Gelem/s | × one pass | numpy argpartition / this | selected |");
     println!("|---|---:|---:|---:|---:|---:|");
@@ -147,25 +222,17 @@ fn main() {
             t_np.map_or("-".into(), |np| format!("{:.1}", np / t))
         );
     };
-    row("one streaming pass (sum of abs)", t_pass, "-".into());
-    row("topk_indices (exact)", t_topk, format!("{k}"));
-    row("kth_largest_abs (exact threshold)", t_kth, "-".into());
-    row("oktopk reuse step", t_ok, format!("{}", s_ok.indices.len()));
-    row("threshold::above", t_above, "-".into());
-    row("threshold::count_above", t_count, "-".into());
-    row("gaussiank", t_gauss, format!("{}", g_idx.len()));
-    row(
-        "dgc (sample 1%)",
-        t_dgc,
-        format!(
-            "{}{}",
-            d.indices.len(),
-            if d.exact_topk { " (exact)" } else { "" }
-        ),
-    );
+    for (j, (name, _)) in cases.iter().enumerate() {
+        let sel = if j == 0 || j == 2 {
+            "-".into()
+        } else {
+            res[j].1.to_string()
+        };
+        row(name, res[j].0, sel);
+    }
     if let Some(np) = t_np {
         row("numpy argpartition(abs(x))", np, format!("{k}"));
-    } else {
-        println!("numpy: not available ({python})");
+    } else if python.is_some() {
+        println!("numpy: not available");
     }
 }

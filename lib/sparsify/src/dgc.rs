@@ -4,6 +4,8 @@
 //! than 0.8k pass (at most 10 times), and when more than 1.3k pass take the exact top-k among
 //! the passing entries.
 
+use rayon::prelude::*;
+
 use crate::{threshold, topk};
 
 /// DGC's bounds on the selected count relative to k.
@@ -26,43 +28,62 @@ pub fn sample_threshold(x: &[f32], k: usize, ratio: f64) -> f32 {
     let n = x.len();
     let m = ((n as f64 * ratio).floor() as usize).clamp(1, n);
     let stride = n / m;
-    let s: Vec<f32> = (0..m).map(|i| x[i * stride]).collect();
+    // The strided reads miss the cache one by one: split them over the threads when many.
+    let s: Vec<f32> = if m >= 1 << 16 {
+        (0..m).into_par_iter().map(|i| x[i * stride]).collect()
+    } else {
+        (0..m).map(|i| x[i * stride]).collect()
+    };
     let ks = ((k as f64 * m as f64 / n as f64).ceil() as usize).clamp(1, m);
     topk::kth_largest_abs(&s, ks)
 }
 
 /// DGC's selection of about k entries of x.
 pub fn select(x: &[f32], k: usize, ratio: f64) -> DgcStep {
+    select_values(x, k, ratio).0
+}
+
+/// As [`select`], with the selected values `x[i]` (from the selection pass, not gathered).
+pub fn select_values(x: &[f32], k: usize, ratio: f64) -> (DgcStep, Vec<f32>) {
     let n = x.len();
     if n == 0 || k == 0 {
-        return DgcStep {
-            indices: Vec::new(),
-            threshold: f32::INFINITY,
-            exact_topk: false,
-        };
+        return (
+            DgcStep {
+                indices: Vec::new(),
+                threshold: f32::INFINITY,
+                exact_topk: false,
+            },
+            Vec::new(),
+        );
     }
     // Strict `>` at the sample's k-th value would drop that value itself: step just below it.
     let mut th = next_down(sample_threshold(x, k, ratio));
-    let mut idx = threshold::above(x, th);
+    let (mut idx, mut val) = threshold::above_with_values(x, th);
     let mut adapt = 0;
     while (idx.len() as f64) < LOWER * k as f64 && adapt < MAX_ADAPT && th > 0.0 {
         th *= LOWER as f32;
-        idx = threshold::above(x, th);
+        (idx, val) = threshold::above_with_values(x, th);
         adapt += 1;
     }
     if idx.len() as f64 > UPPER * k as f64 {
-        let (top, kth) = topk::topk_among(x, &idx, k);
-        return DgcStep {
-            indices: top,
-            threshold: kth.unwrap_or(th),
-            exact_topk: true,
-        };
+        let (top, topv, kth) = topk::topk_among_values(&idx, &val, k);
+        return (
+            DgcStep {
+                indices: top,
+                threshold: kth.unwrap_or(th),
+                exact_topk: true,
+            },
+            topv,
+        );
     }
-    DgcStep {
-        indices: idx,
-        threshold: th,
-        exact_topk: false,
-    }
+    (
+        DgcStep {
+            indices: idx,
+            threshold: th,
+            exact_topk: false,
+        },
+        val,
+    )
 }
 
 /// The largest f32 below a non-negative finite v (0 stays 0: `> 0` keeps every non-zero).

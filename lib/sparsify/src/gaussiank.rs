@@ -7,35 +7,74 @@ use rayon::prelude::*;
 
 use crate::threshold;
 
-/// Mean and (population) standard deviation, accumulated in f64 per chunk.
+/// Mean and (population) standard deviation, accumulated in f64 (8 lanes per chunk of
+/// [`threshold::CHUNK`], chunks summed in order: the result does not depend on the threads).
 pub fn mean_std(x: &[f32]) -> (f64, f64) {
-    if x.is_empty() {
+    let parts: Vec<(f64, f64)> = if x.len() < 2 * threshold::CHUNK {
+        vec![chunk_sums(x)]
+    } else {
+        x.par_chunks(threshold::CHUNK).map(chunk_sums).collect()
+    };
+    finish_moments(x.len(), &parts)
+}
+
+/// Σx and Σx² of one chunk.
+fn chunk_sums(c: &[f32]) -> (f64, f64) {
+    let mut m = Moments::default();
+    m.add(c);
+    m.finish()
+}
+
+fn finish_moments(n: usize, parts: &[(f64, f64)]) -> (f64, f64) {
+    if n == 0 {
         return (0.0, 0.0);
     }
-    let (s, s2) = x
-        .par_chunks(crate::topk::CHUNK)
-        .map(|c| {
-            let mut a = [0.0f64; 8];
-            let mut b = [0.0f64; 8];
-            let mut it = c.chunks_exact(8);
-            for q in &mut it {
-                for j in 0..8 {
-                    let v = q[j] as f64;
-                    a[j] += v;
-                    b[j] += v * v;
-                }
-            }
-            let (mut s, mut s2) = (a.iter().sum::<f64>(), b.iter().sum::<f64>());
-            for &v in it.remainder() {
-                s += v as f64;
-                s2 += v as f64 * v as f64;
-            }
-            (s, s2)
-        })
-        .reduce(|| (0.0, 0.0), |p, q| (p.0 + q.0, p.1 + q.1));
-    let n = x.len() as f64;
+    let (mut s, mut s2) = (0.0f64, 0.0f64);
+    for &(a, b) in parts {
+        s += a;
+        s2 += b;
+    }
+    let n = n as f64;
     let mean = s / n;
     (mean, (s2 / n - mean * mean).max(0.0).sqrt())
+}
+
+/// Σx and Σx² in 8 f64 lanes; segments fed in order give the same sums as one whole slice
+/// as long as every segment but the last has a length that is a multiple of 8.
+#[derive(Default)]
+struct Moments {
+    a: [f64; 8],
+    b: [f64; 8],
+    ts: f64,
+    ts2: f64,
+}
+
+impl Moments {
+    // Not inlined: LLVM vectorises the lane loop reliably only in a small function.
+    #[inline(never)]
+    fn add(&mut self, c: &[f32]) {
+        let (mut a, mut b) = (self.a, self.b);
+        let mut it = c.chunks_exact(8);
+        for q in &mut it {
+            for j in 0..8 {
+                let v = q[j] as f64;
+                a[j] += v;
+                b[j] += v * v;
+            }
+        }
+        (self.a, self.b) = (a, b);
+        for &v in it.remainder() {
+            self.ts += v as f64;
+            self.ts2 += v as f64 * v as f64;
+        }
+    }
+
+    fn finish(&self) -> (f64, f64) {
+        (
+            self.a.iter().sum::<f64>() + self.ts,
+            self.b.iter().sum::<f64>() + self.ts2,
+        )
+    }
 }
 
 /// The standard normal quantile function Φ⁻¹(p) (Acklam's rational approximation, relative
@@ -90,6 +129,10 @@ pub fn norm_ppf(p: f64) -> f64 {
 /// `|mean| + Φ⁻¹(1 − density/2)·std`.
 pub fn fit_threshold(x: &[f32], density: f64) -> f32 {
     let (mean, std) = mean_std(x);
+    fit_from(mean, std, density)
+}
+
+fn fit_from(mean: f64, std: f64, density: f64) -> f32 {
     let z = norm_ppf(1.0 - density.clamp(1e-12, 1.0) / 2.0);
     (mean.abs() + z * std) as f32
 }
@@ -100,39 +143,148 @@ const MAX_LOWER: u32 = 64;
 /// Gaussiank's selection of about k entries: `{i : |x_i| > th}` and the threshold th, which is
 /// the Gaussian fit halved until at least ⌈3k/4⌉ entries pass.
 pub fn select(x: &[f32], k: usize) -> (Vec<u32>, f32) {
+    let (i, _, th) = select_values(x, k);
+    (i, th)
+}
+
+/// As [`select`], with the selected values `x[i]`.
+///
+/// One pass over x computes the exact mean and std and, at the same time, keeps the
+/// candidates `{i : |x_i| > lo}` for a `lo` below half the ⌈3k/4⌉-th largest |x| (estimated
+/// from a sample). Every threshold the halving ladder can stop at above lo is then decided
+/// exactly from the candidates (the ladder stops at the first t with ⌈3k/4⌉ entries above it,
+/// and t ≥ half that entry's |x| ≥ lo with high probability). When the ladder goes below lo,
+/// the full passes run instead, so the result never depends on the sample.
+pub fn select_values(x: &[f32], k: usize) -> (Vec<u32>, Vec<f32>, f32) {
     let n = x.len();
     if n == 0 || k == 0 {
-        return (Vec::new(), f32::INFINITY);
+        return (Vec::new(), Vec::new(), f32::INFINITY);
     }
     let need = (3 * k).div_ceil(4);
-    let mut th = fit_threshold(x, k as f64 / n as f64);
+    let density = k as f64 / n as f64;
+    // lo = −1: every non-NaN entry is a candidate (small inputs).
+    let lo = if n >= crate::topk::SMALL {
+        match crate::topk::estimate_lower_key(x, need) {
+            Some(key) => candidate_floor(x, f32::from_bits(key), need, density),
+            None => return select_passes(x, fit_threshold(x, density), 0, need),
+        }
+    } else {
+        -1.0
+    };
+    let (mean, std, mut idx, mut val) = moments_and_candidates(x, lo);
+    let mut t = fit_from(mean, std, density);
+    if !t.is_finite() {
+        t = f32::MAX;
+    }
+    // For t ≥ lo the entries above t are all among the candidates, so counting the candidate
+    // values above t counts x exactly.
+    let mut tries = 0;
+    while t >= lo {
+        if t <= 0.0 || threshold::count_above(&val, t) >= need {
+            threshold::refine_values(&mut idx, &mut val, t);
+            return (idx, val, t);
+        }
+        tries += 1;
+        t = if tries >= MAX_LOWER { 0.0 } else { t * 0.5 };
+    }
+    select_passes(x, t, tries, need)
+}
+
+/// The candidate floor lo, from `v_low` (a sample estimate that is below the ⌈3k/4⌉-th largest
+/// |x| with high probability) and a Gaussian fit on the same kind of sample.
+///
+/// The ladder stops at the first t below the ⌈3k/4⌉-th largest |x| (call it v): at the fit
+/// itself when the fit is already below v, else at the halving that lands in [v/2, v). So
+/// `v_low / 2` always covers the stop; when the sample's fit is below the sample's v (data
+/// close to Gaussian, where the fit is accurate), the stop is the fit itself and a floor a
+/// little below the sample's fit (×0.9) covers it with far fewer candidates.
+fn candidate_floor(x: &[f32], v_low: f32, need: usize, density: f64) -> f32 {
+    let n = x.len();
+    let m = 1usize << 14;
+    let stride = n / m;
+    let sample: Vec<f32> = (0..m).map(|i| x[i * stride]).collect();
+    let (mut s, mut s2) = (0.0f64, 0.0f64);
+    for &v in &sample {
+        s += v as f64;
+        s2 += v as f64 * v as f64;
+    }
+    let mean = s / m as f64;
+    let std = (s2 / m as f64 - mean * mean).max(0.0).sqrt();
+    let fit = fit_from(mean, std, density);
+    // The sample's own estimate of the ⌈3k/4⌉-th largest |x| (central, not lowered).
+    let mut keys: Vec<u32> = sample.iter().map(|v| crate::topk::key(*v)).collect();
+    let r = ((need as f64 * m as f64 / n as f64).round() as usize).clamp(1, m);
+    let pos = m - r;
+    let v_est = f32::from_bits(*keys.select_nth_unstable(pos).1);
+    if fit.is_finite() && fit < 0.98 * v_est {
+        0.9 * fit
+    } else {
+        v_low * 0.5
+    }
+}
+
+/// One pass: (mean, std) as [`mean_std`] computes them, and the ascending positions with
+/// |x| > lo with their values.
+#[allow(clippy::type_complexity)]
+fn moments_and_candidates(x: &[f32], lo: f32) -> (f64, f64, Vec<u32>, Vec<f32>) {
+    // Segments of 16384 (64 KiB) stay in cache between the selection scan and the sums.
+    const SEG: usize = 1 << 14;
+    let p = threshold::AbsGt(lo);
+    let chunk = |(ci, c): (usize, &[f32])| {
+        let cap = c.len() / 32 + 64;
+        let (mut idx, mut val) = (Vec::with_capacity(cap), Vec::with_capacity(cap));
+        let mut m = Moments::default();
+        let base = ci * threshold::CHUNK;
+        for (si, s) in c.chunks(SEG).enumerate() {
+            threshold::scan_into::<_, true>(s, (base + si * SEG) as u32, &p, &mut idx, &mut val);
+            m.add(s);
+        }
+        (m.finish(), (idx, val))
+    };
+    let parts: Vec<((f64, f64), (Vec<u32>, Vec<f32>))> = if x.len() < 2 * threshold::CHUNK {
+        vec![chunk((0, x))]
+    } else {
+        x.par_chunks(threshold::CHUNK)
+            .enumerate()
+            .map(chunk)
+            .collect()
+    };
+    let sums: Vec<(f64, f64)> = parts.iter().map(|p| p.0).collect();
+    let (mean, std) = finish_moments(x.len(), &sums);
+    let (idx, val) = threshold::concat(parts.into_iter().map(|p| p.1).collect());
+    (mean, std, idx, val)
+}
+
+/// The halving ladder with full passes, from threshold `th` after `tries` halvings.
+fn select_passes(x: &[f32], mut th: f32, mut tries: u32, need: usize) -> (Vec<u32>, Vec<f32>, f32) {
     if !th.is_finite() {
         th = f32::MAX;
     }
-    let mut idx = threshold::above(x, th);
+    let (mut idx, mut val) = threshold::above_with_values(x, th);
     if idx.len() < need && th > 0.0 {
         // One pass finds how many halvings are needed; the selection below stays exact.
-        let j = halvings_needed(x, th, need);
+        let j = halvings_needed(x, th, need).min(MAX_LOWER.saturating_sub(tries + 1));
         let mut t = th;
         for _ in 0..j {
             t *= 0.5;
         }
         if j > 0 && t > 0.0 {
-            let cand = threshold::above(x, t);
-            if cand.len() >= need {
-                return (cand, t);
+            let (ci, cv) = threshold::above_with_values(x, t);
+            if ci.len() >= need {
+                return (ci, cv, t);
             }
+            th = t;
+            tries += j;
         }
     }
-    let mut tries = 0;
     while idx.len() < need && th > 0.0 {
         tries += 1;
         th = if tries >= MAX_LOWER { 0.0 } else { th * 0.5 };
         if threshold::count_above(x, th) >= need || th == 0.0 {
-            idx = threshold::above(x, th);
+            (idx, val) = threshold::above_with_values(x, th);
         }
     }
-    (idx, th)
+    (idx, val, th)
 }
 
 /// The smallest j with at least `need` entries above th·2^-j, from one pass that puts every
@@ -143,7 +295,7 @@ fn halvings_needed(x: &[f32], th: f32, need: usize) -> u32 {
     let tb = th.to_bits() & 0x7fff_ffff;
     let (te, tm) = ((tb >> 23) as i32, tb & 0x7f_ffff);
     let hist = x
-        .par_chunks(crate::topk::CHUNK)
+        .par_chunks(threshold::CHUNK)
         .map(|c| {
             let mut h = [0u64; B];
             for v in c {

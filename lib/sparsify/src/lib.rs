@@ -105,31 +105,37 @@ impl Selector {
     /// Selects about k entries of `acc` at `step` (calls must come in step order).
     pub fn select(&mut self, step: u32, acc: &[f32], k: usize) -> Selection {
         let k = k.min(acc.len());
-        let (indices, threshold, exact_topk) = match &self.method {
+        let (indices, values, threshold, exact_topk) = match &self.method {
             Method::Topk => {
-                let (i, th) = topk::topk_with_threshold(acc, k);
-                (i, th, true)
+                let (i, v, th) = topk::topk_with_values(acc, k);
+                (i, v, th, true)
             }
-            Method::Threshold(th) => (threshold::above(acc, *th), Some(*th), false),
+            Method::Threshold(th) => {
+                let (i, v) = threshold::above_with_values(acc, *th);
+                (i, v, Some(*th), false)
+            }
             Method::OkTopk { .. } => {
-                let s = self.ok.as_mut().expect("oktopk state").select(acc, k);
-                (s.indices, s.threshold, s.reevaluated)
+                let (s, v) = self
+                    .ok
+                    .as_mut()
+                    .expect("oktopk state")
+                    .select_values(acc, k);
+                (s.indices, v, s.threshold, s.reevaluated)
             }
             Method::GaussianK => {
-                let (i, th) = gaussiank::select(acc, k);
-                (i, Some(th), false)
+                let (i, v, th) = gaussiank::select_values(acc, k);
+                (i, v, Some(th), false)
             }
             Method::Dgc { sample } => {
-                let s = dgc::select(acc, k, *sample);
-                (s.indices, Some(s.threshold), s.exact_topk)
+                let (s, v) = dgc::select_values(acc, k, *sample);
+                (s.indices, v, Some(s.threshold), s.exact_topk)
             }
-            Method::RandomK { seed } => (
-                randomk::indices(acc.len(), k, *seed, step, self.stream),
-                None,
-                false,
-            ),
+            Method::RandomK { seed } => {
+                let i = randomk::indices(acc.len(), k, *seed, step, self.stream);
+                let v = i.iter().map(|&i| acc[i as usize]).collect();
+                (i, v, None, false)
+            }
         };
-        let values = indices.iter().map(|&i| acc[i as usize]).collect();
         Selection {
             indices,
             values,

@@ -97,33 +97,44 @@ impl OkTopk {
 
     /// Selects from `acc`: calls 0, τ', 2τ', … re-evaluate; the calls between reuse th.
     pub fn select(&mut self, acc: &[f32], k: usize) -> OkStep {
+        self.select_values(acc, k).0
+    }
+
+    /// As [`OkTopk::select`], with the selected values `acc[i]` (from the selection pass).
+    pub fn select_values(&mut self, acc: &[f32], k: usize) -> (OkStep, Vec<f32>) {
         let k = k.min(acc.len());
         let reeval = self.calls.is_multiple_of(self.reeval as u64) || self.th.is_none();
         self.calls += 1;
-        let step = if reeval || k == 0 {
-            let (indices, th) = topk::topk_with_threshold(acc, k);
+        let (step, values) = if reeval || k == 0 {
+            let (indices, values, th) = topk::topk_with_values(acc, k);
             self.th = th;
-            OkStep {
-                indices,
-                threshold: th,
-                reevaluated: true,
-            }
+            (
+                OkStep {
+                    indices,
+                    threshold: th,
+                    reevaluated: true,
+                },
+                values,
+            )
         } else {
             let mut th = self.th.expect("threshold set");
-            let mut indices = threshold::above(acc, th);
+            let (mut indices, mut values) = threshold::above_with_values(acc, th);
             if let Some(b) = self.adjust {
                 let mut loops = 0;
                 while (indices.len() as f64) > b.pre_upper * k as f64 && loops < b.pre_loops {
                     th *= b.pre_factor;
-                    indices = threshold::refine(acc, &indices, th);
+                    threshold::refine_values(&mut indices, &mut values, th);
                     loops += 1;
                 }
             }
-            OkStep {
-                indices,
-                threshold: Some(th),
-                reevaluated: false,
-            }
+            (
+                OkStep {
+                    indices,
+                    threshold: Some(th),
+                    reevaluated: false,
+                },
+                values,
+            )
         };
         if let (Some(b), Some(th)) = (self.adjust, step.threshold) {
             let c = step.indices.len() as f64;
@@ -138,6 +149,6 @@ impl OkTopk {
         } else {
             self.th = step.threshold;
         }
-        step
+        (step, values)
     }
 }

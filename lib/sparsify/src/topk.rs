@@ -13,7 +13,7 @@
 use rayon::prelude::*;
 
 /// Below this length the plain selection is used (sampling does not pay).
-const SMALL: usize = 1 << 16;
+pub(crate) const SMALL: usize = 1 << 16;
 /// Elements per parallel chunk.
 pub(crate) const CHUNK: usize = 1 << 16;
 /// Sample size for the threshold estimate.
@@ -61,10 +61,42 @@ pub fn topk_with_threshold(x: &[f32], k: usize) -> (Vec<u32>, Option<f32>) {
     }
     let (th, cands) = kth_key(x, k);
     let idx = match cands {
-        Some((c, keys)) => take_top_keyed(&c, &keys, th, k),
+        Some((c, vals)) => take_top_valued::<false>(&c, &vals, th, k).0,
         None => take_top(x, 0..x.len() as u32, th, k),
     };
     (idx, Some(f32::from_bits(th)))
+}
+
+/// As [`topk_with_threshold`], with the selected values `x[i]` (taken from the candidate pass,
+/// not gathered again).
+pub fn topk_with_values(x: &[f32], k: usize) -> (Vec<u32>, Vec<f32>, Option<f32>) {
+    let k = k.min(x.len());
+    if k == 0 {
+        return (Vec::new(), Vec::new(), None);
+    }
+    let (th, cands) = kth_key(x, k);
+    let (idx, val) = match cands {
+        Some((c, vals)) => take_top_valued::<true>(&c, &vals, th, k),
+        None => {
+            let idx = take_top(x, 0..x.len() as u32, th, k);
+            let val = idx.iter().map(|&i| x[i as usize]).collect();
+            (idx, val)
+        }
+    };
+    (idx, val, Some(f32::from_bits(th)))
+}
+
+/// Exact top-k among candidates given as ascending positions with their values (DGC's "exact
+/// top-k of the entries that passed"): the kept positions and values, and the k-th largest |x|.
+pub fn topk_among_values(pos: &[u32], vals: &[f32], k: usize) -> (Vec<u32>, Vec<f32>, Option<f32>) {
+    let k = k.min(pos.len());
+    if k == 0 {
+        return (Vec::new(), Vec::new(), None);
+    }
+    let mut keys: Vec<u32> = vals.iter().map(|v| key(*v)).collect();
+    let th = select_kth_largest(&mut keys, k);
+    let (i, v) = take_top_valued::<true>(pos, vals, th, k);
+    (i, v, Some(f32::from_bits(th)))
 }
 
 /// Exact top-k among the given ascending `positions` of `x` (DGC's "exact top-k of the entries
@@ -110,23 +142,34 @@ fn take_top(
     out
 }
 
-/// As [`take_top`], for candidates whose keys were collected with them.
-fn take_top_keyed(pos: &[u32], keys: &[u32], th: u32, k: usize) -> Vec<u32> {
-    let above = keys.iter().filter(|&&kv| kv > th).count();
+/// As [`take_top`], for candidates whose values were collected with them; the values of the
+/// kept ones when `VALUES` (else an empty vector).
+fn take_top_valued<const VALUES: bool>(
+    pos: &[u32],
+    vals: &[f32],
+    th: u32,
+    k: usize,
+) -> (Vec<u32>, Vec<f32>) {
+    let above = vals.iter().filter(|v| key(**v) > th).count();
     let mut ties = k - above;
     let mut out = Vec::with_capacity(k);
-    for (&i, &kv) in pos.iter().zip(keys) {
+    let mut outv = Vec::with_capacity(if VALUES { k } else { 0 });
+    for (&i, &v) in pos.iter().zip(vals) {
+        let kv = key(v);
         if kv > th || (kv == th && ties > 0) {
             if kv == th {
                 ties -= 1;
             }
             out.push(i);
+            if VALUES {
+                outv.push(v);
+            }
             if out.len() == k {
                 break;
             }
         }
     }
-    out
+    (out, outv)
 }
 
 /// The k-th largest of `keys` (1 ≤ k ≤ len); reorders `keys`.
@@ -135,20 +178,21 @@ fn select_kth_largest(keys: &mut [u32], k: usize) -> u32 {
     *keys.select_nth_unstable(pos).1
 }
 
-/// Candidate positions (ascending) and their keys.
-type Candidates = (Vec<u32>, Vec<u32>);
+/// Candidate positions (ascending) and their values.
+type Candidates = (Vec<u32>, Vec<f32>);
 
 /// The k-th largest key of x, with the ascending candidate positions (and their keys) that
-/// contain every position whose key is ≥ it (None: the caller scans all of x).
+/// contain every position whose key is ≥ it, with their values (None: the caller scans all of
+/// x).
 fn kth_key(x: &[f32], k: usize) -> (u32, Option<Candidates>) {
     let n = x.len();
     if n >= SMALL {
         if let Some(lo) = estimate_lower_key(x, k) {
-            let (cands, keys) = at_least(x, lo);
+            let (cands, vals) = at_least(x, lo);
             if cands.len() >= k {
-                let mut scratch = keys.clone();
-                let th = select_kth_largest(&mut scratch, k);
-                return (th, Some((cands, keys)));
+                let mut keys: Vec<u32> = vals.iter().map(|v| key(*v)).collect();
+                let th = select_kth_largest(&mut keys, k);
+                return (th, Some((cands, vals)));
             }
         }
     }
@@ -163,7 +207,7 @@ fn kth_key(x: &[f32], k: usize) -> (u32, Option<Candidates>) {
 /// A key that is ≤ the k-th largest with high probability, from a sample of `SAMPLE` entries in
 /// blocks of `BLOCK` contiguous ones spread evenly over x (few cache misses); None when the
 /// sample says nearly everything would pass (the filter would not pay).
-fn estimate_lower_key(x: &[f32], k: usize) -> Option<u32> {
+pub(crate) fn estimate_lower_key(x: &[f32], k: usize) -> Option<u32> {
     let n = x.len();
     let blocks = (SAMPLE / BLOCK).min(n / BLOCK).max(1);
     let stride = n / blocks;
@@ -184,62 +228,7 @@ fn estimate_lower_key(x: &[f32], k: usize) -> Option<u32> {
     Some(select_kth_largest(&mut sample, r))
 }
 
-/// Ascending positions with key ≥ lo and their keys (one parallel pass).
-pub(crate) fn at_least(x: &[f32], lo: u32) -> (Vec<u32>, Vec<u32>) {
-    let parts: Vec<(Vec<u32>, Vec<u32>)> = x
-        .par_chunks(CHUNK)
-        .enumerate()
-        .map(|(ci, c)| {
-            let mut idx = Vec::new();
-            let mut keys = Vec::new();
-            scan_mask(
-                c,
-                (ci * CHUNK) as u32,
-                |v| key(v) >= lo,
-                |i, v| {
-                    idx.push(i);
-                    keys.push(key(v));
-                },
-            );
-            (idx, keys)
-        })
-        .collect();
-    let total = parts.iter().map(|p| p.0.len()).sum();
-    let (mut idx, mut keys) = (Vec::with_capacity(total), Vec::with_capacity(total));
-    for (i, k) in parts {
-        idx.extend_from_slice(&i);
-        keys.extend_from_slice(&k);
-    }
-    (idx, keys)
-}
-
-/// Calls `hit(base + j, c[j])` for every j with `pred(c[j])`, in order. The predicate is
-/// evaluated 32 lanes at a time into a bit mask (vectorised, branch-free); blocks with no hit
-/// cost one test, so a pass with few hits runs near memory speed.
-#[inline(always)]
-pub(crate) fn scan_mask(
-    c: &[f32],
-    base: u32,
-    pred: impl Fn(f32) -> bool,
-    mut hit: impl FnMut(u32, f32),
-) {
-    let mut blocks = c.chunks_exact(32);
-    let mut off = base;
-    for b in &mut blocks {
-        let mut m = 0u32;
-        for (j, v) in b.iter().enumerate() {
-            m |= (pred(*v) as u32) << j;
-        }
-        while m != 0 {
-            let j = m.trailing_zeros();
-            hit(off + j, b[j as usize]);
-            m &= m - 1;
-        }
-        off += 32;
-    }
-    for (j, v) in blocks.remainder().iter().enumerate() {
-        if pred(*v) {
-            hit(off + j as u32, *v);
-        }
-    }
+/// Ascending positions with key ≥ lo and their values (one parallel pass).
+pub(crate) fn at_least(x: &[f32], lo: u32) -> (Vec<u32>, Vec<f32>) {
+    crate::threshold::collect::<_, true>(x, &crate::threshold::KeyGe(lo))
 }
