@@ -267,6 +267,31 @@ fn mask_never_seen(m: &mut [f32], v_frozen: &[f32]) {
     }
 }
 
+/// The largest |m/√v| an uncompressed Adam/LAMB step can produce (no bias correction, m and
+/// v from 0 on the same gradients): m = (1−β1)Σβ1^j g_j and v = (1−β2)Σβ2^j g_j², so by
+/// Cauchy–Schwarz |m| ≤ (1−β1)·√(Σ(β1²/β2)^j)·√(v/(1−β2)), i.e.
+/// |m/√v| ≤ (1−β1)/√((1−β2)(1−β1²/β2)) (≈ 7.27 for β = (0.9, 0.999)). `None` when β1² ≥ β2
+/// (the series diverges: no bound).
+pub fn adam_ratio_bound(beta1: f32, beta2: f32) -> Option<f32> {
+    let (b1, b2) = (beta1 as f64, beta2 as f64);
+    let q = 1.0 - b1 * b1 / b2;
+    (q > 0.0 && b2 < 1.0).then(|| ((1.0 - b1) / ((1.0 - b2) * q).sqrt()) as f32)
+}
+
+/// The compressed stage's m/(√v_frozen + η), clipped to ±[`adam_ratio_bound`]. With a frozen
+/// variance the ratio is no longer bounded: an entry that was rarely active during the
+/// warm-up (a rarely lit pixel's weight) has a tiny but nonzero v, while the 1-bit momentum
+/// gives it a magnitude ≈ its chunk's mean |m|; m/√v then explodes (NaN a few steps after the
+/// freeze on digits with η = 1e-8). Clipping to the bound every uncompressed step obeys
+/// changes nothing an uncompressed step could produce and needs no user flag.
+fn clipped_ratio(m: f32, den: f32, bound: Option<f32>) -> f32 {
+    let x = m / den;
+    match bound {
+        Some(b) => x.clamp(-b, b),
+        None => x,
+    }
+}
+
 /// 1-bit LAMB (Algorithm 1 of onebit-lamb.md). Steps `0..freeze_step` are LAMB on the
 /// allreduced gradient ([`OnebitLamb::warmup_step`]) while the per-tensor coefficient EMA
 /// `c_avg ← β3·c_avg + (1−β3)·c` is recorded (skipped when c == 1 exactly, as DeepSpeed
@@ -363,6 +388,7 @@ impl OnebitLamb {
     pub fn compressed_step(&mut self, w: &mut [f32], mut m: Vec<f32>, lr: f32) {
         let c = self.lamb.cfg.clone();
         mask_never_seen(&mut m, &self.lamb.v);
+        let bound = adam_ratio_bound(c.beta1, c.beta2);
         for (li, &(o, n)) in self.lamb.segments.iter().enumerate() {
             let k = self.scale[li];
             m[o..o + n].iter_mut().for_each(|x| *x /= k);
@@ -374,7 +400,7 @@ impl OnebitLamb {
                 let g_rec = (m[i] - c.beta1 * self.m_prev[i]) / (1.0 - c.beta1);
                 self.v_fresh[i] = c.beta2 * self.v_fresh[i] + (1.0 - c.beta2) * g_rec * g_rec;
                 let den = self.lamb.v[i].sqrt() + c.eps;
-                u_pre[j] = m[i] / den;
+                u_pre[j] = clipped_ratio(m[i], den, bound);
                 u[j] = u_pre[j] + c.weight_decay * w[i];
                 r = r.max(den / (self.v_fresh[i].sqrt() + c.eps));
             }
@@ -440,10 +466,12 @@ impl OnebitAdam {
     pub fn compressing(&self, step: u32) -> bool {
         step >= self.cfg.freeze_step
     }
-    fn apply(&self, w: &mut [f32], lr: f32) {
+    /// `bound`: clip m/(√v+η) to ±bound (the compressed stage, [`clipped_ratio`]).
+    fn apply(&self, w: &mut [f32], lr: f32, bound: Option<f32>) {
         let c = &self.cfg;
         for i in 0..w.len() {
-            let upd = self.m[i] / (self.v[i].sqrt() + c.eps) + c.weight_decay * w[i];
+            let upd =
+                clipped_ratio(self.m[i], self.v[i].sqrt() + c.eps, bound) + c.weight_decay * w[i];
             w[i] -= lr * upd;
         }
     }
@@ -453,7 +481,7 @@ impl OnebitAdam {
             self.m[i] = c.beta1 * self.m[i] + (1.0 - c.beta1) * g[i];
             self.v[i] = c.beta2 * self.v[i] + (1.0 - c.beta2) * g[i] * g[i];
         }
-        self.apply(w, lr);
+        self.apply(w, lr, None);
     }
     pub fn local_momentum(&self, g_local: &[f32]) -> Vec<f32> {
         let c = &self.cfg;
@@ -466,7 +494,7 @@ impl OnebitAdam {
     pub fn compressed_step(&mut self, w: &mut [f32], mut m: Vec<f32>, lr: f32) {
         mask_never_seen(&mut m, &self.v);
         self.m = m;
-        self.apply(w, lr);
+        self.apply(w, lr, adam_ratio_bound(self.cfg.beta1, self.cfg.beta2));
     }
     pub fn state(&self) -> State {
         vec![
