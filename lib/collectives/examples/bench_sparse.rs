@@ -17,12 +17,11 @@
 use std::time::Instant;
 
 use gradkit_collectives::registry::Params;
-use gradkit_collectives::sparse::gaussiank::gaussian_threshold;
 use gradkit_collectives::{cost, make_reducer, Flat};
 use gradkit_comm::run_local;
 use gradkit_core::synth::{shape, Generator, SynthSpec};
 use gradkit_core::trace::{flatten_dense, Layout, Sparse};
-use gradkit_sparsify::{threshold, topk};
+use gradkit_sparsify::topk;
 
 fn gather(x: &[f32], idx: Vec<u32>) -> Sparse {
     let values = idx.iter().map(|&i| x[i as usize]).collect();
@@ -91,9 +90,7 @@ fn main() -> anyhow::Result<()> {
         let k = params.k_for(n) as usize;
         eprintln!("P={p}: n={n}, k={k}; selecting…");
         let topk_in = with_feedback(&dense, |acc| topk::topk_indices(acc, k));
-        let gauss_in = with_feedback(&dense, |acc| {
-            threshold::above(acc, gaussian_threshold(acc, k))
-        });
+        let gauss_in = with_feedback(&dense, |acc| gradkit_sparsify::gaussiank::select(acc, k).0);
         let dense_in: Vec<Vec<Flat>> = dense
             .iter()
             .map(|st| st.iter().cloned().map(Flat::Dense).collect())
