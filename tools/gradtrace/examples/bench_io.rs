@@ -1,10 +1,15 @@
 //! Throughput of tensor/1 Parquet I/O: writes and reads a dense trace of 1 GiB of f32 (by
-//! default) with gradkit-core, then runs pipelines/bench/bench_io.py so pyarrow reads and
-//! writes the same data in the same run. Prints a Markdown table for docs/results/io.md.
+//! default) with gradkit-core, and runs pipelines/bench/bench_io.py so pyarrow reads and
+//! writes the same data in the same run. Each repetition runs every measurement once, in turn
+//! (gradkit write, gradkit read, then pyarrow's), so both sides see the same machine load;
+//! the table reports medians (and the minimum). Prints a Markdown table for docs/results/io.md.
 //!
 //!   cargo run --release -p gradtrace --example bench_io -- [GIB] [REPS] [DIR]
+//!
+//! `BENCH_IO_NO_PYTHON=1` skips pyarrow (for profiling the Rust side alone).
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
@@ -13,11 +18,82 @@ use gradkit_core::io::{read_tensor, Input, Meta, Output, ReadOptions, TableWrite
 use gradkit_core::synth::{self, LayerSpec, SynthSpec};
 use gradkit_core::TensorRow;
 
+/// Seconds of each repetition and the file size, per measurement name.
+#[derive(Default)]
+struct Samples(BTreeMap<String, (Vec<f64>, u64)>);
+
+impl Samples {
+    fn add(&mut self, name: &str, secs: f64, size: u64) {
+        let e = self.0.entry(name.to_string()).or_default();
+        e.0.push(secs);
+        e.1 = size;
+    }
+    fn median(&self, name: &str) -> f64 {
+        self.0.get(name).map_or(f64::NAN, |(v, _)| median(v))
+    }
+}
+
+/// CPU seconds (user + system, all threads) this process has used, from /proc/self/stat.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses): utime, stime are 14 and 15.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(f64::NAN))
+        .collect();
+    // Clock ticks of 1/100 s (USER_HZ on Linux).
+    f.get(11)
+        .zip(f.get(12))
+        .map_or(f64::NAN, |(u, s)| (u + s) / 100.0)
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// One run of bench_io.py on `path`; returns pyarrow's version.
+fn run_python(path: &Path, samples: &mut Samples) -> Result<String> {
+    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python");
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../pipelines/bench/bench_io.py");
+    let out = Command::new(&py)
+        .arg(&script)
+        .arg(path)
+        .arg("1")
+        .output()
+        .with_context(|| format!("running {} (make deps creates the venv)", py.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "bench_io.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut version = String::new();
+    for l in String::from_utf8(out.stdout)?.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f[0] == "pyarrow_version" {
+            version = f[1].to_string();
+        } else {
+            samples.add(f[0], f[1].parse()?, f[3].parse()?);
+            samples.add(&format!("{} cpu", f[0]), f[2].parse()?, f[3].parse()?);
+        }
+    }
+    Ok(version)
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let gib: f64 = args.first().map_or(Ok(1.0), |s| s.parse())?;
-    let reps: usize = args.get(1).map_or(Ok(2), |s| s.parse())?;
+    let reps: usize = args.get(1).map_or(Ok(3), |s| s.parse())?;
     let dir = PathBuf::from(args.get(2).map_or("data/out", |s| s.as_str()));
+    let python = std::env::var_os("BENCH_IO_NO_PYTHON").is_none();
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("bench_io.parquet");
 
@@ -36,9 +112,12 @@ fn main() -> Result<()> {
         t.elapsed().as_secs_f64()
     );
 
-    let mut write_s = f64::INFINITY;
-    for _ in 0..reps {
-        let t = Instant::now();
+    const WRITE: &str = "gradkit-core write (TableWriter, 16 rows per write)";
+    const READ: &str = "gradkit-core read (read_tensor, validated rows)";
+    let mut s = Samples::default();
+    let mut version = String::new();
+    for rep in 0..reps {
+        let (t, c) = (Instant::now(), cpu_seconds());
         let mut w = TableWriter::<TensorRow>::create(
             &Output::Path(path.clone()),
             &Meta::producer("bench_io"),
@@ -48,87 +127,80 @@ fn main() -> Result<()> {
             w.write(chunk)?;
         }
         w.finish()?;
-        write_s = write_s.min(t.elapsed().as_secs_f64());
-    }
-    let disk = std::fs::metadata(&path)?.len();
-    let mut read_s = f64::INFINITY;
-    for _ in 0..reps {
-        let t = Instant::now();
-        let back = read_tensor(&Input::Path(path.clone()), ReadOptions::default())?;
-        read_s = read_s.min(t.elapsed().as_secs_f64());
-        assert_eq!(back.rows.len(), rows.len());
-    }
+        let disk = std::fs::metadata(&path)?.len();
+        s.add(WRITE, t.elapsed().as_secs_f64(), disk);
+        s.add(&format!("{WRITE} cpu"), cpu_seconds() - c, disk);
 
-    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python");
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../pipelines/bench/bench_io.py");
-    let out = Command::new(&py)
-        .arg(&script)
-        .arg(&path)
-        .arg(reps.to_string())
-        .output()
-        .with_context(|| format!("running {} (make deps creates the venv)", py.display()))?;
-    anyhow::ensure!(
-        out.status.success(),
-        "bench_io.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout)?;
-    let mut py_rows = Vec::new();
-    let mut version = String::new();
-    for l in text.lines() {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        if f[0] == "pyarrow_version" {
-            version = f[1].to_string();
-        } else {
-            py_rows.push((f[0].to_string(), f[1].parse::<f64>()?, f[2].parse::<u64>()?));
+        let (t, c) = (Instant::now(), cpu_seconds());
+        let back = read_tensor(&Input::Path(path.clone()), ReadOptions::default())?;
+        s.add(READ, t.elapsed().as_secs_f64(), disk);
+        s.add(&format!("{READ} cpu"), cpu_seconds() - c, disk);
+        assert_eq!(back.rows.len(), rows.len());
+        drop(back);
+
+        if python {
+            version = run_python(&path, &mut s)?;
         }
+        eprintln!(
+            "rep {}: write {:.2} s, read {:.2} s, pyarrow write {:.2} s, read {:.2} s",
+            rep + 1,
+            s.0[WRITE].0[rep],
+            s.0[READ].0[rep],
+            s.0.get("pyarrow_write_zstd1_bss")
+                .map_or(f64::NAN, |v| v.0[rep]),
+            s.0.get("pyarrow_read").map_or(f64::NAN, |v| v.0[rep]),
+        );
     }
-    let get = |n: &str| {
-        py_rows
-            .iter()
-            .find(|r| r.0 == n)
-            .map(|r| r.1)
-            .unwrap_or(f64::NAN)
-    };
 
     println!(
-        "Dense trace: {} rows × {} f32 = {:.3} GB of values ({:.2} GiB); best of {reps}.",
+        "Dense trace: {} rows × {} f32 = {:.3} GB of values ({:.2} GiB); median (min) of {reps} interleaved repetitions.",
         rows.len(),
         per_layer,
         raw / 1e9,
         raw / (1u64 << 30) as f64
     );
     println!();
-    println!("| what | seconds | MB/s (f32 payload) | file MB |");
-    println!("|---|---:|---:|---:|");
-    let line = |what: &str, s: f64, size: u64| {
-        println!(
-            "| {what} | {s:.2} | {:.0} | {:.0} |",
-            raw / 1e6 / s,
-            size as f64 / 1e6
-        )
-    };
-    line(
-        "gradkit-core write (TableWriter, zstd 1, BYTE_STREAM_SPLIT)",
-        write_s,
-        disk,
-    );
-    line(
-        "gradkit-core read (read_tensor, validated rows)",
-        read_s,
-        disk,
-    );
-    for (n, s, size) in &py_rows {
-        line(&format!("pyarrow {version} {n}"), *s, *size);
-    }
-    println!();
     println!(
-        "read: gradkit {:.2}x pyarrow's read_table of the same file; write: gradkit takes {:.2}x pyarrow's write_table time (same settings), {:.2}x (pyarrow defaults)",
-        get("pyarrow_read") / read_s,
-        write_s / get("pyarrow_write_zstd1_bss"),
-        write_s / get("pyarrow_write_defaults"),
+        "| what | median s | min s | MB/s at median (f32 payload) | CPU s (median) | file MB |"
     );
+    println!("|---|---:|---:|---:|---:|---:|");
+    let order = [
+        WRITE,
+        READ,
+        "pyarrow_read",
+        "pyarrow_write_zstd1_bss",
+        "pyarrow_read_own_zstd1_bss",
+        "pyarrow_write_defaults",
+    ];
+    for n in order {
+        let Some((v, size)) = s.0.get(n) else {
+            continue;
+        };
+        let m = median(v);
+        let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let what = if n.starts_with("pyarrow") {
+            format!("pyarrow {version} {n}")
+        } else {
+            n.to_string()
+        };
+        println!(
+            "| {what} | {m:.2} | {min:.2} | {:.0} | {:.2} | {:.0} |",
+            raw / 1e6 / m,
+            s.median(&format!("{n} cpu")),
+            *size as f64 / 1e6
+        );
+    }
+    if python {
+        println!();
+        println!(
+            "read: gradkit {:.2}x pyarrow's read_table speed (same file); write: gradkit takes {:.2}x pyarrow's write_table time (same settings), {:.2}x (pyarrow defaults); CPU time: write {:.2}x pyarrow's, read {:.2}x",
+            s.median("pyarrow_read") / s.median(READ),
+            s.median(WRITE) / s.median("pyarrow_write_zstd1_bss"),
+            s.median(WRITE) / s.median("pyarrow_write_defaults"),
+            s.median(&format!("{WRITE} cpu")) / s.median("pyarrow_write_zstd1_bss cpu"),
+            s.median(&format!("{READ} cpu")) / s.median("pyarrow_read cpu"),
+        );
+    }
     std::fs::remove_file(&path)?;
     Ok(())
 }
