@@ -15,7 +15,7 @@ use arrow_array::types::{Float32Type, UInt32Type};
 use arrow_array::{Array, ListArray, RecordBatch};
 use arrow_schema::{DataType, Schema};
 use bytes::Bytes;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::arrow_writer::{
     compute_leaves, ArrowColumnChunk, ArrowColumnWriter, ArrowRowGroupWriterFactory,
 };
@@ -159,19 +159,70 @@ pub fn read_table<T: Table>(input: &Input, _opts: ReadOptions) -> Result<Loaded<
     read_table_inner::<T>(input).with_context(|| format!("in {name}"))
 }
 
+/// Where the bytes of a file are read from: the file itself (each reading thread opens its
+/// own handle) or, for stdin, a buffer in memory.
+enum Source {
+    File(PathBuf),
+    Memory(Bytes),
+}
+
+/// The rows of row groups `groups`, read with `batch` rows per record batch.
+fn read_row_groups<T: Table>(
+    source: &Source,
+    metadata: &ArrowReaderMetadata,
+    groups: Vec<usize>,
+    batch: usize,
+) -> Result<Vec<T>> {
+    fn rows<T: Table, R: parquet::file::reader::ChunkReader + 'static>(
+        r: R,
+        metadata: &ArrowReaderMetadata,
+        groups: Vec<usize>,
+        batch: usize,
+    ) -> Result<Vec<T>> {
+        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(r, metadata.clone())
+            .with_row_groups(groups)
+            .with_batch_size(batch)
+            .build()?;
+        let mut rows = Vec::new();
+        for b in reader {
+            rows.extend(batch_to_rows::<T>(&b?)?);
+        }
+        Ok(rows)
+    }
+    match source {
+        Source::File(p) => rows(
+            File::open(p).with_context(|| format!("cannot read {}", p.display()))?,
+            metadata,
+            groups,
+            batch,
+        ),
+        Source::Memory(b) => rows(b.clone(), metadata, groups, batch),
+    }
+}
+
 fn read_table_inner<T: Table>(input: &Input) -> Result<Loaded<T>> {
-    let bytes = input.bytes()?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)
-        .map_err(|e| anyhow!("not a Parquet file ({e})"))?;
+    let source = match input {
+        Input::Path(p) => Source::File(p.clone()),
+        Input::Stdin => Source::Memory(input.bytes()?),
+    };
+    let not_parquet = |e: parquet::errors::ParquetError| anyhow!("not a Parquet file ({e})");
+    let metadata = match &source {
+        Source::File(p) => ArrowReaderMetadata::load(
+            &File::open(p).with_context(|| format!("cannot read {}", p.display()))?,
+            Default::default(),
+        ),
+        Source::Memory(b) => ArrowReaderMetadata::load(b, Default::default()),
+    }
+    .map_err(not_parquet)?;
     let mut meta = Meta::default();
-    if let Some(kv) = builder.metadata().file_metadata().key_value_metadata() {
+    if let Some(kv) = metadata.metadata().file_metadata().key_value_metadata() {
         for e in kv {
             if let Some(v) = &e.value {
                 meta.0.insert(e.key.clone(), v.clone());
             }
         }
     }
-    for (k, v) in builder.schema().metadata() {
+    for (k, v) in metadata.schema().metadata() {
         meta.0.entry(k.clone()).or_insert_with(|| v.clone());
     }
     match meta.get("gradkit.schema") {
@@ -185,11 +236,52 @@ fn read_table_inner<T: Table>(input: &Input) -> Result<Loaded<T>> {
         ),
         _ => {}
     }
-    crate::tables::check_schema(&T::schema(), builder.schema())?;
-    let reader = builder.with_batch_size(4096).build()?;
-    let mut rows = Vec::new();
-    for batch in reader {
-        rows.extend(batch_to_rows::<T>(&batch?)?);
+    crate::tables::check_schema(&T::schema(), metadata.schema())?;
+    // Record batches of about 8 MiB (decoded): one row of a big dense layer per batch, up to
+    // 4096 small rows.
+    let groups = metadata.metadata().row_groups();
+    let (nrows, bytes) = groups.iter().fold((0i64, 0i64), |(n, b), g| {
+        (n + g.num_rows(), b + g.total_byte_size())
+    });
+    let batch = (8i64 << 20)
+        .checked_div(bytes / nrows.max(1))
+        .unwrap_or(4096)
+        .clamp(1, 4096) as usize;
+    // Row groups are decoded on up to one thread per core, each a contiguous range, and the
+    // rows concatenated in file order.
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(groups.len())
+        .max(1);
+    let ranges: Vec<Vec<usize>> = (0..threads)
+        .map(|t| (t * groups.len() / threads..(t + 1) * groups.len() / threads).collect())
+        .collect();
+    let parts: Vec<Result<Vec<T>>> = if threads == 1 {
+        ranges
+            .into_iter()
+            .map(|r| read_row_groups::<T>(&source, &metadata, r, batch))
+            .collect()
+    } else {
+        std::thread::scope(|sc| {
+            let handles: Vec<_> = ranges
+                .into_iter()
+                .map(|r| {
+                    let (source, metadata) = (&source, &metadata);
+                    sc.spawn(move || read_row_groups::<T>(source, metadata, r, batch))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow!("internal: a reader thread panicked")))
+                })
+                .collect()
+        })
+    };
+    let mut rows = Vec::with_capacity(nrows.max(0) as usize);
+    for p in parts {
+        rows.extend(p?);
     }
     Ok(Loaded {
         rows,
@@ -201,11 +293,39 @@ fn read_table_inner<T: Table>(input: &Input) -> Result<Loaded<T>> {
 /// Reads and validates a `tensor/1` file (every check of docs/FORMAT.md).
 pub fn read_tensor(input: &Input, opts: ReadOptions) -> Result<Loaded<TensorRow>> {
     let t = read_table::<TensorRow>(input, opts)?;
+    // The per-value checks run on one thread per core; the first failing row (in file order)
+    // is reported, as a sequential check would.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chunk = t.rows.len().div_ceil(threads).max(1);
+    let first_bad: Option<(usize, anyhow::Error)> = std::thread::scope(|sc| {
+        let handles: Vec<_> = t
+            .rows
+            .chunks(chunk)
+            .enumerate()
+            .map(|(c, rows)| {
+                sc.spawn(move || {
+                    rows.iter().enumerate().find_map(|(i, r)| {
+                        validate_tensor_row(r, opts.allow_nonfinite)
+                            .err()
+                            .map(|e| (c * chunk + i, e))
+                    })
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .filter_map(|h| h.join().unwrap_or(None))
+            .next()
+    });
     let mut reg = LayerRegistry::default();
-    for r in &t.rows {
-        validate_tensor_row(r, opts.allow_nonfinite)
-            .and_then(|_| reg.check(r))
-            .with_context(|| format!("in {}", t.source))?;
+    for (i, r) in t.rows.iter().enumerate() {
+        if let Some((bad, _)) = &first_bad {
+            if *bad == i {
+                let (_, e) = first_bad.expect("checked");
+                return Err(e).with_context(|| format!("in {}", t.source));
+            }
+        }
+        reg.check(r).with_context(|| format!("in {}", t.source))?;
     }
     Ok(t)
 }
