@@ -494,7 +494,15 @@ fn encode_list_column(
     col: usize,
     lv: &mut Levels,
 ) -> Result<EncodedColumn> {
-    let mut sink = TrackedWrite::new(Vec::new());
+    // Room for the uncompressed items: the buffer does not grow (and copy) while encoding.
+    let items: usize = batches
+        .iter()
+        .map(|b| {
+            let o = b.column(col).as_list::<i32>().value_offsets();
+            (o[o.len() - 1] - o[0]) as usize
+        })
+        .sum();
+    let mut sink = TrackedWrite::new(Vec::with_capacity(4 * items + (64 << 10)));
     let mut w = get_column_writer(
         descr.clone(),
         props.clone(),
@@ -618,6 +626,32 @@ impl<T: Table> TableWriter<T> {
         }
         self.write_batch(T::to_batch(rows)?)
             .with_context(|| format!("writing {}", self.out.name()))
+    }
+
+    /// Like [`TableWriter::write`], consuming the rows: a big row's buffers move into the
+    /// encoder instead of being copied (what a producer that no longer needs its rows calls).
+    pub fn write_owned(&mut self, rows: Vec<T>) -> Result<()> {
+        let name = self.out.name();
+        self.write_owned_inner(rows)
+            .with_context(|| format!("writing {name}"))
+    }
+
+    fn write_owned_inner(&mut self, rows: Vec<T>) -> Result<()> {
+        let mut small = Vec::new();
+        for r in rows {
+            if approx_row_bytes(&r) >= 1 << 20 {
+                if !small.is_empty() {
+                    self.write_batch(T::to_batch(&std::mem::take(&mut small))?)?;
+                }
+                self.write_batch(T::into_batch(vec![r])?)?;
+            } else {
+                small.push(r);
+            }
+        }
+        if !small.is_empty() {
+            self.write_batch(T::to_batch(&small)?)?;
+        }
+        Ok(())
     }
 
     fn write_batch(&mut self, batch: RecordBatch) -> Result<()> {
@@ -826,6 +860,16 @@ mod tests {
             .map(|g| g.num_rows())
             .sum();
         assert_eq!(total as usize, rows.len());
+        let back = read_tensor(&Input::Path(p.clone()), ReadOptions::default()).unwrap();
+        assert_eq!(back.rows, rows);
+        // The consuming path writes the same rows, big ones without a copy.
+        let mut w =
+            TableWriter::<TensorRow>::create(&Output::Path(p.clone()), &Meta::default()).unwrap();
+        w.row_group_bytes = 3 << 20;
+        for chunk in rows.chunks(20) {
+            w.write_owned(chunk.to_vec()).unwrap();
+        }
+        w.finish().unwrap();
         let back = read_tensor(&Input::Path(p.clone()), ReadOptions::default()).unwrap();
         assert_eq!(back.rows, rows);
         std::fs::remove_dir_all(&dir).unwrap();

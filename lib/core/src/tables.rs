@@ -45,6 +45,11 @@ pub trait Table: Sized + Send + 'static {
     const KIND: SchemaKind;
     fn schema() -> SchemaRef;
     fn to_batch(rows: &[Self]) -> Result<RecordBatch>;
+    /// Like [`Table::to_batch`], consuming the rows: a table may move big buffers into the
+    /// batch instead of copying them (`TensorRow` moves `values` of a one-row batch).
+    fn into_batch(rows: Vec<Self>) -> Result<RecordBatch> {
+        Self::to_batch(&rows)
+    }
     /// Converts a batch whose columns were already checked against [`Table::schema`].
     fn from_batch(batch: &RecordBatch) -> Result<Vec<Self>>;
 }
@@ -263,6 +268,27 @@ impl Table for TensorRow {
                 values,
             ],
         )?)
+    }
+
+    fn into_batch(mut rows: Vec<Self>) -> Result<RecordBatch> {
+        if rows.len() != 1 {
+            return Self::to_batch(&rows);
+        }
+        // One row: its values become the batch's `values` buffer without a copy.
+        let values = std::mem::take(&mut rows[0].values);
+        let mut b = Self::to_batch(&rows)?;
+        let n = values.len();
+        let list = list_array(
+            DataType::Float32,
+            [n],
+            Float32Array::new(values.into(), None),
+            None,
+        );
+        let idx = b.schema().index_of("values")?;
+        let mut cols = b.columns().to_vec();
+        cols[idx] = list;
+        b = RecordBatch::try_new(Self::schema(), cols)?;
+        Ok(b)
     }
 
     fn from_batch(b: &RecordBatch) -> Result<Vec<Self>> {
