@@ -203,16 +203,21 @@ pub fn ring_bytes_sent(p: usize, n: usize, r: usize) -> u64 {
     (4 * (2 * n - c((r + 1) % p) - c((r + 2) % p))) as u64
 }
 
-/// Least-squares fit of `t ≈ α·messages + β·bytes` over measured points
-/// `(messages, bytes, seconds)`; returns (α seconds, β seconds per byte).
+/// Fit of `t ≈ α·messages + β·bytes` over measured points `(messages, bytes, seconds)`,
+/// minimising the *relative* error Σ((α·m + β·b − t)/t)², so small messages (which set α)
+/// weigh as much as large ones (which set β). Returns (α seconds, β seconds per byte).
 pub fn fit_alpha_beta(points: &[(f64, f64, f64)]) -> Option<(f64, f64)> {
     let (mut smm, mut smb, mut sbb, mut smt, mut sbt) = (0.0, 0.0, 0.0, 0.0, 0.0);
     for &(m, b, t) in points {
+        if t <= 0.0 {
+            continue;
+        }
+        let (m, b) = (m / t, b / t);
         smm += m * m;
         smb += m * b;
         sbb += b * b;
-        smt += m * t;
-        sbt += b * t;
+        smt += m;
+        sbt += b;
     }
     let det = smm * sbb - smb * smb;
     if det.abs() < 1e-300 {
