@@ -12,7 +12,7 @@ use gradkit_comm::Comm;
 use gradkit_core::trace::Layout;
 
 use super::topka::allgather_sum;
-use super::{k_of, output, Feedback};
+use super::Feedback;
 use crate::{Flat, Params, Reducer, StepOutput};
 
 /// `--algo gaussiank`.
@@ -41,18 +41,19 @@ impl Reducer for GaussianK {
         layout: &Layout,
         input: Flat,
     ) -> Result<StepOutput> {
-        let n = self.fb.check("gaussiank", layout, &input)?;
-        let k = k_of(&self.params, n);
-        let mut metrics = Vec::new();
-        let (sel, acc) = self.fb.local_selection(input, &mut metrics, |acc| {
-            let (idx, th) = gradkit_sparsify::gaussiank::select(acc, k);
-            (idx, Some(th))
-        });
-        let contributed = acc.as_ref().map(|_| sel.indices.clone());
-        let res = allgather_sum(comm, sel);
-        if let (Some(acc), Some(c)) = (acc, &contributed) {
-            self.fb.update(acc, c);
-        }
-        Ok(output(comm, self.params.op, res, k, contributed, metrics))
+        super::select_and_exchange(
+            &mut self.fb,
+            &self.params,
+            "gaussiank",
+            comm,
+            layout,
+            input,
+            |acc, k| {
+                let (idx, th) = gradkit_sparsify::gaussiank::select(acc, k);
+                (idx, Some(th))
+            },
+            |comm, sel, _, _| allgather_sum(comm, sel),
+            super::Kept::AllSent,
+        )
     }
 }

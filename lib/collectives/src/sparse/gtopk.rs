@@ -16,7 +16,7 @@ use anyhow::Result;
 use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::{Layout, Sparse};
 
-use super::{exchange_sparse, k_of, output, select_topk, sum_sparse, topk_sparse, Feedback};
+use super::{exchange_sparse, k_of, select_topk, sum_sparse, topk_sparse, Feedback};
 use crate::{Flat, Params, Reducer, StepOutput};
 
 /// The gTop-k reduction tree and broadcast of one step.
@@ -85,18 +85,17 @@ impl Reducer for GTopk {
         layout: &Layout,
         input: Flat,
     ) -> Result<StepOutput> {
-        let n = self.fb.check("gtopk", layout, &input)?;
-        let k = k_of(&self.params, n);
-        let mut metrics = Vec::new();
-        let (sel, acc) = self
-            .fb
-            .local_selection(input, &mut metrics, |acc| (select_topk(acc, k), None));
-        let contributed = acc.as_ref().map(|_| sel.indices.clone());
-        let res = tree_allreduce(comm, sel, k);
-        if let (Some(acc), Some(c)) = (acc, &contributed) {
-            let kept = super::intersect(c, &res.indices);
-            self.fb.update(acc, &kept);
-        }
-        Ok(output(comm, self.params.op, res, k, contributed, metrics))
+        let k = k_of(&self.params, layout.total() as usize);
+        super::select_and_exchange(
+            &mut self.fb,
+            &self.params,
+            "gtopk",
+            comm,
+            layout,
+            input,
+            |acc, k| (select_topk(acc, k), None),
+            |comm, sel, _, _| tree_allreduce(comm, sel, k),
+            super::Kept::InResult,
+        )
     }
 }

@@ -407,6 +407,47 @@ pub(crate) fn output(
     out
 }
 
+/// Which of the entries a rank sent leave its residual after the exchange.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kept {
+    /// Every sent entry is in the sum (allgather-based methods; a sum that cancels to 0 was
+    /// still sent).
+    AllSent,
+    /// Only the sent entries in the result's support (methods that drop entries, e.g. gTopk).
+    InResult,
+}
+
+/// One step of the select-then-exchange reducers (TopkA, TopkDSA, gTopk, Gaussiank): check
+/// the input, select locally from `residual + g` for dense input (`select(acc, k)`), run
+/// `exchange(comm, selection, n, metrics)`, return the kept entries to the residual
+/// (Algorithm 2), and build the output.
+#[allow(clippy::too_many_arguments)] // the step's inputs plus the two strategy closures
+pub(crate) fn select_and_exchange(
+    fb: &mut Feedback,
+    params: &crate::Params,
+    algo: &str,
+    comm: &dyn Comm,
+    layout: &Layout,
+    input: Flat,
+    select: impl FnOnce(&[f32], usize) -> (Vec<u32>, Option<f32>),
+    exchange: impl FnOnce(&dyn Comm, Sparse, usize, &mut Vec<(String, f64)>) -> Sparse,
+    kept: Kept,
+) -> Result<StepOutput> {
+    let n = fb.check(algo, layout, &input)?;
+    let k = k_of(params, n);
+    let mut metrics = Vec::new();
+    let (sel, acc) = fb.local_selection(input, &mut metrics, |acc| select(acc, k));
+    let contributed = acc.as_ref().map(|_| sel.indices.clone());
+    let res = exchange(comm, sel, n, &mut metrics);
+    if let (Some(acc), Some(c)) = (acc, &contributed) {
+        match kept {
+            Kept::AllSent => fb.update(acc, c),
+            Kept::InResult => fb.update(acc, &intersect(c, &res.indices)),
+        }
+    }
+    Ok(output(comm, params.op, res, k, contributed, metrics))
+}
+
 /// Seconds since `t`.
 pub(crate) fn secs(t: Instant) -> f64 {
     t.elapsed().as_secs_f64()

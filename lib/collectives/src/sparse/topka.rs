@@ -9,7 +9,7 @@ use anyhow::Result;
 use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::{Layout, Sparse};
 
-use super::{allgatherv_sparse, k_of, output, select_topk, sum_sparse, Feedback};
+use super::{allgatherv_sparse, select_topk, sum_sparse, Feedback};
 use crate::{Flat, Params, Reducer, StepOutput};
 
 /// Allgatherv of every rank's COO, then the sum in rank order.
@@ -45,18 +45,16 @@ impl Reducer for TopkA {
         layout: &Layout,
         input: Flat,
     ) -> Result<StepOutput> {
-        let n = self.fb.check("topka", layout, &input)?;
-        let k = k_of(&self.params, n);
-        let mut metrics = Vec::new();
-        let (sel, acc) = self
-            .fb
-            .local_selection(input, &mut metrics, |acc| (select_topk(acc, k), None));
-        let contributed = acc.as_ref().map(|_| sel.indices.clone());
-        let res = allgather_sum(comm, sel);
-        if let (Some(acc), Some(c)) = (acc, &contributed) {
-            // Every sent entry is in the result.
-            self.fb.update(acc, c);
-        }
-        Ok(output(comm, self.params.op, res, k, contributed, metrics))
+        super::select_and_exchange(
+            &mut self.fb,
+            &self.params,
+            "topka",
+            comm,
+            layout,
+            input,
+            |acc, k| (select_topk(acc, k), None),
+            |comm, sel, _, _| allgather_sum(comm, sel),
+            super::Kept::AllSent,
+        )
     }
 }

@@ -17,7 +17,7 @@ use gradkit_core::trace::{Layout, Sparse};
 use gradkit_partition::oktopk::{naive_boundaries, region};
 
 use super::oktopk::split_and_reduce;
-use super::{allgatherv_sparse, concat, gather, k_of, output, select_topk, Feedback};
+use super::{allgatherv_sparse, concat, gather, select_topk, Feedback};
 use crate::{Flat, Params, Reducer, StepOutput};
 
 /// Whether TopkDSA gathers dense regions: COO (2 words per entry) at or above n words.
@@ -84,19 +84,20 @@ impl Reducer for TopkDsa {
         layout: &Layout,
         input: Flat,
     ) -> Result<StepOutput> {
-        let n = self.fb.check("topkdsa", layout, &input)?;
-        let k = k_of(&self.params, n);
-        let mut metrics = Vec::new();
-        let (sel, acc) = self
-            .fb
-            .local_selection(input, &mut metrics, |acc| (select_topk(acc, k), None));
-        let (res, dense) = sparse_allreduce(comm, &sel, n as u64);
-        metrics.push(("dense_allgather".into(), f64::from(u8::from(dense))));
-        let contributed = acc.as_ref().map(|_| sel.indices.clone());
-        if let Some(acc) = acc {
-            // Everything sent is in the sum (a sum that cancels to 0 was still sent).
-            self.fb.update(acc, &sel.indices);
-        }
-        Ok(output(comm, self.params.op, res, k, contributed, metrics))
+        super::select_and_exchange(
+            &mut self.fb,
+            &self.params,
+            "topkdsa",
+            comm,
+            layout,
+            input,
+            |acc, k| (select_topk(acc, k), None),
+            |comm, sel, n, metrics| {
+                let (res, dense) = sparse_allreduce(comm, &sel, n as u64);
+                metrics.push(("dense_allgather".into(), f64::from(u8::from(dense))));
+                res
+            },
+            super::Kept::AllSent,
+        )
     }
 }
