@@ -184,6 +184,12 @@ fn assert_clean_failure(o: &ProcOutput, needle: &str, out: &Path) {
     assert!(leftovers.is_empty(), "tmp file left behind");
 }
 
+/// Runs the binary on Local ranks with `args IN -o OUT` and expects a clean failure.
+fn local_fails(args: &[&str], inp: &Path, out: &Path, needle: &str) {
+    let o = run(Command::new(BIN).args(args).arg(inp).arg("-o").arg(out));
+    assert_clean_failure(&o, needle, out);
+}
+
 #[test]
 fn bad_input_fails_cleanly() {
     let d = tmpdir("bad");
@@ -191,12 +197,12 @@ fn bad_input_fails_cleanly() {
     let inp = d.join("t.parquet");
     write_trace(&inp, &trace(4, 2));
     // Rank count mismatch.
-    let o = run(Command::new(BIN)
-        .args(["--ranks", "3"])
-        .arg(&inp)
-        .arg("-o")
-        .arg(&out));
-    assert_clean_failure(&o, "holds 4 ranks but this run has 3", &out);
+    local_fails(
+        &["--ranks", "3"],
+        &inp,
+        &out,
+        "holds 4 ranks but this run has 3",
+    );
     // Under mpirun too: one clean error line, exit 1.
     let o = run(mpirun(2).arg(&inp).arg("-o").arg(&out));
     assert!(!o.status.success());
@@ -206,35 +212,30 @@ fn bad_input_fails_cleanly() {
     let mut rows = trace(4, 2);
     rows.retain(|r| !(r.rank == 2 && r.step == 1 && r.layer_id == 1));
     write_trace(&inp, &rows);
-    let o = run(Command::new(BIN)
-        .args(["--ranks", "4"])
-        .arg(&inp)
-        .arg("-o")
-        .arg(&out));
-    assert_clean_failure(&o, "differ from the trace's layers", &out);
+    local_fails(
+        &["--ranks", "4"],
+        &inp,
+        &out,
+        "differ from the trace's layers",
+    );
     // A missing step for one rank.
     let mut rows = trace(4, 2);
     rows.retain(|r| !(r.rank == 3 && r.step == 1));
     write_trace(&inp, &rows);
-    let o = run(Command::new(BIN)
-        .args(["--ranks", "4"])
-        .arg(&inp)
-        .arg("-o")
-        .arg(&out));
-    assert_clean_failure(&o, "step 1: only 3 of 4 ranks", &out);
+    local_fails(&["--ranks", "4"], &inp, &out, "step 1: only 3 of 4 ranks");
     // Unknown algorithm; bad density.
-    let o = run(Command::new(BIN)
-        .args(["--ranks", "4", "--algo", "nope"])
-        .arg(&inp)
-        .arg("-o")
-        .arg(&out));
-    assert_clean_failure(&o, "unknown --algo `nope`", &out);
-    let o = run(Command::new(BIN)
-        .args(["--ranks", "4", "--density", "1.5"])
-        .arg(&inp)
-        .arg("-o")
-        .arg(&out));
-    assert_clean_failure(&o, "--density", &out);
+    local_fails(
+        &["--ranks", "4", "--algo", "nope"],
+        &inp,
+        &out,
+        "unknown --algo `nope`",
+    );
+    local_fails(
+        &["--ranks", "4", "--density", "1.5"],
+        &inp,
+        &out,
+        "--density",
+    );
 }
 
 #[test]
@@ -439,17 +440,12 @@ fn alltoall_rejects_embeddings_without_shape_or_whole_rows() {
     let d = tmpdir("emb-bad");
     let (inp, out) = (d.join("e.parquet"), d.join("out.parquet"));
     write_trace(&inp, &embedding_trace(4, 1, None, false));
-    let o = run(Command::new(BIN)
-        .args(["--ranks", "4", "--algo", "alltoall"])
-        .arg(&inp)
-        .arg("-o")
-        .arg(&out));
-    assert_clean_failure(&o, "needs a 2-D shape", &out);
+    local_fails(
+        &["--ranks", "4", "--algo", "alltoall"],
+        &inp,
+        &out,
+        "needs a 2-D shape",
+    );
     write_trace(&inp, &embedding_trace(4, 1, Some(vec![50, 8]), true));
-    let o = run(Command::new(BIN)
-        .args(["--ranks", "4", "--algo", "alltoall"])
-        .arg(&inp)
-        .arg("-o")
-        .arg(&out));
-    assert_clean_failure(&o, "row", &out);
+    local_fails(&["--ranks", "4", "--algo", "alltoall"], &inp, &out, "row");
 }
