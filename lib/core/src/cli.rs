@@ -40,37 +40,197 @@ impl IoArgs {
     }
 }
 
-/// An error already reported elsewhere (by MPI rank 0): exit 1 without printing.
+/// An error already reported: by the rank that saw it, in an agreement every rank took part
+/// in (`World::agree`). The tool exits with `code` without printing anything more.
 #[derive(Debug)]
-pub struct Silent;
+pub struct Silent {
+    pub code: u8,
+}
 
 impl std::fmt::Display for Silent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("stopped: another rank reported the error")
+        f.write_str("stopped: the error was reported by the rank that saw it")
     }
 }
 
 impl std::error::Error for Silent {}
 
-/// Runs a tool's body: errors print as `error: …` with the context chain and exit 1.
+/// The exit status an error ends the tool with: an agreed error's own, 1 for the rest
+/// (usage errors exit 2 through clap before a tool's body runs).
+pub fn exit_code(e: &anyhow::Error) -> u8 {
+    e.downcast_ref::<Silent>().map_or(1, |s| s.code)
+}
+
+/// How the process was launched, registered by the communication layer when it starts MPI
+/// (gradkit-core knows nothing of MPI; these hooks are how [`run`] ends an MPI job).
+#[derive(Clone, Copy, Debug)]
+pub struct Launcher {
+    /// This process's rank and the job's size.
+    pub rank: usize,
+    pub size: usize,
+    /// Ends MPI on a path every rank takes (success, or an error all ranks agreed on).
+    pub finalize: fn(),
+    /// Ends the whole job at once (MPI_Abort): the path for an error other ranks do not know of.
+    pub abort: fn(i32) -> !,
+}
+
+/// Environment variables that MPI launchers set in every rank (Open MPI, PMIx, MPICH/Hydra,
+/// Intel MPI, Slurm's PMI).
+const LAUNCHER_VARS: &[&str] = &[
+    "OMPI_COMM_WORLD_SIZE",
+    "PMIX_RANK",
+    "PMI_SIZE",
+    "PMI_RANK",
+    "MPI_LOCALNRANKS",
+];
+
+/// Whether this process was started by an MPI launcher (`mpirun`, `mpiexec`, `srun`).
+pub fn under_mpi_launcher() -> bool {
+    LAUNCHER_VARS.iter().any(|v| std::env::var_os(v).is_some())
+}
+
+/// For tools that work on one process (gradselect, gradpartition, gradreport, and gradtrace
+/// but `model`): under `mpirun -np N` with N > 1, ranks other than 0 exit 0 at once and rank 0
+/// does the work alone, with a note — instead of N processes racing to write the same files.
+pub fn one_process_under_mpirun(tool: &str) {
+    if !under_mpi_launcher() {
+        return;
+    }
+    let var = |names: &[&str]| {
+        names
+            .iter()
+            .find_map(|n| std::env::var(n).ok()?.trim().parse::<usize>().ok())
+    };
+    let size = var(&["OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"]).unwrap_or(1);
+    let rank = var(&["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"]).unwrap_or(0);
+    if size <= 1 {
+        return;
+    }
+    if rank != 0 {
+        std::process::exit(0);
+    }
+    report_line(&format!(
+        "note: {tool} works on one process; under mpirun -np {size} rank 0 runs it and the other ranks exit"
+    ));
+}
+
+static LAUNCHER: std::sync::OnceLock<Launcher> = std::sync::OnceLock::new();
+
+/// Called once by the communication layer after MPI is initialised.
+pub fn register_launcher(l: Launcher) {
+    let _ = LAUNCHER.set(l);
+}
+
+/// The MPI launch this process is part of, if any.
+pub fn launcher() -> Option<&'static Launcher> {
+    LAUNCHER.get()
+}
+
+/// Writes `error: MSG` (the context chain joined by `: `) to stderr in ONE write, so that no
+/// other output (another rank's, mpirun's) can cut into it; errors writing it are ignored.
+pub fn report(e: &anyhow::Error) {
+    let mut msg = format!("error: {e}");
+    for cause in e.chain().skip(1) {
+        msg.push_str(": ");
+        msg.push_str(&cause.to_string());
+    }
+    report_line(&msg);
+}
+
+/// One line to stderr, written with a single `write` call.
+pub fn report_line(line: &str) {
+    let mut buf = line.replace('\n', " ");
+    buf.push('\n');
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(buf.as_bytes());
+    let _ = err.flush();
+}
+
+static PANIC_TEXT: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Replaces the panic hook: a panic's message and place are kept for [`run`] to report as one
+/// `error:` line instead of a backtrace (set `GRADKIT_DEBUG=1` to get Rust's own report).
+fn install_panic_hook() {
+    if std::env::var_os("GRADKIT_DEBUG").is_some() {
+        return;
+    }
+    std::panic::set_hook(Box::new(|info| {
+        let msg = if let Some(s) = info.payload().downcast_ref::<&str>() {
+            s.to_string()
+        } else if let Some(s) = info.payload().downcast_ref::<String>() {
+            s.clone()
+        } else {
+            "unknown panic".to_string()
+        };
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let thread = std::thread::current();
+        let name = thread.name().unwrap_or("?");
+        *PANIC_TEXT.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(format!("{msg} (thread {name}{at})"));
+    }));
+}
+
+/// The message of the last panic seen by the hook of [`run`].
+pub fn last_panic() -> Option<String> {
+    PANIC_TEXT.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Runs a tool's body and ends the process the same way in every tool, in-process or under
+/// mpirun (docs/RELIABILITY.md):
+/// - success: exit 0 (under MPI after `MPI_Finalize`, which every rank reaches);
+/// - an error: `error: …` with its context chain, one line, exit 1. Under MPI with more than
+///   one rank, an error the other ranks agreed on ([`Silent`]) ends every rank with status 1
+///   after the one message is out; any other error may leave ranks waiting for this one, so
+///   after printing, the job is ended with `MPI_Abort`;
+/// - a broken pipe on stdout (`| head`) is not an error of ours: exit 0;
+/// - a panic (a bug) is reported like an error, `error: internal error: …`, never as a
+///   backtrace, and ends an MPI job with `MPI_Abort`.
+///
 /// clap's own usage errors exit 2 before this is reached.
 pub fn run(body: impl FnOnce() -> Result<()>) -> ExitCode {
-    match body() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            if e.is::<Silent>() {
-                return ExitCode::from(1);
-            }
-            if e.chain().any(is_broken_pipe) {
-                // The reader went away (`| head`): not an error of ours.
-                return ExitCode::SUCCESS;
-            }
-            let mut msg = format!("{e}");
-            for cause in e.chain().skip(1) {
-                msg.push_str(": ");
-                msg.push_str(&cause.to_string());
-            }
-            eprintln!("error: {msg}");
+    install_panic_hook();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
+    let mpi = launcher().copied();
+    let finalize = || {
+        if let Some(l) = mpi {
+            (l.finalize)();
+        }
+    };
+    let abort_job = |code: i32| {
+        if let Some(l) = mpi.filter(|l| l.size > 1) {
+            (l.abort)(code);
+        }
+    };
+    match outcome {
+        Ok(Ok(())) => {
+            finalize();
+            ExitCode::SUCCESS
+        }
+        Ok(Err(e)) if e.is::<Silent>() => {
+            finalize();
+            ExitCode::from(exit_code(&e))
+        }
+        Ok(Err(e)) if e.chain().any(is_broken_pipe) => {
+            // The reader went away (`| head`): not an error of ours.
+            finalize();
+            ExitCode::SUCCESS
+        }
+        Ok(Err(e)) => {
+            report(&e);
+            let code = exit_code(&e);
+            abort_job(code.into());
+            finalize();
+            ExitCode::from(code)
+        }
+        Err(_) => {
+            let what = last_panic().unwrap_or_else(|| "a panic".into());
+            report_line(&format!(
+                "error: internal error (a bug in gradkit; please report it): {what}"
+            ));
+            abort_job(1);
             ExitCode::from(1)
         }
     }
@@ -121,20 +281,36 @@ impl TextTable {
     }
 
     fn markdown(&self) -> String {
-        let n = self.header.len();
-        let mut w: Vec<usize> = self
-            .header
-            .iter()
-            .map(|h| h.chars().count().max(3))
-            .collect();
-        for r in &self.rows {
+        // A cell is one line of one column: `|` and `\` are backslash-escaped (GFM), and line
+        // breaks, tabs, NUL and other control characters are written as visible escapes.
+        fn escape(c: &str) -> String {
+            let mut o = String::with_capacity(c.len());
+            for ch in c.chars() {
+                match ch {
+                    '|' => o.push_str("\\|"),
+                    '\\' => o.push_str("\\\\"),
+                    '\n' => o.push_str("\\n"),
+                    '\r' => o.push_str("\\r"),
+                    '\t' => o.push_str("\\t"),
+                    c if c.is_control() => o.push_str(&format!("\\u{{{:x}}}", c as u32)),
+                    c => o.push(c),
+                }
+            }
+            o
+        }
+        let esc = |r: &[String]| -> Vec<String> { r.iter().map(|c| escape(c)).collect() };
+        let header = esc(&self.header);
+        let rows: Vec<Vec<String>> = self.rows.iter().map(|r| esc(r)).collect();
+        let n = header.len();
+        let mut w: Vec<usize> = header.iter().map(|h| h.chars().count().max(3)).collect();
+        for r in &rows {
             for (i, c) in r.iter().enumerate().take(n) {
                 w[i] = w[i].max(c.chars().count());
             }
         }
         let numeric = |i: usize| {
-            !self.rows.is_empty()
-                && self.rows.iter().all(|r| {
+            !rows.is_empty()
+                && rows.iter().all(|r| {
                     r.get(i)
                         .is_some_and(|c| c.parse::<f64>().is_ok() || c == "-")
                 })
@@ -152,7 +328,7 @@ impl TextTable {
             s.push('\n');
             s
         };
-        let mut out = line(&self.header);
+        let mut out = line(&header);
         out.push('|');
         for (i, wi) in w.iter().enumerate() {
             if numeric(i) {
@@ -162,7 +338,7 @@ impl TextTable {
             }
         }
         out.push('\n');
-        for r in &self.rows {
+        for r in &rows {
             out.push_str(&line(r));
         }
         out
@@ -213,8 +389,10 @@ impl TextTable {
     /// Prints to stdout (a table is the tool's main output there).
     pub fn print(&self, format: Format) -> Result<()> {
         let mut o = std::io::stdout().lock();
-        o.write_all(self.render(format).as_bytes())?;
-        Ok(())
+        // Flushed here so that a full disk is this call's error, not lost at exit.
+        o.write_all(self.render(format).as_bytes())
+            .and_then(|()| o.flush())
+            .map_err(|e| anyhow::Error::new(e).context("writing <stdout>"))
     }
 }
 
@@ -269,4 +447,51 @@ pub fn progress(label: &str, total: u64, quiet: bool) -> indicatif::ProgressBar 
     );
     pb.set_prefix(label.to_string());
     pb
+}
+
+/// A usage error found after parsing (a flag that does not apply, a value out of range):
+/// printed as clap prints its own (`error: …`, then the usage line) and exit 2. For the tools
+/// that never run under mpirun; the others use `gradkit_comm::launch::usage_error`, which
+/// prints it once per job.
+pub fn usage_error<C: clap::CommandFactory>(msg: impl std::fmt::Display) -> ! {
+    usage_clap_error::<C>(msg).exit()
+}
+
+/// The clap error [`usage_error`] prints: `error: MSG`, the usage line, exit status 2.
+pub fn usage_clap_error<C: clap::CommandFactory>(msg: impl std::fmt::Display) -> clap::Error {
+    C::command()
+        .error(clap::error::ErrorKind::ArgumentConflict, msg)
+        .format(&mut C::command())
+}
+
+/// Whether the user gave the argument `id` (on the command line or through its environment
+/// variable), as opposed to clap filling in its default.
+pub fn given(m: &clap::ArgMatches, id: &str) -> bool {
+    matches!(
+        m.try_get_raw(id).ok().and_then(|_| m.value_source(id)),
+        Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
+    )
+}
+
+/// Writes human text (progress, a summary, a note) to stderr, best-effort: a closed, broken
+/// or full stderr must never cost a run its output file, so write errors are ignored (where
+/// `eprint!` would panic). Use through [`note!`](crate::note) and [`noteln!`](crate::noteln).
+pub fn note_fmt(args: std::fmt::Arguments) {
+    let text = std::fmt::format(args);
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(text.as_bytes());
+    let _ = err.flush();
+}
+
+/// `eprint!` that never panics: see [`cli::note_fmt`](crate::cli::note_fmt).
+#[macro_export]
+macro_rules! note {
+    ($($arg:tt)*) => { $crate::cli::note_fmt(format_args!($($arg)*)) };
+}
+
+/// `eprintln!` that never panics: see [`cli::note_fmt`](crate::cli::note_fmt).
+#[macro_export]
+macro_rules! noteln {
+    () => { $crate::cli::note_fmt(format_args!("\n")) };
+    ($($arg:tt)*) => { $crate::cli::note_fmt(format_args!("{}\n", format_args!($($arg)*))) };
 }

@@ -30,7 +30,7 @@ use parquet::file::writer::{SerializedFileWriter, SerializedPageWriter, TrackedW
 use parquet::schema::types::{ColumnDescPtr, ColumnPath, SchemaDescriptor};
 
 use crate::tables::{
-    batch_to_rows, validate_tensor_row, LayerRegistry, SchemaKind, Table, TensorRow,
+    batch_to_rows_at, validate_tensor_row, LayerRegistry, SchemaKind, Table, TensorRow,
 };
 
 /// Key-value metadata of a gradkit file (`gradkit.schema`, `gradkit.producer`, parameters…).
@@ -50,6 +50,14 @@ impl Meta {
                 argv.join(" ")
             ),
         );
+        // Where the ranks ran, set by pipelines/cluster.sh run (e.g. `backend=mpi-tcp hosts=4
+        // ranks=4 rate=1gbit id=…`), so every output says which network made its numbers.
+        if let Some(info) = std::env::var("GRADKIT_CLUSTER_INFO")
+            .ok()
+            .filter(|s| !s.is_empty())
+        {
+            m.set("gradkit.cluster", info);
+        }
         m
     }
     /// Sets `key` (a `gradkit.` prefix is added when missing).
@@ -119,11 +127,17 @@ pub enum Output {
 }
 
 impl Output {
-    /// `None` or `-` means stdout, refused when stdout is a terminal (Parquet is binary).
+    /// `None` or `-` means stdout, refused when stdout is a terminal (Parquet is binary) and
+    /// under mpirun: there every rank's stdout is a pseudo-terminal that mpirun forwards, so
+    /// rank 0 cannot tell a pipe from the user's terminal, and Open MPI does not promise to
+    /// forward binary data unchanged (docs/RELIABILITY.md).
     pub fn from_arg(arg: Option<&Path>) -> Result<Self> {
         match arg {
             Some(p) if p.as_os_str() != "-" => Ok(Output::Path(p.to_path_buf())),
             _ => {
+                if crate::cli::under_mpi_launcher() {
+                    bail!("under mpirun a table cannot go to stdout (rank 0's stdout is mpirun's pseudo-terminal, so a terminal cannot be told from a pipe): give `-o FILE` (stdin works: rank 0 reads it)");
+                }
                 if std::io::stdout().is_terminal() {
                     bail!("refusing to write Parquet to a terminal: give `-o FILE`, or pipe into another tool (e.g. `| gradtrace inspect`)");
                 }
@@ -179,13 +193,21 @@ fn read_row_groups<T: Table>(
         groups: Vec<usize>,
         batch: usize,
     ) -> Result<Vec<T>> {
+        // The file row of the first row read, so that a value that does not fit names it.
+        let mut first_row: usize = metadata.metadata().row_groups()
+            [..groups.first().map_or(0, |g| *g)]
+            .iter()
+            .map(|g| g.num_rows() as usize)
+            .sum();
         let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(r, metadata.clone())
             .with_row_groups(groups)
             .with_batch_size(batch)
             .build()?;
         let mut rows = Vec::new();
         for b in reader {
-            rows.extend(batch_to_rows::<T>(&b?)?);
+            let b = b?;
+            rows.extend(batch_to_rows_at::<T>(&b, first_row)?);
+            first_row += b.num_rows();
         }
         Ok(rows)
     }
@@ -197,6 +219,43 @@ fn read_row_groups<T: Table>(
             batch,
         ),
         Source::Memory(b) => rows(b.clone(), metadata, groups, batch),
+    }
+}
+
+/// A file without the `gradkit.schema` key (pandas and polars drop it): accepted as `T` when
+/// its columns are `T`'s and no other table's, with a note on stderr; refused otherwise.
+fn schema_from_columns<T: Table>(schema: &Schema, name: &str) -> Result<()> {
+    let want = T::KIND.name();
+    match SchemaKind::from_columns(schema)[..] {
+        [k] if k == T::KIND => {
+            crate::noteln!(
+                "note: {name} has no `gradkit.schema` metadata key (pandas and polars drop it); \
+                 its columns are those of {want}, so it is read as {want}"
+            );
+            Ok(())
+        }
+        [k] => bail!(
+            "metadata key `gradkit.schema` is absent and the columns are those of `{}`, but \
+             `{want}` is expected here",
+            k.name()
+        ),
+        [] => {
+            let missing = crate::tables::check_schema(&T::schema(), schema)
+                .err()
+                .map_or_else(String::new, |e| format!(": {e}"));
+            bail!(
+                "metadata key `gradkit.schema` is absent (expected `{want}`) and the columns are \
+                 not those of any gradkit table{missing}; is this a gradkit file?"
+            )
+        }
+        ref many => bail!(
+            "metadata key `gradkit.schema` is absent and the columns are those of {}: set the \
+             key to say which (e.g. pyarrow schema metadata {{\"gradkit.schema\": \"{want}\"}})",
+            many.iter()
+                .map(|k| format!("`{}`", k.name()))
+                .collect::<Vec<_>>()
+                .join(" and ")
+        ),
     }
 }
 
@@ -226,10 +285,7 @@ fn read_table_inner<T: Table>(input: &Input) -> Result<Loaded<T>> {
         meta.0.entry(k.clone()).or_insert_with(|| v.clone());
     }
     match meta.get("gradkit.schema") {
-        None => bail!(
-            "metadata key `gradkit.schema` is absent (expected `{}`); is this a gradkit file?",
-            T::KIND.name()
-        ),
+        None => schema_from_columns::<T>(metadata.schema(), &input.name())?,
         Some(s) if SchemaKind::parse(s) != Some(T::KIND) => bail!(
             "file holds `{s}` (metadata `gradkit.schema`) but `{}` is expected here",
             T::KIND.name()
@@ -347,7 +403,7 @@ pub struct TableWriter<T: Table> {
     row_groups: usize,
     /// [`ROW_GROUP_BYTES`], smaller in tests.
     row_group_bytes: usize,
-    tmp: Option<PathBuf>,
+    tmp: Option<crate::paths::TempFile>,
     out: Output,
     _t: std::marker::PhantomData<T>,
 }
@@ -560,7 +616,7 @@ fn encode_row_group(
 impl<T: Table> TableWriter<T> {
     /// Opens `out` for a table of type `T` with `meta` (the schema key is added here).
     pub fn create(out: &Output, meta: &Meta) -> Result<Self> {
-        let (sink, tmp): (Box<dyn Write + Send>, Option<PathBuf>) = match out {
+        let (sink, tmp): (Box<dyn Write + Send>, Option<crate::paths::TempFile>) = match out {
             Output::Stdout => (Box::new(std::io::stdout()), None),
             // A device, FIFO or `/dev/stdout` is written in place: renaming a temporary
             // file over it would replace the device node.
@@ -575,11 +631,11 @@ impl<T: Table> TableWriter<T> {
                 )
             }
             Output::Path(p) => {
-                let mut name = p.as_os_str().to_owned();
-                name.push(format!(".tmp-{}", std::process::id()));
-                let tmp = PathBuf::from(name);
-                let f = File::create(&tmp)
-                    .with_context(|| format!("cannot create {}", tmp.display()))?;
+                let tmp = crate::paths::TempFile::create(p)?;
+                let f = tmp
+                    .file()
+                    .try_clone()
+                    .with_context(|| format!("cannot write {}", p.display()))?;
                 (
                     Box::new(std::io::BufWriter::with_capacity(1 << 20, f)),
                     Some(tmp),
@@ -731,9 +787,8 @@ impl<T: Table> TableWriter<T> {
             .with_context(|| format!("writing {name}"))?;
         sink.flush().with_context(|| format!("writing {name}"))?;
         drop(sink);
-        if let (Some(tmp), Output::Path(p)) = (self.tmp.take(), &self.out) {
-            std::fs::rename(&tmp, p)
-                .with_context(|| format!("cannot rename {} to {}", tmp.display(), p.display()))?;
+        if let Some(tmp) = self.tmp.take() {
+            tmp.persist()?;
         }
         Ok(())
     }
@@ -745,7 +800,7 @@ impl<T: Table> Drop for TableWriter<T> {
         if let Some(tmp) = self.tmp.take() {
             self.file.take();
             self.in_flight.clear();
-            let _ = std::fs::remove_file(tmp);
+            drop(tmp);
         }
     }
 }
@@ -784,19 +839,11 @@ pub fn write_file_atomic(path: &Path, data: &[u8]) -> Result<()> {
         return std::fs::write(path, data)
             .with_context(|| format!("cannot write {}", path.display()));
     }
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".tmp-{}", std::process::id()));
-    let tmp = PathBuf::from(tmp);
-    let res = std::fs::write(&tmp, data)
-        .with_context(|| format!("cannot write {}", tmp.display()))
-        .and_then(|_| {
-            std::fs::rename(&tmp, path)
-                .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
-        });
-    if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    res
+    let tmp = crate::paths::TempFile::create(path)?;
+    let mut f = tmp.file();
+    f.write_all(data)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    tmp.persist()
 }
 
 #[cfg(test)]

@@ -5,8 +5,10 @@
 //! (atomic writes, stdin/stdout pipes), and the CLI plumbing every `grad…` tool shares.
 //! It knows nothing of communication or algorithms.
 
+pub mod budget;
 pub mod cli;
 pub mod io;
+pub mod paths;
 pub mod synth;
 pub mod tables;
 pub mod trace;

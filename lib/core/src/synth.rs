@@ -39,8 +39,13 @@ impl LayerSpec {
             shape: shape.to_vec(),
         }
     }
+    /// The product of the dimensions; `u64::MAX` when it overflows (then refused by
+    /// [`SynthSpec::check`] as more than a layer can hold).
     pub fn numel(&self) -> u64 {
-        self.shape.iter().map(|&d| d as u64).product()
+        self.shape
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d as u64))
+            .unwrap_or(u64::MAX)
     }
     /// Inputs per output: numel over the first dimension (1 for vectors).
     fn fan_in(&self) -> u64 {
@@ -372,6 +377,16 @@ pub struct Generator {
 impl Generator {
     pub fn new(spec: &SynthSpec) -> Result<Self> {
         spec.check()?;
+        // The AR(1) states of the shared and per-rank streams, the item being written and
+        // the writer's buffers: about ranks + 3 f32 copies of the model.
+        let n: u128 = spec.layers.iter().map(|l| l.numel() as u128).sum();
+        crate::budget::check(
+            &format!(
+                "a synthetic model of {n} elements (--shape/--layers) on --ranks {}",
+                spec.ranks
+            ),
+            crate::budget::product(&[n, spec.ranks as u128 + 3, 4]),
+        )?;
         let scales = layer_scales(spec);
         let shared = spec
             .layers

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, Int64Array, RecordBatch};
+use arrow_array::{ArrayRef, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 use gradkit_core::io::{write_table, Meta, Output};
 use gradkit_core::{PlanRow, Table, TensorRow};
@@ -130,21 +130,34 @@ pub fn cases() -> Vec<Case> {
             name: "wrong_type",
             make: |p| {
                 let b = TensorRow::to_batch(&good_rows()).unwrap();
-                let n = b.num_rows() as i64;
+                // Int64 and whole-number floats are cast (range-checked); text is not.
+                let n = b.num_rows();
                 let b = replace_column(
                     &b,
                     "step",
-                    Some(Field::new("step", DataType::Int64, false)),
-                    Some(Arc::new(Int64Array::from_iter_values(0..n))),
+                    Some(Field::new("step", DataType::Utf8, false)),
+                    Some(Arc::new(StringArray::from_iter_values(
+                        (0..n).map(|i| i.to_string()),
+                    ))),
                 );
                 write_batch(p, &b, &[TENSOR]);
             },
-            expect: &["column `step`", "Int64", "expected UInt32"],
+            expect: &["column `step`", "Utf8", "expected UInt32"],
         },
         Case {
             name: "schema_key_absent",
-            make: |p| write_batch(p, &TensorRow::to_batch(&good_rows()).unwrap(), &[]),
-            expect: &["`gradkit.schema`", "absent", "tensor/1"],
+            // Without the key, a file whose columns are tensor/1's is read (pandas and polars
+            // drop the key); one whose columns are no table's is refused.
+            make: |p| {
+                let b = TensorRow::to_batch(&good_rows()).unwrap();
+                write_batch(p, &replace_column(&b, "values", None, None), &[]);
+            },
+            expect: &[
+                "`gradkit.schema`",
+                "absent",
+                "tensor/1",
+                "missing column `values`",
+            ],
         },
         Case {
             name: "schema_key_other",
