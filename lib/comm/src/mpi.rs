@@ -7,10 +7,51 @@ use mpi::traits::CommunicatorCollectives;
 
 use crate::{Buf, Comm, Kind, Traffic};
 
+/// `MPI_Finalize`, once (registered with `gradkit_core::cli::run`, which calls it on the paths
+/// every rank takes). A watchdog ends the process if it has not returned after
+/// `GRADKIT_COMM_TIMEOUT` seconds: a rank that left without reporting must not hold the job.
+pub(crate) fn finalize() {
+    if mpi::environment::is_finalized() {
+        return;
+    }
+    if let Some(limit) = comm_timeout() {
+        std::thread::spawn(move || {
+            std::thread::sleep(limit);
+            gradkit_core::cli::report_line(&format!(
+                "error: MPI_Finalize waited {} s for the other ranks (GRADKIT_COMM_TIMEOUT); ending the job",
+                limit.as_secs()
+            ));
+            std::process::exit(1);
+        });
+    }
+    unsafe {
+        mpi::ffi::MPI_Finalize();
+    }
+}
+
+/// `MPI_Abort` on the world communicator: ends every rank of the job.
+pub(crate) fn abort_world(code: i32) -> ! {
+    unsafe {
+        mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, code);
+    }
+    std::process::exit(code)
+}
+
+/// How long a receive may wait before the job is ended: `GRADKIT_COMM_TIMEOUT` seconds
+/// (default 1800; 0 = forever).
+pub fn comm_timeout() -> Option<std::time::Duration> {
+    let secs = std::env::var("GRADKIT_COMM_TIMEOUT")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(1800.0);
+    (secs > 0.0 && secs.is_finite()).then(|| std::time::Duration::from_secs_f64(secs))
+}
+
 /// One rank of an MPI world.
 pub struct MpiComm {
     world: SimpleCommunicator,
     traffic: Traffic,
+    timeout: Option<std::time::Duration>,
 }
 
 impl MpiComm {
@@ -18,11 +59,29 @@ impl MpiComm {
         MpiComm {
             world,
             traffic: Traffic::default(),
+            timeout: comm_timeout(),
         }
     }
+
     /// Ends the whole job (every rank) with `code`.
     pub fn abort(&self, code: i32) -> ! {
         self.world.abort(code)
+    }
+
+    /// Waits for the next message from `src` with tag `t`, under the watchdog.
+    fn probe(
+        &self,
+        src: usize,
+        t: i32,
+    ) -> (mpi::point_to_point::Message, mpi::point_to_point::Status) {
+        let proc = self.world.process_at_rank(src as i32);
+        let mut poll = Poll::new(self);
+        loop {
+            if let Some(m) = proc.immediate_matched_probe_with_tag(t) {
+                return m;
+            }
+            poll.tick(|| format!("no message from rank {src}"));
+        }
     }
 }
 
@@ -36,13 +95,54 @@ enum AnyReq<'a, S: mpi::request::Scope<'a>> {
 }
 
 impl<'a, S: mpi::request::Scope<'a>> AnyReq<'a, S> {
-    fn wait(self) {
+    /// Whether the send has completed; an unfinished request is handed back.
+    fn test(self) -> Result<(), Self> {
         match self {
-            AnyReq::F32(r) => drop(r.wait()),
-            AnyReq::F64(r) => drop(r.wait()),
-            AnyReq::U32(r) => drop(r.wait()),
-            AnyReq::U64(r) => drop(r.wait()),
-            AnyReq::U8(r) => drop(r.wait()),
+            AnyReq::F32(r) => r.test().map(drop).map_err(AnyReq::F32),
+            AnyReq::F64(r) => r.test().map(drop).map_err(AnyReq::F64),
+            AnyReq::U32(r) => r.test().map(drop).map_err(AnyReq::U32),
+            AnyReq::U64(r) => r.test().map(drop).map_err(AnyReq::U64),
+            AnyReq::U8(r) => r.test().map(drop).map_err(AnyReq::U8),
+        }
+    }
+}
+
+/// Polls a wait (driving MPI's progress), yielding the core once it is not short, and ends
+/// the job with `what` after the watchdog's limit.
+struct Poll<'c> {
+    comm: &'c MpiComm,
+    polls: u64,
+    start: Option<std::time::Instant>,
+}
+
+impl<'c> Poll<'c> {
+    fn new(comm: &'c MpiComm) -> Self {
+        Poll {
+            comm,
+            polls: 0,
+            start: None,
+        }
+    }
+    fn tick(&mut self, what: impl FnOnce() -> String) {
+        self.polls += 1;
+        if self.polls < 1024 {
+            std::hint::spin_loop();
+            return;
+        }
+        std::thread::yield_now();
+        if self.polls.is_multiple_of(1024) {
+            if let Some(limit) = self.comm.timeout {
+                let t0 = *self.start.get_or_insert_with(std::time::Instant::now);
+                if t0.elapsed() > limit {
+                    gradkit_core::cli::report_line(&format!(
+                        "error: rank {}: {} for {} s (GRADKIT_COMM_TIMEOUT); ending the job",
+                        self.comm.rank(),
+                        what(),
+                        limit.as_secs()
+                    ));
+                    self.comm.abort(1);
+                }
+            }
         }
     }
 }
@@ -85,7 +185,7 @@ impl Comm for MpiComm {
             let got: Vec<Buf> = recvs
                 .iter()
                 .map(|&(s, k)| {
-                    let m = world.process_at_rank(s as i32).matched_probe_with_tag(t);
+                    let m = self.probe(s, t);
                     match k {
                         Kind::F32 => Buf::F32(m.matched_receive_vec().0),
                         Kind::F64 => Buf::F64(m.matched_receive_vec().0),
@@ -95,8 +195,12 @@ impl Comm for MpiComm {
                     }
                 })
                 .collect();
-            for r in reqs {
-                r.wait();
+            for (mut r, (d, _)) in reqs.into_iter().zip(&sends) {
+                let mut poll = Poll::new(self);
+                while let Err(pending) = r.test() {
+                    r = pending;
+                    poll.tick(|| format!("a message to rank {d} was not taken"));
+                }
             }
             got
         })

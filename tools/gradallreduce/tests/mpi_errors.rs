@@ -1,0 +1,268 @@
+//! Errors under mpirun (docs/RELIABILITY.md): whatever fails, on whichever rank, the job ends
+//! with exactly one copy of the message and a non-zero status, and no rank waits forever.
+//! `pipelines/stress-mpi-errors.sh` runs the same cases hundreds of times under load.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gradkit_core::{write_table, Meta, Output, TensorRow};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gradallreduce");
+
+fn mpirun_available() -> bool {
+    let ok = Command::new("mpirun")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipped: mpirun is not installed (make deps installs Open MPI)");
+    }
+    ok
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "gradallreduce-mpierr-{}-{name}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A dense trace of `p` ranks, 2 steps, one layer of 257 entries.
+fn write_trace(path: &Path, p: u32) {
+    let mut rows = Vec::new();
+    for step in 0..2u32 {
+        for rank in 0..p {
+            let values: Vec<f32> = (0..257u32)
+                .map(|i| ((i * 31 + rank * 7 + step) % 97) as f32 - 48.0)
+                .collect();
+            rows.push(TensorRow {
+                step,
+                rank,
+                layer_id: 0,
+                layer: "w".into(),
+                numel: values.len() as u64,
+                shape: Some(vec![values.len() as u32]),
+                indices: None,
+                values,
+            });
+        }
+    }
+    write_table(&Output::Path(path.to_path_buf()), &Meta::default(), &rows).unwrap();
+}
+
+struct Ran {
+    code: Option<i32>,
+    stderr: String,
+}
+
+/// Runs `mpirun -np P BIN args…` with stdout to `stdout_to` (or null) and a hang guard: a run
+/// still going after 300 s is killed and the test fails as a hang.
+fn mpirun(p: usize, args: &[&str], env: &[(&str, &str)], stdout_to: Option<&Path>) -> Ran {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["-np", &p.to_string(), "--oversubscribe", BIN])
+        .args(args)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    match stdout_to {
+        Some(f) => cmd.stdout(std::fs::File::create(f).unwrap()),
+        None => cmd.stdout(Stdio::null()),
+    };
+    let mut child = cmd.spawn().expect("start mpirun");
+    let mut err = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut err, &mut s).ok();
+        s
+    });
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(300) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("mpirun {args:?} hung: still running after 300 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Ran {
+        code: status.code(),
+        stderr: reader.join().unwrap(),
+    }
+}
+
+fn count(hay: &str, needle: &str) -> usize {
+    hay.matches(needle).count()
+}
+
+#[test]
+fn table_to_stdout_under_mpirun_is_refused_once_and_never_hangs() {
+    if !mpirun_available() {
+        return;
+    }
+    let d = tmpdir("stdout");
+    let t2 = d.join("t2.parquet");
+    write_trace(&t2, 2);
+    let out = d.join("out.parquet");
+    let r = mpirun(
+        2,
+        &["--algo", "ring", t2.to_str().unwrap()],
+        &[],
+        Some(&out),
+    );
+    assert_ne!(r.code, Some(0), "{}", r.stderr);
+    assert_eq!(count(&r.stderr, "cannot go to stdout"), 1, "{}", r.stderr);
+    assert!(r.stderr.contains("-o FILE"), "{}", r.stderr);
+    assert_eq!(
+        std::fs::metadata(&out).unwrap().len(),
+        0,
+        "nothing written to stdout"
+    );
+    // The same with `-o -`.
+    let r = mpirun(
+        2,
+        &["--algo", "ring", t2.to_str().unwrap(), "-o", "-"],
+        &[],
+        None,
+    );
+    assert_ne!(r.code, Some(0));
+    assert_eq!(count(&r.stderr, "cannot go to stdout"), 1, "{}", r.stderr);
+}
+
+#[test]
+fn a_check_failing_on_rank_0_is_reported_once_before_any_rank_exits() {
+    if !mpirun_available() {
+        return;
+    }
+    let d = tmpdir("mismatch");
+    let t2 = d.join("t2.parquet");
+    write_trace(&t2, 2);
+    let out = d.join("o.parquet");
+    for _ in 0..3 {
+        let r = mpirun(
+            4,
+            &[t2.to_str().unwrap(), "-o", out.to_str().unwrap()],
+            &[],
+            None,
+        );
+        assert_eq!(r.code, Some(1), "{}", r.stderr);
+        assert_eq!(
+            count(&r.stderr, "holds 2 ranks but this run has 4"),
+            1,
+            "{}",
+            r.stderr
+        );
+        assert_eq!(count(&r.stderr, "error:"), 1, "{}", r.stderr);
+        assert!(!out.exists());
+    }
+}
+
+#[test]
+fn a_usage_error_is_printed_once_under_mpirun() {
+    if !mpirun_available() {
+        return;
+    }
+    let d = tmpdir("usage");
+    let t4 = d.join("t4.parquet");
+    write_trace(&t4, 4);
+    let r = mpirun(
+        4,
+        &["--k", "0", t4.to_str().unwrap(), "-o", "x.parquet"],
+        &[],
+        None,
+    );
+    assert_eq!(r.code, Some(2), "{}", r.stderr);
+    assert_eq!(count(&r.stderr, "error:"), 1, "{}", r.stderr);
+    let r = mpirun(4, &["--no-such-flag"], &[], None);
+    assert_eq!(r.code, Some(2), "{}", r.stderr);
+    assert_eq!(count(&r.stderr, "error:"), 1, "{}", r.stderr);
+}
+
+#[test]
+fn a_rank_failing_inside_the_collectives_ends_the_job_with_its_message() {
+    if !mpirun_available() {
+        return;
+    }
+    let d = tmpdir("fault");
+    let t4 = d.join("t4.parquet");
+    write_trace(&t4, 4);
+    let out = d.join("o.parquet");
+    for algo in ["ring", "oktopk"] {
+        let r = mpirun(
+            4,
+            &[
+                "--algo",
+                algo,
+                t4.to_str().unwrap(),
+                "-o",
+                out.to_str().unwrap(),
+            ],
+            &[("GRADKIT_FAULT_RANK", "2")],
+            None,
+        );
+        assert_ne!(r.code, Some(0), "{}", r.stderr);
+        assert_eq!(
+            count(&r.stderr, "error: rank 2: injected fault"),
+            1,
+            "{}",
+            r.stderr
+        );
+        assert!(!out.exists(), "no output after a failed run");
+        let left: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+            .collect();
+        assert!(left.is_empty(), "temporary files left: {left:?}");
+    }
+}
+
+#[test]
+fn a_stuck_rank_is_ended_by_the_watchdog() {
+    if !mpirun_available() {
+        return;
+    }
+    let d = tmpdir("stall");
+    let t4 = d.join("t4.parquet");
+    write_trace(&t4, 4);
+    let out = d.join("o.parquet");
+    let r = mpirun(
+        4,
+        &[
+            "--algo",
+            "ring",
+            t4.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        &[("GRADKIT_STALL_RANK", "3"), ("GRADKIT_COMM_TIMEOUT", "5")],
+        None,
+    );
+    assert_ne!(r.code, Some(0), "{}", r.stderr);
+    // The first rank whose wait passes the limit names the peer it waited on: rank 3 itself,
+    // or a rank that is waiting on rank 3 in turn — which one depends on the timing.
+    assert!(
+        r.stderr.contains("no message from rank") || r.stderr.contains("was not taken"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains("(GRADKIT_COMM_TIMEOUT); ending the job"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("GRADKIT_COMM_TIMEOUT"), "{}", r.stderr);
+    assert!(!out.exists());
+}
