@@ -20,6 +20,9 @@ use anyhow::Result;
 use gradkit_comm::Comm;
 use gradkit_core::trace::{Layout, Sparse};
 
+/// The `plan/1` validator every plan consumer shares (gradkit-partition's), for the callers
+/// that hand a plan to [`Params::plan`].
+pub use gradkit_partition::plan;
 pub use registry::{make_reducer, Params, ALGOS};
 
 /// One rank's data for one step, in the flat index space (layers concatenated by

@@ -15,7 +15,7 @@
 //! `step mod P` bin-packs with its allocation and broadcasts the piece → bin table (`plan`,
 //! 4 bytes per piece), and rank r takes the pieces whose bin maps to it (`worker_of_bin`).
 
-use anyhow::{bail, ensure, Result};
+use anyhow::{bail, ensure, Context, Result};
 use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::{Layout, Sparse};
 use gradkit_partition::deft as dp;
@@ -93,8 +93,14 @@ impl Deft {
         let (p, r) = (comm.size(), comm.rank());
         if let Some(plan) = &self.params.plan {
             check_plan_workers("deft", plan, p)?;
+            let rows = plan_at(plan, step);
+            // The validator every plan consumer shares: a gap would leave part of the model
+            // never exchanged, an overlap would select twice.
+            let at = rows.first().map_or(step, |r| r.step);
+            crate::plan::check_step(crate::plan::PlanKind::Deft, layout, p, at, &rows)
+                .context("deft (--plan)")?;
             let mut out = Vec::new();
-            for row in plan_at(plan, step) {
+            for row in rows {
                 let (a, b) = flat_range("deft", layout, row)?;
                 let Some(kx) = row.k else {
                     bail!("deft: plan row without k (an Ok-Topk plan?); use gradpartition --method deft (--plan)")

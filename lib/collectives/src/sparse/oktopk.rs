@@ -40,7 +40,7 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, ensure, Result};
+use anyhow::{ensure, Context, Result};
 use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::{Layout, Sparse};
 use gradkit_core::PlanRow;
@@ -303,11 +303,17 @@ pub fn balance_and_allgatherv(comm: &dyn Comm, mine: Sparse, balance: Balance) -
 }
 
 /// Regions from an Ok-Topk `plan/1` (rows of one step): the ranges must tile [0, n) in
-/// worker order; returns the P−1 boundaries.
+/// worker order (checked by the validator every plan consumer shares,
+/// `gradkit_partition::plan`); returns the P−1 boundaries.
 pub fn plan_bounds(layout: &Layout, rows: &[&PlanRow], p: usize, n: u64) -> Result<Vec<u64>> {
-    if rows.iter().any(|r| r.k.is_some()) {
-        bail!("oktopk: the plan's rows carry k (a DEFT plan?); use gradpartition --method oktopk (--plan)");
-    }
+    let step = rows.first().map_or(0, |r| r.step);
+    crate::plan::check_step(crate::plan::PlanKind::Oktopk, layout, p, step, rows)
+        .context("oktopk (--plan)")?;
+    ensure!(
+        layout.total() == n,
+        "oktopk: the layout has {} elements, not {n}",
+        layout.total()
+    );
     let mut tiles = Vec::with_capacity(rows.len());
     for r in rows {
         let (a, b) = flat_range("oktopk", layout, r)?;
@@ -316,22 +322,6 @@ pub fn plan_bounds(layout: &Layout, rows: &[&PlanRow], p: usize, n: u64) -> Resu
         }
     }
     tiles.sort_unstable();
-    let mut pos = 0;
-    for t in &tiles {
-        ensure!(
-            t.0 == pos,
-            "oktopk: plan ranges do not tile the index space (gap or overlap at flat index {pos}) (--plan)"
-        );
-        pos = t.1;
-    }
-    ensure!(
-        pos == n,
-        "oktopk: plan ranges cover [0, {pos}) but the model has {n} elements (--plan)"
-    );
-    ensure!(
-        tiles.windows(2).all(|t| t[0].2 <= t[1].2),
-        "oktopk: plan regions are not contiguous in worker order (--plan)"
-    );
     Ok((0..p.saturating_sub(1))
         .map(|i| {
             tiles
