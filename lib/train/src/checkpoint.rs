@@ -55,10 +55,31 @@ pub fn write_rank(root: &Path, rank: usize, st: &RankState) -> Result<()> {
         .collect::<Result<_>>()?;
     let mut meta: HashMap<String, String> = st.meta.iter().cloned().collect();
     meta.insert("step".into(), st.step.to_string());
+    // One checksum per tensor, so a file changed after it was written reads as corrupt
+    // instead of resuming from damaged numbers.
+    for (k, b, _) in &bytes {
+        meta.insert(
+            format!("{CHECKSUM_PREFIX}{k}"),
+            format!("{:016x}", fnv1a(b)),
+        );
+    }
     let path = rank_file(&dir, rank);
     safetensors::serialize_to_file(views, Some(meta), &path)
         .with_context(|| format!("cannot write checkpoint {}", path.display()))?;
     Ok(())
+}
+
+/// Metadata key prefix of a tensor's checksum.
+const CHECKSUM_PREFIX: &str = "checksum.";
+
+/// FNV-1a over bytes.
+fn fnv1a(b: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &x in b {
+        h ^= x as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
 
 /// Rank 0, after every rank wrote: moves the staging directory to `step-N` and points
@@ -95,6 +116,23 @@ pub fn latest(root: &Path) -> Result<Option<PathBuf>> {
     Ok(Some(dir))
 }
 
+/// The step a checkpoint directory holds (rank 0's file's metadata; no tensor is read).
+pub fn step_of(dir: &Path) -> Result<u32> {
+    let path = rank_file(dir, 0);
+    let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let (_, md) = SafeTensors::read_metadata(&bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "checkpoint file {} is corrupt: not a readable safetensors file ({e})",
+            path.display()
+        )
+    })?;
+    md.metadata()
+        .as_ref()
+        .and_then(|m| m.get("step"))
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("{}: no step in metadata", path.display()))
+}
+
 /// Reads rank `rank`'s file of a checkpoint directory.
 pub fn read_rank(dir: &Path, rank: usize) -> Result<RankState> {
     let path = rank_file(dir, rank);
@@ -104,8 +142,15 @@ pub fn read_rank(dir: &Path, rank: usize) -> Result<RankState> {
             path.display()
         )
     })?;
+    let corrupt = |what: String| {
+        anyhow::anyhow!(
+            "checkpoint file {} is corrupt: {what} (it was changed or truncated after it was written; resume from an earlier step-N directory by pointing {} at it, or start afresh)",
+            path.display(),
+            dir.parent().map_or("latest".into(), |r| r.join("latest").display().to_string())
+        )
+    };
     let (_, md) = SafeTensors::read_metadata(&bytes)
-        .with_context(|| format!("{}: not a safetensors file", path.display()))?;
+        .map_err(|e| corrupt(format!("not a readable safetensors file ({e})")))?;
     let mut meta: Vec<(String, String)> = md
         .metadata()
         .clone()
@@ -118,7 +163,8 @@ pub fn read_rank(dir: &Path, rank: usize) -> Result<RankState> {
         .find(|(k, _)| k == "step")
         .and_then(|(_, v)| v.parse().ok())
         .with_context(|| format!("{}: no step in metadata", path.display()))?;
-    let st = SafeTensors::deserialize(&bytes)?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| corrupt(format!("not a readable safetensors file ({e})")))?;
     let mut names: Vec<String> = st.names().into_iter().map(|s| s.to_string()).collect();
     names.sort();
     let mut tensors = Vec::new();
@@ -127,6 +173,18 @@ pub fn read_rank(dir: &Path, rank: usize) -> Result<RankState> {
         if t.dtype() != Dtype::F32 {
             bail!("{}: tensor `{n}` is not f32", path.display());
         }
+        let want = meta
+            .iter()
+            .find(|(k, _)| k.strip_prefix(CHECKSUM_PREFIX) == Some(n.as_str()))
+            .map(|(_, v)| v.as_str());
+        // Checkpoints written before checksums existed have none: they are read unchecked.
+        if let Some(want) = want {
+            if format!("{:016x}", fnv1a(t.data())) != want {
+                return Err(corrupt(format!(
+                    "tensor `{n}` does not match the checksum recorded when it was written"
+                )));
+            }
+        }
         let v: Vec<f32> = t
             .data()
             .chunks_exact(4)
@@ -134,7 +192,7 @@ pub fn read_rank(dir: &Path, rank: usize) -> Result<RankState> {
             .collect();
         tensors.push((n, v));
     }
-    meta.retain(|(k, _)| k != "step");
+    meta.retain(|(k, _)| k != "step" && !k.starts_with(CHECKSUM_PREFIX));
     Ok(RankState {
         step,
         tensors,

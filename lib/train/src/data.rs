@@ -86,6 +86,9 @@ pub struct DataSpec {
     pub corpus_seed: u64,
     /// synthetic-lm: number of training tokens (the test set is a tenth of it).
     pub tokens: usize,
+    /// A token file: the vocabulary `--vocab` declares (every id must be below it), when the
+    /// user gave one; else the file's `gradkit.vocab` metadata, else max id + 1.
+    pub declared_vocab: Option<usize>,
 }
 
 impl Default for DataSpec {
@@ -95,6 +98,7 @@ impl Default for DataSpec {
             vocab: 1024,
             corpus_seed: 0,
             tokens: 200_000,
+            declared_vocab: None,
         }
     }
 }
@@ -104,11 +108,16 @@ pub fn load(spec: &DataSpec) -> Result<Dataset> {
     match spec.name.as_str() {
         "digits" => Ok(Dataset::Class(Arc::new(
             read_parquet(Bytes::from_static(DIGITS_PARQUET), "digits (embedded)")?
-                .into_class("digits")?,
+                .into_class("digits", &Declared::default())?,
         ))),
         "synthetic-lm" => {
             let src = MarkovSource::new(spec.vocab, spec.corpus_seed)?;
             let n_test = (spec.tokens / 10).max(1);
+            // The sample, then its train and test copies: 2 × 4 bytes per token.
+            gradkit_core::budget::check(
+                &format!("--tokens {} of synthetic-lm", spec.tokens),
+                gradkit_core::budget::product(&[spec.tokens as u128 + n_test as u128, 8]),
+            )?;
             let all = src.sample(spec.tokens + n_test, spec.corpus_seed);
             Ok(Dataset::Lm(Arc::new(LanguageModel {
                 vocab: spec.vocab,
@@ -123,11 +132,13 @@ pub fn load(spec: &DataSpec) -> Result<Dataset> {
                 bail!("--data `{path}`: not `digits`, `synthetic-lm` or an existing Parquet file (flag --data)");
             }
             let bytes = std::fs::read(p).with_context(|| format!("cannot read {path}"))?;
-            let t = read_parquet(Bytes::from(bytes), path)?;
+            let bytes = Bytes::from(bytes);
+            let declared = Declared::of(&bytes, spec, path)?;
+            let t = read_parquet(bytes, path)?;
             if t.has("tokens") {
-                Ok(Dataset::Lm(Arc::new(t.into_lm(path)?)))
+                Ok(Dataset::Lm(Arc::new(t.into_lm(path, &declared)?)))
             } else if t.has("features") || t.has("label") {
-                Ok(Dataset::Class(Arc::new(t.into_class(path)?)))
+                Ok(Dataset::Class(Arc::new(t.into_class(path, &declared)?)))
             } else {
                 bail!(
                     "{path}: no `features`/`label` columns (classification) and no `tokens` column (language model); columns are: {} (flag --data)",
@@ -135,6 +146,46 @@ pub fn load(spec: &DataSpec) -> Result<Dataset> {
                 )
             }
         }
+    }
+}
+
+/// Most classes a file may have (max label + 1) without declaring its class count.
+pub const MAX_UNDECLARED_CLASSES: usize = 1 << 16;
+/// Largest vocabulary (max token id + 1) a file may have without declaring one.
+pub const MAX_UNDECLARED_VOCAB: usize = 1 << 20;
+
+/// Sizes that bound a data file's ids: its class count or vocabulary, as `--vocab` or the
+/// file's key-value metadata (`gradkit.classes`, `gradkit.vocab`) declares them. An id past
+/// the declared size (or, undeclared, past a sane maximum) is an error naming the row, not
+/// a model sized by one stray value.
+#[derive(Clone, Debug, Default)]
+struct Declared {
+    classes: Option<usize>,
+    /// The vocabulary and what declared it (for the message).
+    vocab: Option<(usize, String)>,
+}
+
+impl Declared {
+    fn of(bytes: &Bytes, spec: &DataSpec, src: &str) -> Result<Declared> {
+        let builder = ParquetRecordBatchReaderBuilder::try_new(bytes.clone())
+            .with_context(|| format!("{src}: not a Parquet file"))?;
+        let kv = builder.metadata().file_metadata().key_value_metadata();
+        let get = |key: &str| -> Result<Option<usize>> {
+            let Some(v) = kv.and_then(|kv| kv.iter().find(|e| e.key == key)) else {
+                return Ok(None);
+            };
+            let text = v.value.as_deref().unwrap_or("");
+            match text.trim().parse::<usize>() {
+                Ok(n) if n >= 2 => Ok(Some(n)),
+                _ => bail!("{src}: metadata `{key}` = `{text}` is not a count ≥ 2"),
+            }
+        };
+        let classes = get("gradkit.classes")?;
+        let vocab = match spec.declared_vocab {
+            Some(v) => Some((v, "--vocab".to_string())),
+            None => get("gradkit.vocab")?.map(|v| (v, "metadata `gradkit.vocab`".to_string())),
+        };
+        Ok(Declared { classes, vocab })
     }
 }
 
@@ -151,17 +202,20 @@ fn read_parquet(bytes: Bytes, name: &str) -> Result<RawTable> {
     let batches: Vec<RecordBatch> = reader
         .collect::<std::result::Result<_, _>>()
         .with_context(|| format!("{name}: cannot decode"))?;
+    // pandas and polars write LargeUtf8 and LargeList: the same normalisation as the tables'.
     let cols = schema
         .fields()
         .iter()
         .enumerate()
         .map(|(i, f)| {
-            (
-                f.name().clone(),
-                batches.iter().map(|b| b.column(i).clone()).collect(),
-            )
+            let arrays = batches
+                .iter()
+                .map(|b| gradkit_core::tables::normalize_array(b.column(i)))
+                .collect::<Result<_>>()
+                .with_context(|| format!("{name}: column `{}`", f.name()))?;
+            Ok((f.name().clone(), arrays))
         })
-        .collect();
+        .collect::<Result<_>>()?;
     Ok(RawTable { cols })
 }
 
@@ -185,7 +239,7 @@ impl RawTable {
             })
     }
 
-    fn into_class(self, src: &str) -> Result<Classification> {
+    fn into_class(self, src: &str, declared: &Declared) -> Result<Classification> {
         let mut rows = Vec::new();
         for a in self.col("features", src)? {
             rows.extend(list_f32(a, "features", src)?);
@@ -212,7 +266,19 @@ impl RawTable {
         {
             bail!("{src}: row {i} has the non-finite feature {v} (column `features`)");
         }
-        let classes = y.iter().max().map_or(0, |m| *m as usize + 1);
+        let (bound, how) = match declared.classes {
+            Some(c) => (c, "the class count the file declares (metadata `gradkit.classes`)"),
+            None => (
+                MAX_UNDECLARED_CLASSES,
+                "the most classes a file may have without declaring them; if intended, set the file's metadata `gradkit.classes` to the class count",
+            ),
+        };
+        if let Some((i, l)) = y.iter().enumerate().find(|(_, l)| **l as usize >= bound) {
+            bail!("{src}: row {i}: label {l} is not below {bound}, {how} (column `label`)");
+        }
+        let classes = declared
+            .classes
+            .unwrap_or_else(|| y.iter().max().map_or(0, |m| *m as usize + 1));
         if classes < 2 {
             bail!("{src}: needs at least 2 classes (column `label`)");
         }
@@ -261,10 +327,27 @@ impl RawTable {
         Ok(c)
     }
 
-    fn into_lm(self, src: &str) -> Result<LanguageModel> {
+    fn into_lm(self, src: &str, declared: &Declared) -> Result<LanguageModel> {
+        let (bound, how) = match &declared.vocab {
+            Some((v, by)) => (*v, format!("the vocabulary {by} declares")),
+            None => (
+                MAX_UNDECLARED_VOCAB,
+                "the largest vocabulary a file may have undeclared; if intended, give --vocab N or set the file's metadata `gradkit.vocab`".to_string(),
+            ),
+        };
         let mut all: Vec<u32> = Vec::new();
+        let mut row = 0usize;
         for a in self.col("tokens", src)? {
-            all.extend(list_u32(a, "tokens", src)?.into_iter().flatten());
+            for doc in list_u32(a, "tokens", src)? {
+                if let Some((pos, id)) = doc.iter().enumerate().find(|(_, t)| **t as usize >= bound)
+                {
+                    bail!(
+                        "{src}: row {row}, position {pos}: token id {id} is not below {bound}, {how} (column `tokens`)"
+                    );
+                }
+                all.extend(doc);
+                row += 1;
+            }
         }
         if all.len() < 100 {
             bail!(
@@ -272,7 +355,10 @@ impl RawTable {
                 all.len()
             );
         }
-        let vocab = *all.iter().max().unwrap() as usize + 1;
+        let vocab = match &declared.vocab {
+            Some((v, _)) => *v,
+            None => *all.iter().max().unwrap() as usize + 1,
+        };
         let cut = all.len() - all.len() / 10;
         Ok(LanguageModel {
             vocab,
@@ -393,6 +479,10 @@ impl MarkovSource {
             bail!("--vocab must be in 2..=65536, got {vocab} (flag --vocab)");
         }
         let v = vocab;
+        gradkit_core::budget::check(
+            &format!("--vocab {v}: the synthetic-lm source's {v}×{v} transition matrix"),
+            gradkit_core::budget::product(&[v as u128, v as u128, 8]),
+        )?;
         let mut rng = StdRng::seed_from_u64(seed ^ 0x6d61_726b_6f76);
         let mut p = vec![0f64; v * v];
         let mut perm: Vec<usize> = (0..v).collect();

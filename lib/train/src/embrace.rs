@@ -312,6 +312,7 @@ pub fn rank_main(
         if allgather { "fifo" } else { &cfg.schedule }
     );
     let mut sink = MetricSink::new(&cfg.run_name, "gradtrain", &method, p as u32);
+    let mut log = crate::metrics_log::MetricsLog::new(cfg, p, data);
     let eval_set = if rank == 0 {
         crate::data::eval_batches(data, cfg.model.seq_len, 256, 512)
     } else {
@@ -547,6 +548,9 @@ pub fn rank_main(
                 last_eval = Some(ev);
             }
         }
+        if done < last {
+            log.after_step(comm, &mut sink, done, false)?;
+        }
         batches = next;
     }
     if let Some(pd) = pending.take() {
@@ -556,7 +560,7 @@ pub fn rank_main(
     let full = full_table(comm, allgather, &table, v, d)?;
     params[eoff..eoff + enumel].copy_from_slice(&full);
     scatter_dense(&mut params, &dparams);
-    let rows = gradkit_comm::dist::gather(comm, sink.rows)?;
+    let rows = log.finish(comm, &mut sink)?;
     let Some(rows) = rows else {
         return Ok(None);
     };

@@ -475,3 +475,121 @@ pub fn check_name(name: &str) -> Result<()> {
             format!("unknown --model `{name}` (known: {})", names.join(", "))
         })
 }
+
+/// Copies of the parameter vector one rank keeps: the parameters, candle's gradients and
+/// their flat copy, the optimiser state (up to two moments), the exchange's buffers
+/// (residual, reduce buffer) and the initial draw. An estimate, deliberately on the high side.
+pub const PARAM_COPIES: u128 = 10;
+
+/// Parameters of `spec` on `data`, in u128 (saturating), computed from the flags and the
+/// data's sizes without building anything; mirrors [`Model::new`]'s layers.
+pub fn estimate_params(spec: &ModelSpec, data: &Dataset) -> u128 {
+    let m = |f: &[u128]| gradkit_core::budget::product(f);
+    let s = |terms: &[u128]| terms.iter().fold(0u128, |a, t| a.saturating_add(*t));
+    let (h, d, layers, t) = (
+        spec.hidden as u128,
+        spec.d_model as u128,
+        spec.layers as u128,
+        spec.seq_len as u128,
+    );
+    let linear = |i: u128, o: u128| s(&[m(&[i, o]), o]);
+    match (spec.name.as_str(), data) {
+        ("mlp", Dataset::Class(c)) => {
+            let (dim, k) = (c.dim as u128, c.classes as u128);
+            s(&[linear(dim, h), linear(h, h), linear(h, k)])
+        }
+        ("cnn", Dataset::Class(c)) => {
+            let side = (c.dim as f64).sqrt() as u128;
+            let convs =
+                linear(9, 16) + linear(16 * 9, 16) + linear(16 * 9, 32) + linear(32 * 9, 32);
+            let flat = m(&[32, side / 4, side / 4]);
+            s(&[convs, linear(flat, 64), linear(64, c.classes as u128)])
+        }
+        ("transformer-lm", Dataset::Lm(l)) => {
+            let v = l.vocab as u128;
+            let block = s(&[
+                m(&[4, d]),
+                linear(d, m(&[3, d])),
+                linear(d, d),
+                linear(d, m(&[4, d])),
+                linear(m(&[4, d]), d),
+            ]);
+            s(&[
+                m(&[v, d]),
+                m(&[t, d]),
+                m(&[layers, block]),
+                m(&[2, d]),
+                linear(d, v),
+            ])
+        }
+        ("lstm-lm", Dataset::Lm(l)) => {
+            let v = l.vocab as u128;
+            let gates = m(&[4, h]);
+            s(&[m(&[v, d]), m(&[gates, s(&[d, h, 2])]), linear(h, v)])
+        }
+        _ => 0,
+    }
+}
+
+/// Floats of activations (forward values and their gradients) one step of `batch` examples
+/// holds on one rank: a rough upper estimate, dominated by the logits for language models.
+pub fn estimate_activations(spec: &ModelSpec, data: &Dataset, batch: usize) -> u128 {
+    let m = |f: &[u128]| gradkit_core::budget::product(f);
+    let (b, h, d, t) = (
+        batch as u128,
+        spec.hidden as u128,
+        spec.d_model as u128,
+        spec.seq_len as u128,
+    );
+    match data {
+        Dataset::Class(c) => m(&[
+            b,
+            (c.dim as u128)
+                .saturating_mul(97)
+                .saturating_add(m(&[3, h]))
+                .saturating_add(c.classes as u128),
+            3,
+        ]),
+        Dataset::Lm(l) => {
+            let per_token = (l.vocab as u128).saturating_mul(3).saturating_add(m(&[
+                d.max(h),
+                spec.layers.max(1) as u128,
+                24,
+            ]));
+            let attention = m(&[spec.heads.max(1) as u128, t, spec.layers.max(1) as u128, 3]);
+            m(&[b, t, per_token.saturating_add(attention)])
+        }
+    }
+}
+
+/// Stops with a clear error, before any parameter is allocated, when the model the flags
+/// and the data describe would not fit the memory budget on the `ranks_here` ranks of this
+/// process (`--max-memory`, `GRADKIT_MAX_MEMORY`, else the machine's memory).
+pub fn check_memory(
+    spec: &ModelSpec,
+    data: &Dataset,
+    batch: usize,
+    ranks_here: usize,
+) -> Result<()> {
+    let params = estimate_params(spec, data);
+    let acts = estimate_activations(spec, data, batch);
+    let floats = params.saturating_mul(PARAM_COPIES).saturating_add(acts);
+    let bytes = gradkit_core::budget::product(&[floats, 4, ranks_here as u128]);
+    let sizes = match data {
+        Dataset::Class(c) => format!(
+            "--hidden {}, {} features, {} classes (column `label`)",
+            spec.hidden, c.dim, c.classes
+        ),
+        Dataset::Lm(l) => format!(
+            "--d-model {}, --hidden {}, --layers {}, --seq-len {}, vocabulary {}",
+            spec.d_model, spec.hidden, spec.layers, spec.seq_len, l.vocab
+        ),
+    };
+    gradkit_core::budget::check(
+        &format!(
+            "--model {} ({sizes}) has {params} parameters; with gradients, optimiser state, exchange buffers and activations for --batch {batch} on {ranks_here} rank(s) in this process it",
+            spec.name
+        ),
+        bytes,
+    )
+}

@@ -14,6 +14,7 @@ use gradkit_core::{MetricRow, TensorRow};
 
 use crate::checkpoint::{self, RankState};
 use crate::data::{self, DataSpec, Dataset, Shard};
+use crate::metrics_log::MetricsLog;
 use crate::model::{Model, ModelSpec};
 use crate::optim::{lr_at, Decay, Opt, OptConfig, Optimizer, Sgd};
 
@@ -106,6 +107,13 @@ pub struct TrainConfig {
     pub corrupt_at: Option<u32>,
     /// `--exchange embrace`: communication schedule, `fifo` or `embrace` (crate::embrace).
     pub schedule: String,
+    /// The `--metrics` file: rank 0 rewrites it atomically every `metrics_every` steps (0:
+    /// never) and at each checkpoint, so a killed run keeps its finished steps. The caller
+    /// writes the final table from [`TrainReport::metrics`].
+    pub metrics_path: Option<PathBuf>,
+    pub metrics_every: u32,
+    /// Key-value metadata of those rewrites and of a checkpoint's `metrics.parquet`.
+    pub metrics_meta: gradkit_core::Meta,
 }
 
 impl Default for TrainConfig {
@@ -136,6 +144,9 @@ impl Default for TrainConfig {
             record_gradients: false,
             corrupt_at: None,
             schedule: "embrace".into(),
+            metrics_path: None,
+            metrics_every: 0,
+            metrics_meta: gradkit_core::Meta::default(),
         }
     }
 }
@@ -191,6 +202,14 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
             names.join(", ")
         );
     };
+    if !crate::optim::OPTIMIZERS.iter().any(|o| o.0 == cfg.opt.name) {
+        let names: Vec<&str> = crate::optim::OPTIMIZERS.iter().map(|o| o.0).collect();
+        bail!(
+            "unknown --optimizer `{}` (known: {}) (flag --optimizer)",
+            cfg.opt.name,
+            names.join(", ")
+        );
+    }
     let onebit_opt = matches!(cfg.opt.name.as_str(), "onebit-lamb" | "onebit-adam");
     if cfg.exchange == "onebit" && !onebit_opt {
         bail!(
@@ -220,6 +239,10 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
     if cfg.resume && cfg.checkpoint.is_none() {
         bail!("--resume needs --checkpoint DIR (flag --resume)");
     }
+    if cfg.checkpoint_every > 0 && cfg.checkpoint.is_none() {
+        bail!("--checkpoint-every needs --checkpoint DIR to write into (flag --checkpoint-every)");
+    }
+    check_ranges(cfg)?;
     if cfg.dense_warmup > 0 && (cfg.exchange == "onebit" || crate::embrace::handles(&cfg.exchange))
     {
         bail!(
@@ -229,6 +252,95 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
     }
     if crate::embrace::handles(&cfg.exchange) {
         crate::embrace::check_config(cfg)?;
+    }
+    Ok(())
+}
+
+/// No output (`--metrics`, `--checkpoint`) may be the `--data` file or each other; checked
+/// before anything is read (a runtime error, exit 1, as in every tool: it depends on the files).
+pub fn check_paths(cfg: &TrainConfig) -> Result<()> {
+    let data = (!matches!(cfg.data.name.as_str(), "digits" | "synthetic-lm"))
+        .then(|| std::path::Path::new(&cfg.data.name));
+    gradkit_core::paths::check_distinct(
+        &[("--data", data)],
+        &[
+            ("--metrics", cfg.metrics_path.as_deref()),
+            ("--checkpoint", cfg.checkpoint.as_deref()),
+        ],
+    )
+}
+
+/// The numeric flags' ranges (each names its flag): checked before any rank starts, so a
+/// value that would panic, divide by zero or train nonsense never reaches the step loop.
+fn check_ranges(cfg: &TrainConfig) -> Result<()> {
+    let o = &cfg.opt;
+    let unit = |v: f32, flag: &str, what: &str| -> Result<()> {
+        if !(0.0..1.0).contains(&v) {
+            bail!("--{flag} must be in [0, 1) ({what}), got {v} (flag --{flag})");
+        }
+        Ok(())
+    };
+    unit(
+        o.momentum,
+        "momentum",
+        "the fraction of the previous update kept",
+    )?;
+    unit(o.beta1, "beta1", "the decay of the first-moment average")?;
+    unit(o.beta2, "beta2", "the decay of the second-moment average")?;
+    if !(o.eps.is_finite() && o.eps > 0.0) {
+        bail!(
+            "--eps must be a positive number (it keeps the division by √v finite), got {} (flag --eps)",
+            o.eps
+        );
+    }
+    if !(o.weight_decay.is_finite() && o.weight_decay >= 0.0) {
+        bail!(
+            "--weight-decay must be a finite number ≥ 0, got {} (flag --weight-decay)",
+            o.weight_decay
+        );
+    }
+    if !(o.lamb_min.is_finite() && o.lamb_min >= 0.0) {
+        bail!(
+            "--lamb-min must be a finite number ≥ 0, got {} (flag --lamb-min)",
+            o.lamb_min
+        );
+    }
+    if !(o.lamb_max.is_finite() && o.lamb_max > 0.0) {
+        bail!(
+            "--lamb-max must be a finite number > 0, got {} (flag --lamb-max)",
+            o.lamb_max
+        );
+    }
+    if o.lamb_min > o.lamb_max {
+        bail!(
+            "--lamb-min {} is larger than --lamb-max {}: the trust-ratio clip needs min ≤ max (flag --lamb-min)",
+            o.lamb_min,
+            o.lamb_max
+        );
+    }
+    if o.nesterov && o.momentum == 0.0 {
+        bail!("--nesterov needs --momentum > 0 (flag --nesterov)");
+    }
+    for (v, flag) in [(cfg.period, "period"), (cfg.reeval, "reeval")] {
+        if v == 0 {
+            bail!("--{flag} must be at least 1 (flag --{flag})");
+        }
+    }
+    if cfg.batch == 0 {
+        bail!("--batch must be at least 1 (flag --batch)");
+    }
+    let m = &cfg.model;
+    for (v, flag) in [
+        (m.hidden, "hidden"),
+        (m.d_model, "d-model"),
+        (m.layers, "layers"),
+        (m.heads, "heads"),
+        (m.seq_len, "seq-len"),
+        (cfg.data.tokens, "tokens"),
+    ] {
+        if v == 0 {
+            bail!("--{flag} must be at least 1, got 0 (flag --{flag})");
+        }
     }
     Ok(())
 }
@@ -266,9 +378,69 @@ fn run_meta(cfg: &TrainConfig, p: usize, n: usize) -> Vec<(String, String)> {
 /// Trains on every rank of `world`; returns the report on the I/O rank (`None` elsewhere
 /// under MPI).
 pub fn train(world: &World, cfg: &TrainConfig) -> Result<Option<TrainReport>> {
+    // An agreement point: every rank checks the configuration and loads the data; a mistake
+    // is reported once (by the lowest rank that saw it) before any training starts.
+    let data = world.agree(prepare(world, cfg))?;
+    let out = if crate::embrace::handles(&cfg.exchange) {
+        world.run(|comm| crate::embrace::rank_main(comm, cfg, &data))?
+    } else {
+        world.run(|comm| rank_main(comm, cfg, &data))?
+    };
+    Ok(out.into_iter().next().flatten())
+}
+
+/// Ok-Topk's exchange keeps state that a checkpoint does not hold (region boundaries, the
+/// reused local threshold), recomputed on its own schedule: every τ (`--period`) and τ'
+/// (`--reeval`) calls, counted from its first sparse step (after `--dense-warmup`). A resumed
+/// run starts that count afresh at its first step, so it matches the uninterrupted run only
+/// when that step is on both schedules; otherwise this warning says so.
+pub fn oktopk_resume_warning(cfg: &TrainConfig, first: u32) -> Option<String> {
+    if cfg.exchange != "oktopk" || first <= cfg.dense_warmup {
+        return None;
+    }
+    let since = first - cfg.dense_warmup;
+    if since.is_multiple_of(cfg.period.max(1)) && since.is_multiple_of(cfg.reeval.max(1)) {
+        return None;
+    }
+    Some(format!(
+        "warning: resuming Ok-Topk at step {first}, which is not on its schedule (a multiple of --period {} and of --reeval {} after --dense-warmup {}): its region boundaries and threshold are recomputed at step {first}, so the run will differ from an uninterrupted one; checkpoint at such multiples (e.g. --checkpoint-every {}) to resume exactly",
+        cfg.period,
+        cfg.reeval,
+        cfg.dense_warmup,
+        lcm(cfg.period.max(1), cfg.reeval.max(1))
+    ))
+}
+
+fn lcm(a: u32, b: u32) -> u64 {
+    let (mut x, mut y) = (a as u64, b as u64);
+    while y != 0 {
+        (x, y) = (y, x % y);
+    }
+    a as u64 / x * b as u64
+}
+
+/// With `--resume`: the step of the latest checkpoint when it is already at (or past)
+/// `--steps`, so there is nothing to train; `None` otherwise. The tool then says so and exits
+/// 0 without touching `--metrics` (docs/gradtrain.md).
+pub fn resume_finished(cfg: &TrainConfig) -> Result<Option<u32>> {
+    let (true, Some(root)) = (cfg.resume, cfg.checkpoint.as_ref()) else {
+        return Ok(None);
+    };
+    let Some(dir) = checkpoint::latest(root)? else {
+        return Ok(None); // reported by `train` with its own message
+    };
+    let step = checkpoint::step_of(&dir)?;
+    Ok((step >= cfg.steps).then_some(step))
+}
+
+/// The checks made before any rank starts: configuration, data, shards, checkpoint.
+fn prepare(world: &World, cfg: &TrainConfig) -> Result<Dataset> {
     check_config(cfg)?;
     let data = data::load(&cfg.data)?;
     let p = world.size();
+    // Bounded memory: the model the flags and data describe must fit before any rank builds it.
+    let ranks_here = if world.backend() == "local" { p } else { 1 };
+    crate::model::check_memory(&cfg.model, &data, cfg.batch, ranks_here)?;
     // Fail early (before threads start) on a shard that cannot hold a batch.
     for r in 0..p {
         Shard::new(&data, r, p, cfg.batch, cfg.model.seq_len)?;
@@ -282,12 +454,7 @@ pub fn train(world: &World, cfg: &TrainConfig) -> Result<Option<TrainReport>> {
             );
         }
     }
-    let out = if crate::embrace::handles(&cfg.exchange) {
-        world.run(|comm| crate::embrace::rank_main(comm, cfg, &data))?
-    } else {
-        world.run(|comm| rank_main(comm, cfg, &data))?
-    };
-    Ok(out.into_iter().next().flatten())
+    Ok(data)
 }
 
 /// The real per-rank gradients of `cfg.steps` training steps as dense `tensor/1` rows
@@ -366,6 +533,13 @@ fn rank_main(comm: &dyn Comm, cfg: &TrainConfig, data: &Dataset) -> Result<Optio
             .get("params")
             .context("checkpoint lacks `params`")?
             .clone();
+        if let Some(i) = params.iter().position(|x| !x.is_finite()) {
+            bail!(
+                "checkpoint file {} holds the non-finite parameter {i} = {}: the file is corrupt, or the run had diverged when it was written",
+                dir.join(format!("rank-{rank}.safetensors")).display(),
+                params[i]
+            );
+        }
         let ost: Vec<(String, Vec<f32>)> = st
             .tensors
             .iter()
@@ -400,6 +574,17 @@ fn rank_main(comm: &dyn Comm, cfg: &TrainConfig, data: &Dataset) -> Result<Optio
             Exchange::Dense => {}
         }
         model.set_flat(&params)?;
+    }
+    let mut log = MetricsLog::new(cfg, p, data);
+    if cfg.resume && rank == 0 {
+        let root = cfg.checkpoint.as_ref().unwrap();
+        let dir = checkpoint::latest(root)?.context("no checkpoint to resume")?;
+        log.resume(&dir, first, cfg.quiet)?;
+    }
+    if cfg.resume && rank == 0 {
+        if let Some(w) = oktopk_resume_warning(cfg, first) {
+            gradkit_core::cli::report_line(&w);
+        }
     }
     let last = cfg.stop_after.map_or(cfg.steps, |s| s.min(cfg.steps));
     let eval_set = if rank == 0 {
@@ -628,9 +813,15 @@ fn rank_main(comm: &dyn Comm, cfg: &TrainConfig, data: &Dataset) -> Result<Optio
             }
             last_eval = Some(ev);
         }
+        // A run stopped by `stop_after` acts as if killed: no final checkpoint.
+        let checkpointing = cfg.checkpoint.is_some()
+            && ((cfg.checkpoint_every > 0 && done.is_multiple_of(cfg.checkpoint_every))
+                || done == cfg.steps);
+        if done < last || checkpointing {
+            log.after_step(comm, &mut sink, done, checkpointing)?;
+        }
         if let Some(root) = &cfg.checkpoint {
-            // A run stopped by `stop_after` acts as if killed: no final checkpoint.
-            if (cfg.checkpoint_every > 0 && done % cfg.checkpoint_every == 0) || done == cfg.steps {
+            if checkpointing {
                 let mut tensors = vec![("params".to_string(), params.clone())];
                 for (k, v) in opt.state() {
                     tensors.push((format!("opt.{k}"), v));
@@ -655,7 +846,14 @@ fn rank_main(comm: &dyn Comm, cfg: &TrainConfig, data: &Dataset) -> Result<Optio
                     tensors,
                     meta: meta.clone(),
                 };
-                let res = checkpoint::write_rank(root, rank, &st);
+                let res = checkpoint::write_rank(root, rank, &st).and_then(|()| {
+                    // The metrics so far travel with the checkpoint (rank 0 holds them).
+                    if rank == 0 {
+                        log.save_to(&checkpoint::staging_dir(root, done))
+                    } else {
+                        Ok(())
+                    }
+                });
                 // Everyone must have written before rank 0 commits; agree on failure.
                 let ok = comm.allgather_one::<u8>(res.is_ok() as u8);
                 res?;
@@ -676,7 +874,7 @@ fn rank_main(comm: &dyn Comm, cfg: &TrainConfig, data: &Dataset) -> Result<Optio
         }
     }
     pb.finish_and_clear();
-    let rows = dist::gather(comm, sink.rows)?;
+    let rows = log.finish(comm, &mut sink)?;
     let grads = if cfg.record_gradients {
         dist::gather(comm, grads_rec)?
     } else {

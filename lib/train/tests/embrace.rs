@@ -28,6 +28,7 @@ fn tiny(exchange: &str, opt: &str, d_model: usize) -> TrainConfig {
             vocab: 300,
             corpus_seed: 3,
             tokens: 20_000,
+            ..DataSpec::default()
         },
         exchange: exchange.into(),
         // ε = 1e-4: the gradient of the attention key bias is zero up to rounding (softmax is
