@@ -16,7 +16,7 @@ BIN := target/release
 FAST ?= 0
 export FAST
 
-.PHONY: all help deps deps-apt deps-rust deps-py build demo test bench lint fmt clean \
+.PHONY: all help deps deps-apt deps-rust deps-py build demo test bench stress-mpi lint fmt clean \
         repro repro-oktopk repro-deft repro-onebit-lamb repro-embrace
 
 all: build
@@ -26,9 +26,11 @@ help:
 	@echo "make test    install what is missing, build, run every test"
 	@echo "make bench   benchmarks (numbers go to docs/RESULTS.md by hand)"
 	@echo "make repro-oktopk | repro-deft | repro-onebit-lamb | repro-embrace   (FAST=1: ~1 min)"
+	@echo "make cluster-up HOSTS=4 RATE=1gbit | cluster-status | cluster-down   (docs/CLUSTER.md)"
 
 ## deps: what is missing, and only that (apt packages as root or with sudo; the Python venv
-## with numpy and pyarrow used by the interoperability tests). Quick when all is present.
+## with numpy, pyarrow, pandas and polars used by the interoperability tests). Quick when
+## all is present.
 deps: deps-apt deps-rust deps-py
 
 deps-apt:
@@ -46,10 +48,11 @@ deps-rust:
 	  if [ "$$(printf '%s\n' 1.88.0 "$$v" | sort -V | head -1)" != 1.88.0 ]; then \
 	    echo "error: rustc $$v is too old; gradkit needs >= 1.88 (rustup update)" >&2; exit 1; fi
 
-deps-py: $(VENV)/.ok
-$(VENV)/.ok:
+# The stamp's name changes when the package list does, so an existing venv gets the new ones.
+deps-py: $(VENV)/.ok-2
+$(VENV)/.ok-2:
 	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q --disable-pip-version-check numpy pyarrow
+	$(VENV)/bin/pip install -q --disable-pip-version-check numpy pyarrow pandas polars
 	touch $@
 
 ## build: release binaries of the six tools in target/release
@@ -68,7 +71,13 @@ test: deps build
 bench: deps build
 	@bash pipelines/bench.sh
 
+## stress-mpi: every mpirun error path RUNS times under a CPU hog (docs/RELIABILITY.md)
+RUNS ?= 200
+stress-mpi: deps build
+	@bash pipelines/stress-mpi-errors.sh $(RUNS)
+
 include pipelines/oktopk.mk pipelines/deft.mk pipelines/onebit-lamb.mk pipelines/embrace.mk
+include pipelines/cluster.mk
 repro: repro-oktopk repro-deft repro-onebit-lamb repro-embrace
 
 fmt:

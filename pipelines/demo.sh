@@ -27,7 +27,8 @@ for a in ring rabenseifner tree native gaussiank deft onebit; do
   run $B/gradallreduce --algo $a --ranks $P --density 0.01 -q trace.parquet -o reduced-$a.parquet --metrics ar-$a.parquet
 done
 for a in topka topkdsa gtopk oktopk; do
-  run $B/gradallreduce --algo $a --ranks $P --density 0.01 --period 4 -q sel-topk.parquet -o reduced-$a.parquet --metrics ar-$a.parquet
+  period=(); [ $a = oktopk ] && period=(--period 4)   # τ applies to Ok-Topk only
+  run $B/gradallreduce --algo $a --ranks $P --density 0.01 "${period[@]}" -q sel-topk.parquet -o reduced-$a.parquet --metrics ar-$a.parquet
 done
 
 echo "== 5. a short training comparison: MLP on the UCI digits, 4 ranks" >&2

@@ -49,6 +49,30 @@ pub struct BenchArgs {
     /// No summary on stderr
     #[arg(short = 'q', long)]
     pub quiet: bool,
+    #[command(flatten)]
+    pub memory: gradkit_core::budget::MemoryArgs,
+}
+
+impl BenchArgs {
+    /// Checks made on the command line alone, before any rank starts.
+    pub fn check_flags(&self, _m: &clap::ArgMatches) -> Result<()> {
+        if self.iters == 0 {
+            bail!("--iters must be at least 1: with 0 nothing would be timed or verified (flag --iters)");
+        }
+        if !(self.alpha_us.is_finite() && self.alpha_us >= 0.0) {
+            bail!(
+                "--alpha-us must be a finite number ≥ 0, got {} (flag --alpha-us)",
+                self.alpha_us
+            );
+        }
+        if !(self.bandwidth_gbps.is_finite() && self.bandwidth_gbps > 0.0) {
+            bail!(
+                "--bandwidth-gbps must be a finite number > 0, got {} (flag --bandwidth-gbps)",
+                self.bandwidth_gbps
+            );
+        }
+        Ok(())
+    }
 }
 
 /// One measured (algorithm, size) point, as rank 0 sees it.
@@ -69,12 +93,32 @@ fn sizes(spec: &str, factor: u64) -> Result<Vec<u64>> {
         bail!("--sizes {spec} must be MIN:MAX bytes with 4 ≤ MIN ≤ MAX, --factor ≥ 2");
     }
     let mut v = Vec::new();
-    let mut s = lo;
-    while s <= hi {
-        v.push(s);
-        s *= factor;
+    let mut s = Some(lo);
+    // Checked: a size past 2^64 − 1 ends the list instead of wrapping around below MAX.
+    while let Some(b) = s.filter(|b| *b <= hi) {
+        v.push(b);
+        s = b.checked_mul(factor);
     }
     Ok(v)
+}
+
+/// Buffers one rank holds per size: the pristine input, the working copy, the received
+/// chunks and (1-bit) the error buffers and the decompressed result.
+const BUFFERS_PER_RANK: u128 = 4;
+
+/// Stops before any rank starts when the largest size cannot be held by the ranks of this
+/// process (all of them in-process, or one under mpirun).
+fn check_memory(sizes: &[u64], ranks_here: usize, spec: &str) -> Result<()> {
+    let Some(&max) = sizes.iter().max() else {
+        return Ok(());
+    };
+    let bytes = gradkit_core::budget::product(&[max as u128, BUFFERS_PER_RANK, ranks_here as u128]);
+    gradkit_core::budget::check(
+        &format!(
+            "bench size {max} bytes (flag --sizes {spec}) on {ranks_here} rank(s) in this process, {BUFFERS_PER_RANK} buffers each,"
+        ),
+        bytes,
+    )
 }
 
 /// Rank r's input: small integers times (r+1), so the exact sum is representable in f32.
@@ -101,17 +145,22 @@ fn one_iteration(
     Ok(())
 }
 
+/// The 1-bit reducer for `onebit*`, `None` for a dense algorithm, an error for the rest.
+fn bench_reducer(algo: &str) -> Result<Option<Box<dyn gradkit_collectives::Reducer>>> {
+    Ok(match algo {
+        "onebit" | "onebit-naive" => Some(make_reducer(algo, &Params::default())?),
+        a if dense::by_name(a).is_some() => None,
+        a => bail!("bench supports ring, rabenseifner, tree, native, onebit, onebit-naive; not `{a}` (flag --algo)"),
+    })
+}
+
 fn measure(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> Result<Point> {
     let (p, r) = (comm.size(), comm.rank());
     let n = (bytes / 4) as usize;
     let pristine = pattern(r, n);
     let tri = (p * (p + 1) / 2) as f32;
     let layout = Layout::new(vec![(0, "buffer".into(), n as u64, None)]);
-    let mut onebit = match algo {
-        "onebit" | "onebit-naive" => Some(make_reducer(algo, &Params::default())?),
-        a if dense::by_name(a).is_some() => None,
-        a => bail!("bench supports ring, rabenseifner, tree, native, onebit; not `{a}`"),
-    };
+    let mut onebit = bench_reducer(algo)?;
     let mut times = Vec::with_capacity(args.iters);
     let mut wrong = 0usize;
     let (mut sent, mut msgs) = (0u64, 0u64);
@@ -154,10 +203,20 @@ fn measure(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> Result<
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
+    args.memory.apply();
     let world = World::init(args.ranks)?;
     let p = world.size();
-    let sizes = sizes(&args.sizes, args.factor)?;
+    // An agreement point: a bad flag is reported once under mpirun.
     let algos: Vec<String> = args.algo.split(',').map(|s| s.trim().to_string()).collect();
+    let sizes = world.agree((|| {
+        for a in &algos {
+            bench_reducer(a)?;
+        }
+        let sizes = sizes(&args.sizes, args.factor)?;
+        let ranks_here = if world.backend() == "local" { p } else { 1 };
+        check_memory(&sizes, ranks_here, &args.sizes)?;
+        Ok(sizes)
+    })())?;
     let points = world.run(|comm| {
         let mut pts = Vec::new();
         for &b in &sizes {
@@ -185,7 +244,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 Some((al, be)) if al > 0.0 && be > 0.0 => {
                     fits.insert(a.clone(), (al, be));
                 }
-                other if !args.quiet => eprintln!(
+                other if !args.quiet => gradkit_core::noteln!(
                     "gradallreduce bench: {a}: no usable α-β fit ({other:?}); its model column uses the given α and β"
                 ),
                 _ => {}
@@ -240,7 +299,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     table.print(args.format)?;
     if !args.quiet {
-        eprintln!(
+        gradkit_core::noteln!(
             "gradallreduce bench: {p} {} ranks; model column: α = {:.2} µs, β = {:.3} ns/byte ({:.2} GB/s) unless fitted",
             world.backend(),
             alpha * 1e6,
@@ -248,7 +307,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             1e-9 / beta
         );
         for (a, (al, be)) in &fits {
-            eprintln!(
+            gradkit_core::noteln!(
                 "  fitted {a}: α = {:.2} µs per message, β = {:.3} ns/byte ({:.2} GB/s)",
                 al * 1e6,
                 be * 1e9,

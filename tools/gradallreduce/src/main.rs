@@ -17,8 +17,11 @@ the chosen allreduce step by step, exactly as a data-parallel job would. The red
 per phase, and time per phase, as metrics/1 rows.
 
 Ranks: `--ranks N` runs N in-process ranks (threads). Under `mpirun -np N` the rank count
-comes from MPI, rank 0 reads and scatters the trace and gathers and writes the results; the
-output bytes and counters are the same either way.
+comes from MPI, rank 0 reads and scatters the trace and gathers and writes the results.
+Either way the output rows are identical bit for bit for every algorithm but `native`
+(MPI_Allreduce adds in its own order: equal to rounding), and so are the byte and message
+counters; the files differ only in the metadata `gradkit.backend` and `gradkit.producer`
+(the argv).
 
 Algorithms (--algo):
   ring, rabenseifner, tree, native   dense; --op sum|mean
@@ -28,7 +31,9 @@ Algorithms (--algo):
   onebit, onebit-naive               1-bit compressed allreduce (--state)
   alltoall                           EmbRace's AlltoAll for embedding layers (--split)
 Sparse algorithms sum (Ok-Topk's u); dense input to them is first selected with --density
-and error feedback across steps, as Ok-Topk's Algorithm 1 does.
+and error feedback across steps, as Ok-Topk's Algorithm 1 does. --op mean divides any sum
+by P; the 1-bit allreduces always average, so --op does not apply to them. A flag read only
+by other algorithms (--state, --plan, --period, --reeval, --balance, --split) is refused.
 
 Examples:
   gradtrace synthetic --shape mlp --ranks 4 --steps 3 --seed 1 \\
@@ -58,7 +63,18 @@ enum Cmd {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    gradkit_core::paths::install_signal_cleanup();
+    // Under mpirun a usage error is printed once, by rank 0.
+    let (cli, matches) = gradkit_comm::launch::parse_matches::<Cli>();
+    // A command line that is wrong on its own is a usage error (exit 2), before any rank starts.
+    let flags = match (&cli.cmd, matches.subcommand()) {
+        (Some(Cmd::Bench(a)), Some((_, m))) => a.check_flags(m),
+        (Some(Cmd::Model(_)), _) => Ok(()),
+        _ => cli.reduce.check_flags(&matches),
+    };
+    if let Err(e) = flags {
+        gradkit_comm::launch::usage_error::<Cli>(e);
+    }
     gradkit_core::cli::run(|| match cli.cmd {
         Some(Cmd::Bench(a)) => bench::run(a),
         Some(Cmd::Model(a)) => model::run(a),
@@ -66,17 +82,8 @@ fn main() -> std::process::ExitCode {
     })
 }
 
-/// Parses sizes like `4096`, `64K`, `16M`, `1G` (powers of 1024) or `110M`.
+/// Parses sizes like `4096`, `64K`, `16M`, `1G` (powers of 1024) or `110M`; exact for
+/// integers, an error (never a wrapped value) past 2^64 − 1.
 pub fn parse_size(s: &str) -> anyhow::Result<u64> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    let v: f64 = num
-        .parse()
-        .map_err(|_| anyhow::anyhow!("`{s}` is not a size (e.g. 4096, 64K, 16M, 1G)"))?;
-    Ok((v * mult as f64).round() as u64)
+    gradkit_core::budget::parse_size(s)
 }

@@ -21,7 +21,7 @@ pub struct ReduceArgs {
     /// Allreduce algorithm (see the list below)
     #[arg(long, default_value = "ring")]
     pub algo: String,
-    /// Dense algorithms: sum or mean
+    /// sum or mean (the sum divided by P); not for the 1-bit algorithms, which always average
     #[arg(long, value_enum, default_value_t = Op::Sum)]
     pub op: Op,
     /// In-process ranks when not started by mpirun (must equal the trace's ranks)
@@ -63,19 +63,52 @@ pub struct ReduceArgs {
     /// Seed for algorithms with randomness
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    #[command(flatten)]
+    pub memory: gradkit_core::budget::MemoryArgs,
 }
 
+/// The algorithms that read each algorithm-specific flag (anything else would ignore it).
+const FLAG_ALGOS: &[(&str, &str, &[&str])] = &[
+    ("state", "--state", &["onebit", "onebit-naive"]),
+    ("plan", "--plan", &["deft", "oktopk"]),
+    ("period", "--period", &["oktopk"]),
+    ("reeval", "--reeval", &["oktopk"]),
+    ("balance", "--balance", &["oktopk"]),
+    ("split", "--split", &["alltoall"]),
+];
+
 impl ReduceArgs {
-    fn params(&self) -> Result<Params> {
+    /// Checks made on the command line alone, before any rank starts: ranges, and flags given
+    /// for an algorithm that does not read them (refused rather than silently ignored).
+    pub fn check_flags(&self, m: &clap::ArgMatches) -> Result<()> {
         if !(self.density > 0.0 && self.density <= 1.0) {
             bail!(
-                "density {} is outside (0, 1] (flag --density)",
+                "--density must lie in (0, 1], got {} (flag --density)",
                 self.density
             );
+        }
+        if self.k == Some(0) {
+            bail!("--k must be at least 1 (flag --k)");
         }
         if self.period == 0 || self.reeval == 0 {
             bail!("--period and --reeval must be at least 1");
         }
+        let algo = self.algo.as_str();
+        for (id, flag, algos) in FLAG_ALGOS {
+            if gradkit_core::cli::given(m, id) && !algos.contains(&algo) {
+                bail!(
+                    "{flag} applies to --algo {} only, not --algo {algo} (it would be ignored)",
+                    algos.join(" or ")
+                );
+            }
+        }
+        if gradkit_core::cli::given(m, "op") && matches!(algo, "onebit" | "onebit-naive") {
+            bail!("--op does not apply to --algo {algo}: the 1-bit allreduce always averages (its result is the mean)");
+        }
+        Ok(())
+    }
+
+    fn params(&self) -> Result<Params> {
         let plan = match &self.plan {
             None => None,
             Some(p) => {
@@ -111,7 +144,7 @@ fn load(args: &ReduceArgs, world: &World) -> Result<gradkit_core::Loaded<TensorR
         gradkit_collectives::alltoall::check_embedding_rows(&t.rows)
             .with_context(|| format!("in {}", t.source))?;
     }
-    let (_, ranks) = trace::steps_and_ranks(&t.rows);
+    let (steps, ranks) = trace::steps_and_ranks(&t.rows);
     if ranks.len() != world.size() {
         bail!(
             "{} holds {} ranks but this run has {} (flag --ranks, or mpirun -np)",
@@ -120,33 +153,138 @@ fn load(args: &ReduceArgs, world: &World) -> Result<gradkit_core::Loaded<TensorR
             world.size()
         );
     }
+    let ranks_here = if world.backend() == "local" {
+        world.size()
+    } else {
+        1
+    };
+    check_memory(
+        &args.algo,
+        &t.rows,
+        &layout,
+        steps.len(),
+        ranks_here,
+        world.size(),
+    )
+    .with_context(|| format!("in {}", t.source))?;
+    if let Some(path) = &args.plan {
+        check_plan(path, &args.algo, &layout, world.size(), steps[0])
+            .with_context(|| format!("--plan {}", path.display()))?;
+    }
     Ok(t)
+}
+
+/// Checks a `--plan` against the trace with the validator every plan consumer shares
+/// (gradkit-partition's `plan::check`, as gradselect does), before any rank starts.
+fn check_plan(
+    path: &std::path::Path,
+    algo: &str,
+    layout: &Layout,
+    world: usize,
+    first_step: u32,
+) -> Result<()> {
+    use gradkit_collectives::plan::{check, PlanKind};
+    let kind = match algo {
+        "deft" => PlanKind::Deft,
+        "oktopk" => PlanKind::Oktopk,
+        _ => return Ok(()), // refused by check_flags
+    };
+    let loaded = read_table::<PlanRow>(&Input::Path(path.to_path_buf()), Default::default())?;
+    check(
+        loaded.rows,
+        Some(&loaded.meta),
+        kind,
+        layout,
+        world,
+        first_step,
+    )?;
+    Ok(())
+}
+
+/// Stops before any rank starts when the trace's layer sizes (column `numel`) would need
+/// more memory than the run may use, or a flat index space that u32 indices cannot address.
+/// Estimate: algorithms with a dense result hold 4 dense buffers of the model per rank
+/// (input, working copy, received chunks, result; 1-bit: error buffers) and rank 0 keeps one
+/// result per step; sparse algorithms densify their region (n/P; counted twice for the
+/// temporaries) and, for dense input, keep a residual of the model per rank.
+fn check_memory(
+    algo: &str,
+    rows: &[TensorRow],
+    layout: &Layout,
+    steps: usize,
+    ranks_here: usize,
+    world: usize,
+) -> Result<()> {
+    use gradkit_core::budget;
+    let n: u128 = layout.layers.iter().map(|l| l.numel as u128).sum();
+    let dense_result = matches!(
+        algo,
+        "ring" | "rabenseifner" | "tree" | "native" | "onebit" | "onebit-naive" | "alltoall"
+    );
+    let any_sparse = rows.iter().any(|r| !r.is_dense());
+    if (!dense_result || any_sparse) && n > u32::MAX as u128 + 1 {
+        bail!(
+            "the layers hold {n} elements in all (column `numel`), more than the 2^32 positions sparse indices (UInt32) can address"
+        );
+    }
+    let bytes = if dense_result {
+        budget::product(&[n, 4, 4 * ranks_here as u128 + steps as u128])
+    } else {
+        let regions = budget::product(&[n, 4, 2, ranks_here as u128]) / world.max(1) as u128;
+        let residuals = if any_sparse {
+            0
+        } else {
+            budget::product(&[n, 4, ranks_here as u128])
+        };
+        regions.saturating_add(residuals)
+    };
+    budget::check(
+        &format!(
+            "--algo {algo} on {ranks_here} rank(s) in this process over layers of {n} elements in all (column `numel`)"
+        ),
+        bytes,
+    )
+}
+
+/// No output may overwrite an input or another output; `--state` is read and written back on
+/// purpose, so it may only name itself.
+fn check_paths(args: &ReduceArgs) -> Result<()> {
+    gradkit_core::paths::check_distinct(
+        &[
+            ("IN", args.io.input.as_deref()),
+            ("--plan", args.plan.as_deref()),
+            ("--state", args.state.as_deref()),
+        ],
+        &[
+            ("-o", args.io.output.as_deref()),
+            ("--metrics", args.metrics.as_deref()),
+            ("--state", args.state.as_deref()),
+        ],
+    )
 }
 
 /// What one rank returns: result rows (rank 0 only) and its metrics rows.
 type RankOut = (Vec<TensorRow>, Vec<MetricRow>);
 
 pub fn run(args: ReduceArgs) -> Result<()> {
+    args.memory.apply();
     let world = World::init(args.ranks)?;
-    let params = args.params()?;
-    // Validate the algorithm name before reading anything.
-    make_reducer(&args.algo, &params)?;
-    let out = if world.is_io_rank() {
-        Some(args.io.output()?)
+    // Checks every rank makes alike (flags, the algorithm's parameters), then the I/O rank's
+    // (output, input): each is an agreement point, so a mistake is reported once under mpirun.
+    world.agree(check_paths(&args))?;
+    let params = world.agree(args.params().and_then(|params| {
+        // Validate the algorithm name before reading anything.
+        make_reducer(&args.algo, &params)?;
+        Ok(params)
+    }))?;
+    let prepared = if world.is_io_rank() {
+        args.io
+            .output()
+            .and_then(|out| Ok(Some((out, load(&args, &world)?))))
     } else {
-        None
+        Ok(None)
     };
-    let loaded = if world.is_io_rank() {
-        Some(load(&args, &world))
-    } else {
-        None
-    };
-    let (loaded, check) = match loaded {
-        Some(Ok(t)) => (Some(t), Ok(())),
-        Some(Err(e)) => (None, Err(e)),
-        None => (None, Ok(())),
-    };
-    world.agree(check)?;
+    let (out, loaded) = world.agree(prepared)?.unzip();
     let meta_in = loaded.as_ref().map(|t| t.meta.clone());
     let rows = loaded.map(|t| t.rows);
     let run_name = args.run.clone().unwrap_or_else(|| args.algo.clone());
@@ -155,27 +293,48 @@ pub fn run(args: ReduceArgs) -> Result<()> {
     let results =
         world.run(|comm| reduce_rank(comm, &args, &params, rows.as_deref(), &run_name, quiet))?;
 
-    if let (Some(out), Some((result_rows, metric_rows))) = (out, results.into_iter().reduce(merge))
-    {
-        let mut meta = Meta::producer("gradallreduce");
-        meta.set("world_size", world.size())
-            .set("method", &args.algo)
-            .set("algo", &args.algo)
-            .set("op", format!("{:?}", args.op).to_lowercase())
-            .set("density", args.density)
-            .set("backend", world.backend());
-        if let Some(m) = meta_in.as_ref().and_then(|m| m.get("gradkit.method")) {
-            meta.set("input_method", m);
-        }
-        if let Some(path) = &args.metrics {
-            let mut mm = Meta::producer("gradallreduce");
-            mm.set("algo", &args.algo).set("world_size", world.size());
-            write_table(&Output::Path(path.clone()), &mm, &metric_rows)?;
-        }
-        write_table(&out, &meta, &result_rows)?;
-        if !quiet {
-            summarize(&metric_rows, world.size());
-        }
+    let written = match (out, results.into_iter().reduce(merge)) {
+        (Some(out), Some((result_rows, metric_rows))) => write_outputs(
+            &args,
+            &world,
+            meta_in.as_ref(),
+            &out,
+            &result_rows,
+            &metric_rows,
+        ),
+        _ => Ok(()),
+    };
+    // The last agreement point: the other ranks wait here while rank 0 writes.
+    world.agree(written)
+}
+
+/// The I/O rank's outputs: the reduced tensor, the metrics, the summary on stderr.
+fn write_outputs(
+    args: &ReduceArgs,
+    world: &World,
+    meta_in: Option<&Meta>,
+    out: &Output,
+    result_rows: &[TensorRow],
+    metric_rows: &[MetricRow],
+) -> Result<()> {
+    let mut meta = Meta::producer("gradallreduce");
+    meta.set("world_size", world.size())
+        .set("method", &args.algo)
+        .set("algo", &args.algo)
+        .set("op", format!("{:?}", args.op).to_lowercase())
+        .set("density", args.density)
+        .set("backend", world.backend());
+    if let Some(m) = meta_in.and_then(|m| m.get("gradkit.method")) {
+        meta.set("input_method", m);
+    }
+    if let Some(path) = &args.metrics {
+        let mut mm = Meta::producer("gradallreduce");
+        mm.set("algo", &args.algo).set("world_size", world.size());
+        write_table(&Output::Path(path.clone()), &mm, metric_rows)?;
+    }
+    write_table(out, &meta, result_rows)?;
+    if !args.io.quiet {
+        summarize(metric_rows, world.size());
     }
     Ok(())
 }
@@ -338,7 +497,7 @@ fn summarize(rows: &[MetricRow], p: usize) {
     };
     let med = |v: &[f64]| if v.is_empty() { 0.0 } else { v[v.len() / 2] };
     let (b, t) = (pick("bytes_sent"), pick("time_comm_s"));
-    eprintln!(
+    gradkit_core::noteln!(
         "gradallreduce: {} ranks, {} steps; per rank and step: median {} bytes sent (max {}), median {:.3} ms",
         p,
         b.len() / p.max(1),

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use gradkit_core::cli::{self, fmt_num, Format, IoArgs, TextTable};
 use gradkit_core::io::{Meta, Output};
 use gradkit_core::trace::{self, Layout, MetricSink};
@@ -93,12 +93,20 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    let args = Cli::parse();
+    gradkit_core::cli::one_process_under_mpirun("gradpartition");
+    gradkit_core::paths::install_signal_cleanup();
+    let matches = Cli::command().get_matches();
+    let args = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Argument checks first: a command line that is wrong on its own is a usage error
+    // (exit 2), and nothing is read or written.
+    if let Err(e) = check_args(&args, &matches) {
+        cli::usage_error::<Cli>(e);
+    }
     cli::run(|| body(&args))
 }
 
-fn body(a: &Cli) -> Result<()> {
-    // Argument checks first: nothing is read or written when they fail.
+/// Checks the flags' ranges, and refuses a flag given for a method that does not read it.
+fn check_args(a: &Cli, m: &clap::ArgMatches) -> Result<()> {
     if a.workers == Some(0) {
         bail!("--workers must be at least 1");
     }
@@ -110,8 +118,10 @@ fn body(a: &Cli) -> Result<()> {
             if !(d > 0.0 && d <= 1.0) {
                 bail!("--density must lie in (0, 1], got {d}");
             }
-            if a.naive {
-                bail!("--naive applies to --method oktopk only");
+            for (set, flag) in [(a.naive, "--naive"), (cli::given(m, "period"), "--period")] {
+                if set {
+                    bail!("{flag} applies to --method oktopk only, not --method deft (it would be ignored)");
+                }
             }
         }
         Method::Oktopk => {
@@ -122,13 +132,25 @@ fn body(a: &Cli) -> Result<()> {
                 (a.density.is_some(), "--density"),
                 (a.topup, "--topup"),
                 (a.no_residual, "--no-residual"),
+                (a.no_buildup, "--no-buildup"),
             ] {
                 if set {
-                    bail!("{flag} applies to --method deft only");
+                    bail!("{flag} applies to --method deft only, not --method oktopk (it would be ignored)");
                 }
             }
         }
     }
+    Ok(())
+}
+
+fn body(a: &Cli) -> Result<()> {
+    gradkit_core::paths::check_distinct(
+        &[("IN", a.io.input.as_deref())],
+        &[
+            ("-o", a.io.output.as_deref()),
+            ("--metrics", a.metrics.as_deref()),
+        ],
+    )?;
     let input = a.io.input()?;
     let output = a.io.output()?;
     let metrics_out = a.metrics.as_deref().map(|p| Output::Path(p.to_path_buf()));
@@ -275,7 +297,7 @@ fn run_deft(
     if !a.io.quiet {
         let s = steps.len() as f64;
         let mean_load = sum_loads.iter().sum::<f64>() / (p as f64 * s);
-        eprintln!(
+        gradkit_core::noteln!(
             "deft: {} steps, P = {p}, n = {n}, k = {k}, {} pieces",
             steps.len(),
             planner.pieces.len()
@@ -288,7 +310,7 @@ fn run_deft(
                 fmt_num(l / s / mean_load, 4),
             ]);
         }
-        eprint!("{}", t.render(a.format));
+        gradkit_core::note!("{}", t.render(a.format));
         let mut t = TextTable::new(["quantity", "value"]);
         t.push([
             "imbalance max/mean (mean over steps)".into(),
@@ -317,7 +339,7 @@ fn run_deft(
                 fmt_num(sum_bt / s, 4),
             ]);
         }
-        eprint!("{}", t.render(a.format));
+        gradkit_core::note!("{}", t.render(a.format));
     }
     Ok(plan)
 }
@@ -406,14 +428,14 @@ fn run_oktopk(
     }
     if !a.io.quiet {
         let s = steps.len() as f64;
-        eprintln!(
+        gradkit_core::noteln!(
             "oktopk{}: {} steps, {} plan steps, P = {p}, n = {n}",
             if a.naive { " --naive" } else { "" },
             steps.len(),
             recompute.iter().filter(|r| **r).count()
         );
         if few > 0 {
-            eprintln!(
+            gradkit_core::noteln!(
                 "note: {few} (plan step, rank) pairs selected fewer than P = {p} entries; those ranks contributed equal-size cut points"
             );
         }
@@ -421,7 +443,7 @@ fn run_oktopk(
         for (w, c) in sum_counts.iter().enumerate() {
             t.push([w.to_string(), fmt_num(*c as f64 / s, 4)]);
         }
-        eprint!("{}", t.render(a.format));
+        gradkit_core::note!("{}", t.render(a.format));
         let mut t = TextTable::new(["quantity", "planned", "equal-size"]);
         t.push([
             "imbalance max/mean (mean over steps)".to_string(),
@@ -433,7 +455,7 @@ fn run_oktopk(
             max_words_b.to_string(),
             max_words_n.to_string(),
         ]);
-        eprint!("{}", t.render(a.format));
+        gradkit_core::note!("{}", t.render(a.format));
     }
     Ok(plan)
 }

@@ -196,7 +196,7 @@ fn with_model(mut rows: Vec<MetricRow>, a: &ModelArgs, figure: bool) -> Result<V
         Vec::new()
     };
     let (add, unknown) = model::complete(&rows, &params, &extra);
-    eprintln!(
+    gradkit_core::noteln!(
         "note: cost model (gradkit_collectives::cost) with n={} k={} α={} µs bandwidth={} GB/s: {} rows added{}",
         params.n,
         params.k,
@@ -252,6 +252,11 @@ fn body(args: Args) -> Result<()> {
             size,
             model,
         } => {
+            let inputs: Vec<_> = files
+                .iter()
+                .map(|f| ("METRICS", Some(f.as_path())))
+                .collect();
+            gradkit_core::paths::check_distinct(&inputs, &[("-o", Some(output.as_path()))])?;
             let (width, height) = parse_size(&size)?;
             let opts = PlotOpts {
                 kind,
@@ -264,7 +269,7 @@ fn body(args: Args) -> Result<()> {
             let rows = with_model(rows, &model, matches!(kind, Kind::Volume | Kind::Scaling))?;
             let svg = plot::plot(&rows, &opts)?;
             plot::write_svg(&output, &svg)?;
-            eprintln!("wrote {}", output.display());
+            gradkit_core::noteln!("wrote {}", output.display());
             Ok(())
         }
         Cmd::Volume {
@@ -283,7 +288,7 @@ fn body(args: Args) -> Result<()> {
             let rows = with_model(metrics::load(&files)?, &model, false)?;
             let lines = volume::volume(&rows, &opts)?;
             if lines.iter().all(|l| l.model.is_none()) {
-                eprintln!(
+                gradkit_core::noteln!(
                     "note: no `{}` rows in the input: the model column is empty (give --n SIZE to compute it)",
                     volume::model_name(&opts.metric)
                 );
@@ -309,6 +314,8 @@ fn body(args: Args) -> Result<()> {
 }
 
 fn main() -> ExitCode {
+    gradkit_core::cli::one_process_under_mpirun("gradreport");
+    gradkit_core::paths::install_signal_cleanup();
     let args = Args::parse();
     cli::run(|| body(args))
 }

@@ -687,7 +687,9 @@ fn volume(
     let measured = curves_by_algo(rows, &metric);
     let lines = curves_by_algo(rows, &model);
     if lines.is_empty() {
-        eprintln!("note: no `{model}` rows in the input: the figure shows measured points only");
+        gradkit_core::noteln!(
+            "note: no `{model}` rows in the input: the figure shows measured points only"
+        );
     }
     let title = opts
         .title

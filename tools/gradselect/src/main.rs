@@ -7,12 +7,13 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use gradkit_core::cli::{self, IoArgs};
 use gradkit_core::io::{Input, Meta, Output, ReadOptions};
 use gradkit_core::trace::{self, Layout, MetricSink, Sparse};
 use gradkit_core::{read_table, read_tensor, write_table, MetricRow, PlanRow, TensorRow};
 use gradkit_partition::deft as pdeft;
+use gradkit_partition::plan as pplan;
 use gradkit_sparsify::{deft, k_for, Bands, Method as SMethod, Residual, Selector};
 
 const ABOUT: &str =
@@ -129,8 +130,14 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    let args = Cli::parse();
-    cli::run(|| body(&args))
+    gradkit_core::cli::one_process_under_mpirun("gradselect");
+    gradkit_core::paths::install_signal_cleanup();
+    let matches = Cli::command().get_matches();
+    let args = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // A command line that is wrong on its own is a usage error (exit 2), before any I/O.
+    let (method, kspec) =
+        check_args(&args, &matches).unwrap_or_else(|e| cli::usage_error::<Cli>(e));
+    cli::run(|| body(&args, method, kspec))
 }
 
 /// How k is given.
@@ -151,7 +158,14 @@ impl KSpec {
     }
 }
 
-fn check_args(a: &Cli) -> Result<(SMethod, KSpec)> {
+fn method_name(m: MethodArg) -> String {
+    m.to_possible_value()
+        .map_or_else(|| format!("{m:?}"), |v| v.get_name().to_string())
+}
+
+/// Checks the flags against each other and their ranges; a flag given for a method that does
+/// not read it is refused rather than ignored.
+fn check_args(a: &Cli, m: &clap::ArgMatches) -> Result<(SMethod, KSpec)> {
     let kspec = match (a.density, a.k) {
         (Some(d), _) => {
             if !(d > 0.0 && d <= 1.0) {
@@ -164,11 +178,18 @@ fn check_args(a: &Cli) -> Result<(SMethod, KSpec)> {
         (None, None) => KSpec::None,
     };
     if a.method != MethodArg::Threshold && matches!(kspec, KSpec::None) {
-        bail!("--method {:?} needs --density D or --k K", a.method);
+        bail!(
+            "--method {} needs --density D or --k K",
+            method_name(a.method)
+        );
     }
     let only = |set: bool, flag: &str, m: MethodArg| -> Result<()> {
         if set && a.method != m {
-            bail!("{flag} applies to --method {m:?} only");
+            bail!(
+                "{flag} applies to --method {} only, not --method {} (it would be ignored)",
+                method_name(m),
+                method_name(a.method)
+            );
         }
         Ok(())
     };
@@ -176,6 +197,8 @@ fn check_args(a: &Cli) -> Result<(SMethod, KSpec)> {
     only(a.adjust.is_some(), "--adjust", MethodArg::Oktopk)?;
     only(a.plan.is_some(), "--plan", MethodArg::Deft)?;
     only(a.topup, "--topup", MethodArg::Deft)?;
+    only(cli::given(m, "reeval"), "--reeval", MethodArg::Oktopk)?;
+    only(cli::given(m, "sample"), "--sample", MethodArg::Dgc)?;
     let m = match a.method {
         MethodArg::Topk => SMethod::Topk,
         MethodArg::Threshold => {
@@ -235,8 +258,15 @@ struct Out {
     time: f64,
 }
 
-fn body(a: &Cli) -> Result<()> {
-    let (method, kspec) = check_args(a)?;
+fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
+    gradkit_core::paths::check_distinct(
+        &[("IN", a.io.input.as_deref()), ("--plan", a.plan.as_deref())],
+        &[
+            ("-o", a.io.output.as_deref()),
+            ("--residual-out", a.residual_out.as_deref()),
+            ("--metrics", a.metrics.as_deref()),
+        ],
+    )?;
     let input = a.io.input()?;
     let output = a.io.output()?;
     let loaded = read_tensor(&input, a.io.read_options())?;
@@ -421,7 +451,7 @@ fn body(a: &Cli) -> Result<()> {
     write_table::<TensorRow>(&output, &meta, &out_rows)?;
     if !a.io.quiet {
         let total: usize = out_rows.iter().map(|r| r.values.len()).sum();
-        eprintln!(
+        gradkit_core::noteln!(
             "gradselect: {algo}: {} steps × {p} ranks, {total} entries selected of {} ({:.4}%)",
             steps.len(),
             steps.len() * p * n,
@@ -520,7 +550,7 @@ fn plan_for_step(plan: &Plan, step: u32) -> &[(pdeft::Piece, usize)] {
     &plan[i - 1].1
 }
 
-/// Pieces of one plan step in flat order, checked to tile every layer exactly once.
+/// Pieces of one plan step (rows checked by [`pplan::check`]) in flat order.
 fn plan_pieces(rows: &[PlanRow], layout: &Layout) -> Result<Vec<(pdeft::Piece, usize)>> {
     let mut v: Vec<(pdeft::Piece, usize)> = Vec::with_capacity(rows.len());
     for r in rows {
@@ -534,22 +564,6 @@ fn plan_pieces(rows: &[PlanRow], layout: &Layout) -> Result<Vec<(pdeft::Piece, u
                     r.step, r.layer_id, r.layer
                 )
             })?;
-        let l = &layout.layers[li];
-        if l.name != r.layer {
-            bail!(
-                "plan step {}: layer_id {} is `{}` in the plan but `{}` in the trace (column `layer`)",
-                r.step,
-                r.layer_id,
-                r.layer,
-                l.name
-            );
-        }
-        if r.start > r.end || r.end > l.numel {
-            bail!(
-                "plan step {}: range {}..{} lies outside layer `{}` of {} elements (columns `start`, `end`)",
-                r.step, r.start, r.end, l.name, l.numel
-            );
-        }
         v.push((
             pdeft::Piece {
                 layer: li,
@@ -561,34 +575,11 @@ fn plan_pieces(rows: &[PlanRow], layout: &Layout) -> Result<Vec<(pdeft::Piece, u
     }
     v.sort_by_key(|(pc, _)| (pc.layer, pc.start, pc.end));
     v.retain(|(pc, _)| pc.end > pc.start);
-    // Tiling: consecutive pieces of a layer meet, and each non-empty layer is covered.
-    let mut pos = 0u64; // flat position reached
-    for (pc, _) in &v {
-        let l = &layout.layers[pc.layer];
-        let s = l.offset + pc.start;
-        if s != pos {
-            bail!(
-                "plan ranges do not tile the model: flat position {pos} is {} (layer `{}`)",
-                if s > pos {
-                    "not covered"
-                } else {
-                    "covered twice"
-                },
-                l.name
-            );
-        }
-        pos = l.offset + pc.end;
-    }
-    if pos != layout.total() {
-        bail!(
-            "plan ranges do not tile the model: they end at {pos} of {} elements",
-            layout.total()
-        );
-    }
     Ok(v)
 }
 
-/// Reads and checks a DEFT plan against the trace's layers, ranks and steps.
+/// Reads a DEFT plan and checks it against the trace's layers, ranks and steps with the
+/// validator every plan consumer shares (gradkit-partition's `plan::check`).
 fn load_plan(path: &std::path::Path, layout: &Layout, p: usize, steps: &[u32]) -> Result<Plan> {
     load_plan_inner(path, layout, p, steps).with_context(|| format!("--plan {}", path.display()))
 }
@@ -601,37 +592,17 @@ fn load_plan_inner(
 ) -> Result<Plan> {
     let input = Input::Path(path.to_path_buf());
     let loaded = read_table::<PlanRow>(&input, ReadOptions::default())?;
-    if let Some(m) = loaded.meta.get("method") {
-        if m != "deft" {
-            bail!("the plan was made with method `{m}`, not `deft` (metadata gradkit.method)");
-        }
-    }
-    let mut by_step: BTreeMap<u32, Vec<PlanRow>> = BTreeMap::new();
-    for r in loaded.rows {
-        by_step.entry(r.step).or_default().push(r);
-    }
-    let Some(&first) = by_step.keys().next() else {
-        bail!("the plan has no rows");
-    };
-    if first > steps[0] {
-        bail!(
-            "the plan starts at step {first} but the trace at step {} (column `step`)",
-            steps[0]
-        );
-    }
-    let mut plan = Plan::new();
-    for (s, rows) in by_step {
-        let workers = rows
-            .iter()
-            .map(|r| r.worker as usize + 1)
-            .max()
-            .unwrap_or(0);
-        if workers != p {
-            bail!(
-                "plan step {s} has {workers} workers but the trace has {p} ranks (column `worker`)"
-            );
-        }
-        plan.push((s, plan_pieces(&rows, layout)?));
-    }
-    Ok(plan)
+    let checked = pplan::check(
+        loaded.rows,
+        Some(&loaded.meta),
+        pplan::PlanKind::Deft,
+        layout,
+        p,
+        steps[0],
+    )?;
+    checked
+        .steps
+        .iter()
+        .map(|(s, rows)| Ok((*s, plan_pieces(rows, layout)?)))
+        .collect()
 }

@@ -507,7 +507,8 @@ fn bad_input_is_a_clear_error_with_no_output() {
     for dens in ["0", "1.5", "-0.1", "nan"] {
         let flag = format!("--density={dens}");
         let (c, e) = run(&["--method", "topk", &flag, &d.f("t.parquet"), "-o", &x]);
-        assert_eq!(c, 1, "{dens}: {e}");
+        // A flag wrong on its own is a usage error (tests/validation.rs has the others).
+        assert_eq!(c, 2, "{dens}: {e}");
         assert!(e.starts_with("error: --density"), "{e}");
         assert!(!Path::new(&x).exists());
     }
@@ -537,7 +538,7 @@ fn bad_input_is_a_clear_error_with_no_output() {
     assert!(!Path::new(&x).exists());
     // missing k, unknown bands, usage error
     let (c, _) = run(&["--method", "topk", &d.f("t.parquet"), "-o", &x]);
-    assert_eq!(c, 1);
+    assert_eq!(c, 2);
     let (c, e) = run(&[
         "--method",
         "oktopk",
@@ -548,7 +549,7 @@ fn bad_input_is_a_clear_error_with_no_output() {
         "-o",
         &x,
     ]);
-    assert_eq!(c, 1, "{e}");
+    assert_eq!(c, 2, "{e}");
     let (c, _) = run(&["--method", "nope", &d.f("t.parquet"), "-o", &x]);
     assert_eq!(c, 2);
     assert!(!Path::new(&x).exists());

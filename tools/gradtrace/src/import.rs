@@ -187,6 +187,12 @@ fn collect(a: &ImportArgs) -> Result<Vec<Source>> {
 
 pub fn run(a: &ImportArgs) -> Result<()> {
     let sources = collect(a)?;
+    // Before any file is read: the output must not be one of the files to import.
+    let inputs: Vec<_> = sources
+        .iter()
+        .map(|s| ("DIR|FILE", Some(s.path.as_path())))
+        .collect();
+    gradkit_core::paths::check_distinct(&inputs, &[("-o", a.output.as_deref())])?;
     let mut groups: BTreeMap<(u32, u32), Vec<&Source>> = BTreeMap::new();
     for s in &sources {
         groups.entry((s.step, s.rank)).or_default().push(s);

@@ -89,13 +89,18 @@ pub fn run(input: &Input, opts: ReadOptions, format: Format) -> Result<()> {
         ]);
     }
     if format == Format::Md {
-        print_summary(&t, &layers);
+        print_summary(&t, &layers)?;
     }
     table.print(format)
 }
 
 /// The one-paragraph header of the Markdown output.
-fn print_summary(t: &gradkit_core::Loaded<TensorRow>, layers: &BTreeMap<u32, LayerStats>) {
+/// Written with errors returned (never `println!`, which panics on a full or closed stdout).
+fn print_summary(
+    t: &gradkit_core::Loaded<TensorRow>,
+    layers: &BTreeMap<u32, LayerStats>,
+) -> Result<()> {
+    use std::fmt::Write as _;
     let (steps, ranks) = gradkit_core::trace::steps_and_ranks(&t.rows);
     let numel: u64 = layers.values().map(|l| l.numel).sum();
     let dense = t.rows.iter().filter(|r| r.is_dense()).count();
@@ -110,7 +115,9 @@ fn print_summary(t: &gradkit_core::Loaded<TensorRow>, layers: &BTreeMap<u32, Lay
         (Some(a), _) => format!(" ({a})"),
         _ => String::new(),
     };
-    println!(
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
         "{}: {} rows ({kind}), {} steps{}, {} ranks{}, {} layers, {} elements per step and rank",
         t.source,
         t.rows.len(),
@@ -123,8 +130,11 @@ fn print_summary(t: &gradkit_core::Loaded<TensorRow>, layers: &BTreeMap<u32, Lay
     );
     for key in ["gradkit.producer", "gradkit.method", "gradkit.world_size"] {
         if let Some(v) = t.meta.get(key) {
-            println!("{key}: {v}");
+            let _ = writeln!(text, "{key}: {v}");
         }
     }
-    println!();
+    text.push('\n');
+    let mut o = std::io::stdout().lock();
+    std::io::Write::write_all(&mut o, text.as_bytes())
+        .map_err(|e| anyhow::Error::new(e).context("writing <stdout>"))
 }

@@ -107,6 +107,8 @@ struct SyntheticArgs {
     /// No progress bar
     #[arg(short = 'q', long)]
     quiet: bool,
+    #[command(flatten)]
+    memory: gradkit_core::budget::MemoryArgs,
 }
 
 #[derive(Args, Debug)]
@@ -153,7 +155,11 @@ struct CatArgs {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    gradkit_core::paths::install_signal_cleanup();
+    let cli = gradkit_comm::launch::parse_args::<Cli>();
+    if !matches!(cli.cmd, Cmd::Model(_)) {
+        cli::one_process_under_mpirun("gradtrace");
+    }
     cli::run(|| match cli.cmd {
         Cmd::Synthetic(a) => synthetic(&a),
         Cmd::Import(a) => import::run(&a),
@@ -170,6 +176,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn synthetic(a: &SyntheticArgs) -> Result<()> {
+    a.memory.apply();
     let layers = match (&a.shape, &a.layers) {
         (Some(s), None) => synth::shape(s, a.scale)?,
         (None, Some(l)) => {
@@ -210,16 +217,40 @@ fn cat(a: &CatArgs) -> Result<()> {
     let opts = ReadOptions {
         allow_nonfinite: a.allow_nonfinite,
     };
+    let inputs: Vec<_> = a
+        .inputs
+        .iter()
+        .map(|p| ("FILE", Some(p.as_path())))
+        .collect();
+    gradkit_core::paths::check_distinct(&inputs, &[("-o", a.output.as_deref())])?;
     let out = Output::from_arg(a.output.as_deref())?;
     let mut reg = gradkit_core::tables::LayerRegistry::default();
     let mut loaded = Vec::with_capacity(a.inputs.len());
     let mut ranks = std::collections::BTreeSet::new();
+    // (step, rank, layer_id) → the input that holds it: a key may appear once in the output,
+    // as every consumer requires.
+    let mut seen: std::collections::HashMap<(u32, u32, u32), usize> = Default::default();
     for p in &a.inputs {
         let input = gradkit_core::Input::from_arg(Some(p))?;
         let t = gradkit_core::read_tensor(&input, opts)?;
         for r in &t.rows {
             reg.check(r).with_context(|| format!("in {}", t.source))?;
             ranks.insert(r.rank);
+            if let Some(&first) = seen.get(&(r.step, r.rank, r.layer_id)) {
+                let other = loaded
+                    .get(first)
+                    .map_or(t.source.as_str(), |o: &gradkit_core::Loaded<TensorRow>| {
+                        o.source.as_str()
+                    });
+                bail!(
+                    "duplicate row: step {}, rank {}, layer `{}` is in {other} and again in {} (key step, rank, layer); give each (step, rank, layer) once",
+                    r.step,
+                    r.rank,
+                    r.layer,
+                    t.source
+                );
+            }
+            seen.insert((r.step, r.rank, r.layer_id), loaded.len());
         }
         loaded.push(t);
     }

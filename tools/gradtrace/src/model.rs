@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 use gradkit_comm::World;
-use gradkit_core::{write_table, Meta, Output};
+use gradkit_core::{write_table, Meta, Output, TensorRow};
 use gradkit_train::data::DataSpec;
 use gradkit_train::model::ModelSpec;
 use gradkit_train::TrainConfig;
@@ -55,11 +55,16 @@ pub struct ModelArgs {
 
 pub fn run(a: &ModelArgs) -> Result<()> {
     let world = World::init(a.ranks)?;
-    let out = if world.is_io_rank() {
-        Some(Output::from_arg(a.output.as_deref())?)
+    // An agreement point: a bad output is reported once under mpirun, before any work.
+    let out = world.agree(if world.is_io_rank() {
+        let data = (!matches!(a.data.as_str(), "digits" | "synthetic-lm"))
+            .then(|| std::path::Path::new(&a.data));
+        gradkit_core::paths::check_distinct(&[("--data", data)], &[("-o", a.output.as_deref())])
+            .and_then(|_| Output::from_arg(a.output.as_deref()))
+            .map(Some)
     } else {
-        None
-    };
+        Ok(None)
+    })?;
     let cfg = TrainConfig {
         model: ModelSpec {
             name: a.model.clone(),
@@ -78,6 +83,11 @@ pub fn run(a: &ModelArgs) -> Result<()> {
         ..TrainConfig::default()
     };
     let rows = gradkit_train::dump_gradients(&world, &cfg)?;
+    // The last agreement point: the other ranks wait while rank 0 writes.
+    world.agree(write_rows(a, &world, out, &rows))
+}
+
+fn write_rows(a: &ModelArgs, world: &World, out: Option<Output>, rows: &[TensorRow]) -> Result<()> {
     if let Some(out) = out {
         let mut meta = Meta::producer("gradtrace");
         meta.set("method", "model")
@@ -85,9 +95,9 @@ pub fn run(a: &ModelArgs) -> Result<()> {
             .set("data", &a.data)
             .set("world_size", world.size())
             .set("seed", a.seed);
-        write_table(&out, &meta, &rows)?;
+        write_table(&out, &meta, rows)?;
         if !a.quiet {
-            eprintln!(
+            gradkit_core::noteln!(
                 "gradtrace model: {} on {}, {} ranks × {} steps, {} rows",
                 a.model,
                 a.data,

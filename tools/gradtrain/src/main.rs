@@ -151,6 +151,10 @@ struct Cli {
     /// Write metrics/1 rows (loss, accuracy, lr, bytes, times, nnz, thresholds) here
     #[arg(long, value_name = "RUN.parquet")]
     metrics: Option<PathBuf>,
+    /// Rewrite --metrics (atomically) every N steps, so a killed run keeps the finished steps
+    /// (0: only at the end and at checkpoints)
+    #[arg(long, default_value_t = 50, value_name = "N")]
+    metrics_every: u32,
     /// Checkpoint directory
     #[arg(long, value_name = "DIR")]
     checkpoint: Option<PathBuf>,
@@ -160,9 +164,10 @@ struct Cli {
     /// Continue from the latest checkpoint in --checkpoint DIR
     #[arg(long)]
     resume: bool,
-    /// synthetic-lm: vocabulary size
-    #[arg(long, default_value_t = 1024)]
-    vocab: usize,
+    /// synthetic-lm: vocabulary size (default 1024). A token file: its declared vocabulary,
+    /// every token id must be below it (default: the file's `gradkit.vocab`, else max id + 1)
+    #[arg(long, value_name = "N")]
+    vocab: Option<usize>,
     /// synthetic-lm: training tokens
     #[arg(long, default_value_t = 200_000)]
     tokens: usize,
@@ -190,10 +195,12 @@ struct Cli {
     /// No progress bar or summary
     #[arg(short = 'q', long)]
     quiet: bool,
+    #[command(flatten)]
+    memory: gradkit_core::budget::MemoryArgs,
 }
 
 fn config(a: &Cli) -> TrainConfig {
-    TrainConfig {
+    let mut cfg = TrainConfig {
         model: ModelSpec {
             name: a.model.clone(),
             hidden: a.hidden,
@@ -204,7 +211,8 @@ fn config(a: &Cli) -> TrainConfig {
         },
         data: DataSpec {
             name: a.data.clone(),
-            vocab: a.vocab,
+            vocab: a.vocab.unwrap_or(1024),
+            declared_vocab: a.vocab,
             corpus_seed: a.corpus_seed,
             tokens: a.tokens,
         },
@@ -244,43 +252,47 @@ fn config(a: &Cli) -> TrainConfig {
         quiet: a.quiet,
         run_name: a.run.clone(),
         schedule: a.schedule.clone(),
+        metrics_path: a.metrics.clone(),
+        metrics_every: a.metrics_every,
         ..TrainConfig::default()
-    }
+    };
+    cfg.metrics_meta = metrics_meta(&cfg);
+    cfg
 }
 
 fn summary(cfg: &TrainConfig, r: &TrainReport, p: usize) {
-    eprintln!(
+    gradkit_core::noteln!(
         "gradtrain: {} on {} · {} ranks · exchange {} · optimizer {} · {} parameters · steps {}..{}",
         cfg.model.name, cfg.data.name, p, cfg.exchange, cfg.opt.name, r.n_params, r.first_step, r.last_step
     );
-    eprintln!(
+    gradkit_core::noteln!(
         "  train loss (last 10 steps, mean over ranks): {}",
         fmt_num(r.final_loss, 4)
     );
     if r.is_lm {
-        eprint!(
+        gradkit_core::note!(
             "  test loss {} nats/token · perplexity {}",
             fmt_num(r.eval_loss, 4),
             fmt_num(r.eval_loss.exp(), 4)
         );
         match r.best_loss {
-            Some(b) => eprintln!(
+            Some(b) => gradkit_core::noteln!(
                 " · best achievable (entropy rate) {} nats/token, perplexity {}",
                 fmt_num(b, 4),
                 fmt_num(b.exp(), 4)
             ),
-            None => eprintln!(),
+            None => gradkit_core::noteln!(),
         }
-        eprintln!("  next-token accuracy {:.2} %", 100.0 * r.eval_accuracy);
+        gradkit_core::noteln!("  next-token accuracy {:.2} %", 100.0 * r.eval_accuracy);
     } else {
-        eprintln!(
+        gradkit_core::noteln!(
             "  test loss {} · test accuracy {:.2} %",
             fmt_num(r.eval_loss, 4),
             100.0 * r.eval_accuracy
         );
     }
     let total = r.time_compute_s + r.time_select_s + r.time_comm_s + r.time_update_s;
-    eprintln!(
+    gradkit_core::noteln!(
         "  per step per rank: {} bytes sent (dense fp32 ring would be {}) · nnz {} · time {} ms = compute {} + select {} + comm {} + update {}",
         fmt_num(r.bytes_sent_per_step, 4),
         fmt_num(2.0 * (p as f64 - 1.0) / p as f64 * 4.0 * r.n_params as f64, 4),
@@ -310,40 +322,94 @@ fn limit_threads(ranks: Option<usize>) {
     std::env::set_var("RAYON_NUM_THREADS", (cores / local).max(1).to_string());
 }
 
+/// The library's configuration check, and the flags the tool refuses rather than ignores.
+fn check_flags(a: &Cli) -> anyhow::Result<()> {
+    gradkit_train::train::check_config(&config(a))?;
+    if (a.momentum != 0.0 || a.nesterov) && a.optimizer != "sgd" {
+        anyhow::bail!(
+            "--momentum and --nesterov apply to --optimizer sgd only, not `{}` (it uses --beta1) (flag --momentum)",
+            a.optimizer
+        );
+    }
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
-    let args = Cli::parse();
+    gradkit_core::paths::install_signal_cleanup();
+    let args = gradkit_comm::launch::parse_args::<Cli>();
+    // The configuration (every flag's range, flags that do not go together) is checked here,
+    // once, before MPI starts or any rank runs: a mistake is a usage error (exit 2).
+    if let Err(e) = check_flags(&args) {
+        gradkit_comm::launch::usage_error::<Cli>(format!("{e:#}"));
+    }
     limit_threads(args.ranks);
+    args.memory.apply();
     cli::run(|| {
-        let cfg = config(&args);
-        gradkit_train::train::check_config(&cfg)?;
         let world = World::init(args.ranks)?;
-        let out = args
-            .metrics
-            .as_deref()
-            .map(|p| Output::from_arg(Some(p)))
-            .transpose()?;
+        let cfg = config(&args);
+        world.agree(gradkit_train::train::check_paths(&cfg))?;
+        // Resuming a run that already reached --steps: nothing to train, nothing overwritten.
+        if let Some(at) = world.agree(gradkit_train::train::resume_finished(&cfg))? {
+            if world.is_io_rank() && !args.quiet {
+                gradkit_core::noteln!(
+                    "gradtrain: nothing to do: the checkpoint in {} is at step {at} and --steps is {}; give a larger --steps to train further (--metrics was not written)",
+                    cfg.checkpoint.as_deref().unwrap_or(std::path::Path::new("")).display(),
+                    cfg.steps
+                );
+            }
+            return world.agree(Ok(()));
+        }
+        // An agreement point: a bad flag is reported once under mpirun, by rank 0.
+        let out = world.agree(gradkit_train::train::check_config(&cfg).and_then(|()| {
+            args.metrics
+                .as_deref()
+                .map(|p| Output::from_arg(Some(p)))
+                .transpose()
+        }))?;
         let Some(rep) = gradkit_train::train(&world, &cfg)? else {
-            return Ok(()); // a non-I/O MPI rank
+            // A non-I/O MPI rank: wait at the last agreement point while rank 0 writes.
+            return world.agree(Ok(()));
         };
+        // The last agreement point: the other ranks wait here while rank 0 writes.
+        world.agree(write_report(&args, &cfg, &world, out, &rep))
+    })
+}
+
+/// The metrics table's key-value metadata (gradkit-train adds `world_size` and `best_loss`
+/// to its rewrites during the run, as [`write_report`] does at the end).
+fn metrics_meta(cfg: &TrainConfig) -> Meta {
+    let mut meta = Meta::producer("gradtrain");
+    meta.set("model", &cfg.model.name)
+        .set("data", &cfg.data.name)
+        .set("exchange", &cfg.exchange)
+        .set("optimizer", &cfg.opt.name)
+        .set("density", cfg.density)
+        .set("seed", cfg.seed);
+    meta
+}
+
+/// The I/O rank's outputs: the metrics table and the summary on stderr.
+fn write_report(
+    args: &Cli,
+    cfg: &TrainConfig,
+    world: &World,
+    out: Option<Output>,
+    rep: &TrainReport,
+) -> anyhow::Result<()> {
+    {
         if let Some(out) = out {
-            let mut meta = Meta::producer("gradtrain");
-            meta.set("model", &cfg.model.name)
-                .set("data", &cfg.data.name)
-                .set("exchange", &cfg.exchange)
-                .set("optimizer", &cfg.opt.name)
-                .set("density", cfg.density)
-                .set("world_size", world.size())
-                .set("seed", cfg.seed);
+            let mut meta = metrics_meta(cfg);
+            meta.set("world_size", world.size());
             if let Some(b) = rep.best_loss {
                 meta.set("best_loss", b);
             }
             write_table(&out, &meta, &rep.metrics)?;
         }
         if !args.quiet {
-            summary(&cfg, &rep, world.size());
+            summary(cfg, rep, world.size());
         }
         Ok(())
-    })
+    }
 }
 
 #[cfg(test)]

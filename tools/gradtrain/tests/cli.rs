@@ -25,6 +25,17 @@ fn fails_with(args: &[&str], needle: &str) {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// A configuration error is a usage error: exit 2, before any rank starts.
+fn usage_fails_with(args: &[&str], needle: &str) {
+    let out = gradtrain(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(
+        err.starts_with("error: ") && err.contains(needle),
+        "{args:?}: {err}"
+    );
+}
+
 fn metrics(p: &Path) -> Vec<MetricRow> {
     read_table::<MetricRow>(&Input::Path(p.to_path_buf()), ReadOptions::default())
         .unwrap()
@@ -36,7 +47,7 @@ fn bad_input_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m.parquet");
     let ms = m.to_str().unwrap();
-    fails_with(
+    usage_fails_with(
         &[
             "--exchange",
             "onebit",
@@ -47,7 +58,7 @@ fn bad_input_is_a_clear_error() {
         ],
         "needs --optimizer onebit-lamb",
     );
-    fails_with(&["--optimizer", "onebit-lamb"], "needs --exchange onebit");
+    usage_fails_with(&["--optimizer", "onebit-lamb"], "needs --exchange onebit");
     fails_with(
         &[
             "--model",
@@ -59,7 +70,7 @@ fn bad_input_is_a_clear_error() {
         ],
         "language model",
     );
-    fails_with(&["--model", "resnet"], "unknown --model");
+    usage_fails_with(&["--model", "resnet"], "unknown --model");
     fails_with(
         &["--ranks", "4", "--batch", "400", "--metrics", ms],
         "larger than rank 0's shard",

@@ -1,0 +1,138 @@
+//! Never destroy data: gradallreduce refuses an output that names an input or another
+//! output, before reading anything (issue 13, item 4). `--state` is read and written back.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use gradkit_core::io::{Meta, Output};
+use gradkit_core::write_table;
+use gradkit_core::TensorRow;
+
+const BIN: &str = env!("CARGO_BIN_EXE_gradallreduce");
+
+/// Every file of `dir` with its bytes.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .map(|p| {
+            let b = std::fs::read(&p).unwrap();
+            (p, b)
+        })
+        .collect()
+}
+
+/// Runs the tool in `dir`: exit 1, one `error:` line naming `flags`, nothing changed.
+fn refused(dir: &Path, args: &[&str], flags: &[&str]) {
+    let before = snapshot(dir);
+    let out = Command::new(BIN)
+        .current_dir(dir)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{args:?}: {err}");
+    assert!(lines[0].starts_with("error: "), "{err}");
+    for f in flags {
+        assert!(lines[0].contains(f), "{args:?}: `{f}` not named in {err}");
+    }
+    assert_eq!(snapshot(dir), before, "{args:?} changed the directory");
+}
+
+fn dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "gradallreduce-noclobber-{tag}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let rows: Vec<TensorRow> = (0..2u32)
+        .map(|rank| TensorRow {
+            step: 0,
+            rank,
+            layer_id: 0,
+            layer: "w".into(),
+            numel: 32,
+            shape: None,
+            indices: None,
+            values: (0..32)
+                .map(|i| (i as f32 - 16.0) * (rank + 1) as f32)
+                .collect(),
+        })
+        .collect();
+    write_table(&Output::Path(d.join("in.parquet")), &Meta::default(), &rows).unwrap();
+    d
+}
+
+#[test]
+fn outputs_never_overwrite_inputs_or_each_other() {
+    let d = dir("refuse");
+    let r = ["--ranks", "2", "--algo", "ring", "in.parquet"];
+    let with = |extra: &[&'static str]| -> Vec<&str> {
+        r.iter().copied().chain(extra.iter().copied()).collect()
+    };
+    refused(
+        &d,
+        &with(&["-o", "in.parquet"]),
+        &["-o", "IN", "in.parquet"],
+    );
+    refused(
+        &d,
+        &with(&["-o", "o.parquet", "--metrics", "in.parquet"]),
+        &["--metrics", "IN"],
+    );
+    refused(
+        &d,
+        &with(&["-o", "x.parquet", "--metrics", "./x.parquet"]),
+        &["-o", "--metrics"],
+    );
+    std::fs::write(d.join("plan.parquet"), b"not read").unwrap();
+    refused(
+        &d,
+        &[
+            "--ranks",
+            "2",
+            "--algo",
+            "oktopk",
+            "in.parquet",
+            "--plan",
+            "plan.parquet",
+            "-o",
+            "plan.parquet",
+        ],
+        &["-o", "--plan"],
+    );
+    let ob = ["--ranks", "2", "--algo", "onebit", "in.parquet"];
+    let onebit = |extra: &[&'static str]| -> Vec<&str> {
+        ob.iter().copied().chain(extra.iter().copied()).collect()
+    };
+    refused(
+        &d,
+        &onebit(&["--state", "st.bin", "-o", "st.bin"]),
+        &["-o", "--state"],
+    );
+    refused(
+        &d,
+        &onebit(&["--state", "in.parquet", "-o", "o.parquet"]),
+        &["--state", "IN"],
+    );
+    // The state file may name itself: read, then written back.
+    for _ in 0..2 {
+        let out = Command::new(BIN)
+            .current_dir(&d)
+            .args(onebit(&["--state", "st.bin", "-o", "o.parquet", "-q"]))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -1,0 +1,204 @@
+//! Never destroy data: an output that names an input (or another output), by any path, is
+//! refused before anything is read or written (issue 13, item 4).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use gradkit_core::io::{Meta, Output};
+use gradkit_core::{write_table, TensorRow};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gradselect");
+
+fn trace(path: &Path) {
+    let mut rows = Vec::new();
+    for step in 0..2u32 {
+        for rank in 0..2u32 {
+            rows.push(TensorRow {
+                step,
+                rank,
+                layer_id: 0,
+                layer: "w".into(),
+                numel: 64,
+                shape: None,
+                indices: None,
+                values: (0..64)
+                    .map(|i| ((i * 7 + step + rank) % 13) as f32 - 6.0)
+                    .collect(),
+            });
+        }
+    }
+    write_table(&Output::Path(path.into()), &Meta::default(), &rows).unwrap();
+}
+
+/// Every file of `dir` with its bytes.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .map(|p| {
+            let b = std::fs::read(&p).unwrap();
+            (p, b)
+        })
+        .collect()
+}
+
+/// Runs gradselect in `dir`; asserts exit 1, one `error:` line naming `flags`, and that no file
+/// of `dir` changed and none appeared.
+fn refused(dir: &Path, args: &[&str], flags: &[&str]) {
+    let before = snapshot(dir);
+    let out = Command::new(BIN)
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{args:?}: {err}");
+    assert!(lines[0].starts_with("error: "), "{err}");
+    for f in flags {
+        assert!(lines[0].contains(f), "{args:?}: `{f}` not named in {err}");
+    }
+    assert_eq!(snapshot(dir), before, "{args:?} changed the directory");
+}
+
+const SEL: [&str; 4] = ["--method", "topk", "--density", "0.1"];
+
+fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    SEL.iter().copied().chain(extra.iter().copied()).collect()
+}
+
+#[test]
+fn an_output_naming_the_input_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    trace(&d.path().join("in.parquet"));
+    refused(
+        d.path(),
+        &args(&["in.parquet", "-o", "in.parquet"]),
+        &["-o", "IN", "in.parquet"],
+    );
+    refused(
+        d.path(),
+        &args(&["in.parquet", "-o", "./in.parquet"]),
+        &["-o", "IN"],
+    );
+    refused(
+        d.path(),
+        &args(&["in.parquet", "-o", "out.parquet", "--metrics", "in.parquet"]),
+        &["--metrics", "IN"],
+    );
+    refused(
+        d.path(),
+        &args(&[
+            "in.parquet",
+            "-o",
+            "out.parquet",
+            "--residual-out",
+            "in.parquet",
+        ]),
+        &["--residual-out", "IN"],
+    );
+    // Through a symlink and a hard link: the same inode.
+    std::os::unix::fs::symlink("in.parquet", d.path().join("link.parquet")).unwrap();
+    refused(
+        d.path(),
+        &args(&["link.parquet", "-o", "in.parquet"]),
+        &["-o", "IN"],
+    );
+    std::fs::hard_link(d.path().join("in.parquet"), d.path().join("hard.parquet")).unwrap();
+    refused(
+        d.path(),
+        &args(&["in.parquet", "-o", "hard.parquet"]),
+        &["-o", "IN"],
+    );
+}
+
+#[test]
+fn a_plan_input_is_not_overwritten() {
+    let d = tempfile::tempdir().unwrap();
+    trace(&d.path().join("in.parquet"));
+    std::fs::write(d.path().join("plan.parquet"), b"not read").unwrap();
+    refused(
+        d.path(),
+        &[
+            "--method",
+            "deft",
+            "--density",
+            "0.1",
+            "--plan",
+            "plan.parquet",
+            "in.parquet",
+            "-o",
+            "plan.parquet",
+        ],
+        &["-o", "--plan"],
+    );
+}
+
+#[test]
+fn two_outputs_naming_one_file_are_refused() {
+    let d = tempfile::tempdir().unwrap();
+    trace(&d.path().join("in.parquet"));
+    std::fs::create_dir(d.path().join("sub")).unwrap();
+    // Neither exists yet: compared by directory and name.
+    refused(
+        d.path(),
+        &args(&["in.parquet", "-o", "a.parquet", "--metrics", "./a.parquet"]),
+        &["-o", "--metrics", "a.parquet"],
+    );
+    refused(
+        d.path(),
+        &args(&[
+            "in.parquet",
+            "-o",
+            "sub/../a.parquet",
+            "--residual-out",
+            "a.parquet",
+        ]),
+        &["-o", "--residual-out"],
+    )
+}
+
+#[test]
+fn distinct_paths_and_devices_still_work() {
+    let d = tempfile::tempdir().unwrap();
+    trace(&d.path().join("in.parquet"));
+    let out = Command::new(BIN)
+        .current_dir(d.path())
+        .args(args(&[
+            "in.parquet",
+            "-o",
+            "out.parquet",
+            "--metrics",
+            "m.parquet",
+            "-q",
+        ]))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(d.path().join("out.parquet").is_file() && d.path().join("m.parquet").is_file());
+    // /dev/null may be named by several outputs: nothing is replaced.
+    let out = Command::new(BIN)
+        .current_dir(d.path())
+        .args(args(&[
+            "in.parquet",
+            "-o",
+            "/dev/null",
+            "--metrics",
+            "/dev/null",
+            "-q",
+        ]))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

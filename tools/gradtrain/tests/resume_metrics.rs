@@ -1,0 +1,184 @@
+//! Training metrics survive an interruption (issue 13, item 5): each checkpoint carries the
+//! metric rows so far, so a resumed run's `--metrics` covers the whole run; without
+//! checkpoints `--metrics` is rewritten every `--metrics-every` steps, so a killed run keeps
+//! its finished steps. The reference is always an uninterrupted run of the same flags.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gradkit_core::io::{read_table, Input, ReadOptions};
+use gradkit_core::MetricRow;
+
+const BIN: &str = env!("CARGO_BIN_EXE_gradtrain");
+
+/// Flags of every run here: a small, deterministic dense MLP run on 2 ranks.
+const BASE: [&str; 8] = [
+    "--model", "mlp", "--ranks", "2", "--lr", "0.1", "--batch", "16",
+];
+
+fn run(dir: &Path, extra: &[&str]) {
+    let out = Command::new(BIN)
+        .current_dir(dir)
+        .args(BASE)
+        .args(["-q"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{extra:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// (step, rank, metric, value bits) of every row but the timings, which differ run to run.
+type Key = (u32, u32, String, u64);
+
+fn data_rows(p: &Path) -> Vec<Key> {
+    let t = read_table::<MetricRow>(&Input::Path(p.into()), ReadOptions::default()).unwrap();
+    let mut v: Vec<Key> = t
+        .rows
+        .into_iter()
+        .filter(|r| !r.metric.starts_with("time_"))
+        .map(|r| (r.step, r.rank, r.metric, r.value.to_bits()))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Starts gradtrain, waits until `ready` exists in `dir` (or the run ends), then SIGTERMs it;
+/// returns whether it was killed (rather than already finished).
+fn run_and_kill(dir: &Path, extra: &[&str], ready: &str) -> bool {
+    let mut child = Command::new(BIN)
+        .current_dir(dir)
+        .args(BASE)
+        .args(["-q"])
+        .args(extra)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !dir.join(ready).exists() {
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!("gradtrain ended ({st}) before {ready} appeared");
+        }
+        assert!(start.elapsed() < Duration::from_secs(900), "hang guard");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let st = child.wait().unwrap();
+    // Killed (143) or, on a fast machine, already finished (0).
+    assert!(matches!(st.code(), Some(143) | Some(0)), "{st}");
+    st.code() == Some(143)
+}
+
+#[test]
+fn a_run_resumed_from_a_checkpoint_has_the_metrics_of_the_whole_run() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    let full = ["--steps", "10", "--eval-every", "5"];
+    run(p, &[&full[..], &["--metrics", "whole.parquet"]].concat());
+    // The first half ends at a checkpoint; the second half resumes from it.
+    run(
+        p,
+        &[
+            "--steps",
+            "5",
+            "--eval-every",
+            "5",
+            "--checkpoint",
+            "ck",
+            "--metrics",
+            "first.parquet",
+        ],
+    );
+    run(
+        p,
+        &[
+            &full[..],
+            &[
+                "--checkpoint",
+                "ck",
+                "--resume",
+                "--metrics",
+                "resumed.parquet",
+            ],
+        ]
+        .concat(),
+    );
+    let whole = data_rows(&p.join("whole.parquet"));
+    assert_eq!(whole.iter().filter(|r| r.2 == "loss").count(), 20);
+    assert_eq!(data_rows(&p.join("resumed.parquet")), whole);
+    // The checkpoint carries the rows of its steps, and only those.
+    let saved = data_rows(&p.join("ck/step-5/metrics.parquet"));
+    let first_half: Vec<Key> = whole.iter().filter(|r| r.0 < 5).cloned().collect();
+    assert_eq!(saved, first_half);
+}
+
+#[test]
+fn a_killed_run_resumes_with_the_metrics_of_every_step() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    // A constant learning rate (no --decay), so a run's --steps does not change its steps.
+    let whole = ["--steps", "100", "--eval-every", "50"];
+    run(p, &[&whole[..], &["--metrics", "whole.parquet"]].concat());
+    // Killed right after its first checkpoint, far from its end.
+    let long = ["--steps", "20000", "--eval-every", "50"];
+    let ck = ["--checkpoint", "ck", "--checkpoint-every", "10"];
+    assert!(run_and_kill(p, &[&long[..], &ck[..]].concat(), "ck/latest"));
+    let latest = std::fs::read_to_string(p.join("ck/latest")).unwrap();
+    let at: u32 = latest.trim().trim_start_matches("step-").parse().unwrap();
+    assert!(at < 100, "checkpoint at {at}");
+    let resume = [
+        "--checkpoint",
+        "ck",
+        "--resume",
+        "--metrics",
+        "resumed.parquet",
+    ];
+    run(p, &[&whole[..], &resume[..]].concat());
+    assert_eq!(
+        data_rows(&p.join("resumed.parquet")),
+        data_rows(&p.join("whole.parquet"))
+    );
+}
+
+#[test]
+fn a_killed_run_keeps_the_metrics_of_its_finished_steps() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    // The file appears after 4 of 20000 steps, long before the end.
+    assert!(run_and_kill(
+        p,
+        &[
+            "--steps",
+            "20000",
+            "--metrics-every",
+            "4",
+            "--metrics",
+            "m.parquet"
+        ],
+        "m.parquet",
+    ));
+    let kept = data_rows(&p.join("m.parquet"));
+    let k = kept.iter().map(|r| r.0).max().unwrap() + 1;
+    assert!(k % 4 == 0, "a rewrite after step {k}");
+    // The reference: an uninterrupted run over the same steps (its final evaluation aside).
+    let k_s = k.to_string();
+    run(p, &["--steps", &k_s, "--metrics", "ref.parquet"]);
+    let reference: Vec<Key> = data_rows(&p.join("ref.parquet"))
+        .into_iter()
+        .filter(|r| !r.2.starts_with("eval_"))
+        .collect();
+    assert_eq!(kept, reference);
+    // No temporary file is left behind.
+    let left: Vec<_> = std::fs::read_dir(p)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
