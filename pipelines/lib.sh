@@ -47,3 +47,36 @@ expect() {
     grep -qE -- "$p" "$file" || { echo "error: $(basename "$PWD")/$(basename "$file") lacks the row /$p/" >&2; exit 1; }
   done
 }
+
+# launch P CMD…: CMD on P ranks — in-process (`CMD --ranks P`, the default), under mpirun on
+# this machine (GRADKIT_MPIRUN=1), or across the hosts of a cluster (GRADKIT_CLUSTER=STATE, or
+# =1 for the one `make cluster-up` made; docs/CLUSTER.md). Under mpirun, write with `-o FILE`.
+# The outputs' `gradkit.cluster` metadata says which (backend, hosts, ranks, link rate).
+launch() {
+  local p=$1
+  shift
+  if [ -n "${GRADKIT_CLUSTER:-}" ]; then
+    run "$ROOT/pipelines/cluster.sh" run -np "$p" -- "$@"
+  elif [ "${GRADKIT_MPIRUN:-0}" != 0 ]; then
+    GRADKIT_CLUSTER_INFO="backend=mpi-shm hosts=1 ranks=$p" run mpirun -np "$p" "$@"
+  else
+    run "$@" --ranks "$p"
+  fi
+}
+
+# with_cluster HOSTS RATE CMD…: bring up a cluster of HOSTS hosts at RATE for CMD alone (state
+# in ./cluster-RATE.env, a fresh run id), run CMD with GRADKIT_CLUSTER set (so `launch` runs
+# across it), tear it down also when CMD fails or the run is interrupted. Ask
+# `pipelines/cluster.sh check` first where the machine may not permit it.
+with_cluster() {
+  local hosts=$1 rate=$2
+  shift 2
+  local state=$PWD/cluster-$rate.env
+  GRADKIT_CLUSTER=$state "$ROOT/pipelines/cluster.sh" up --hosts "$hosts" --rate "$rate"
+  # A failing CMD ends the script (set -e): the EXIT trap tears the cluster down then.
+  trap "GRADKIT_CLUSTER='$state' '$ROOT/pipelines/cluster.sh' down" EXIT
+  trap 'exit 130' INT TERM
+  GRADKIT_CLUSTER=$state "$@"
+  trap - EXIT INT TERM
+  GRADKIT_CLUSTER=$state "$ROOT/pipelines/cluster.sh" down
+}

@@ -8,6 +8,8 @@ if [ "$FAST" != 0 ]; then
 else
   PS="4 8"; SHAPE="--shape bert-base --scale 0.15"; T1_STEPS=4; REUSE_STEPS=400; REUSE_D=0.01; REEVAL=32; TRAIN_STEPS=600
 fi
+# The cluster step (docs/CLUSTER.md): hosts and link rates of the shaped network.
+if [ "$FAST" != 0 ]; then CL_HOSTS=2; CL_RATES="1gbit"; else CL_HOSTS=4; CL_RATES="100mbit 1gbit"; fi
 D=0.01
 {
 echo "Made by \`make repro-oktopk\`$( [ "$FAST" != 0 ] && echo ' (FAST=1)') on $(date -u +%F), $(nproc) cores; density $D."
@@ -26,7 +28,8 @@ for P in $PS; do
   run $B/gradtrace synthetic $SHAPE --ranks $P --steps $T1_STEPS --seed 1 --overlap 0.3 -q -o trace-P$P.parquet
   run $B/gradselect --method topk --density $D -q trace-P$P.parquet -o sel-P$P.parquet
   for a in topka topkdsa gtopk oktopk; do
-    run $B/gradallreduce --algo $a --ranks $P --period 2 -q --run $a sel-P$P.parquet \
+    period=(); [ $a = oktopk ] && period=(--period 2)   # τ applies to Ok-Topk only
+    run $B/gradallreduce --algo $a --ranks $P "${period[@]}" -q --run $a sel-P$P.parquet \
         -o red-$a-P$P.parquet --metrics ar-$a-P$P.parquet
   done
   for a in gaussiank ring; do
@@ -40,6 +43,27 @@ echo "Time per allreduce (median over steps and ranks, in-process ranks on this 
 echo
 run $B/gradreport table ar-*.parquet --metric time_comm_s,bytes_sent,nnz
 run $B/gradreport plot breakdown ar-*.parquet --metric time_comm_s -o breakdown.svg >&2 || true
+echo
+
+echo "### Across hosts: ring vs Ok-Topk on shaped links (measured)"
+echo
+echo "The P = 4 trace above, reduced by 4 MPI ranks on $CL_HOSTS hosts: network namespaces on one"
+echo "bridge, every link shaped with \`tc tbf\` to the rate both ways, mpirun over TCP"
+echo "(\`pipelines/cluster.sh\`, docs/CLUSTER.md). time_comm_s is measured wall time per allreduce"
+echo "(median over steps and ranks) on this 2-core machine; bytes_sent is per rank and step."
+echo
+cluster_allreduces() {
+  launch 4 $B/gradallreduce --algo ring -q --run ring-$RATE trace-P4.parquet \
+      -o cl-red-ring-$RATE.parquet --metrics clm-ring-$RATE.parquet
+  launch 4 $B/gradallreduce --algo oktopk --density $D --period 2 -q --run oktopk-$RATE trace-P4.parquet \
+      -o cl-red-oktopk-$RATE.parquet --metrics clm-oktopk-$RATE.parquet
+}
+if why=$("$ROOT/pipelines/cluster.sh" check 2>&1); then
+  for RATE in $CL_RATES; do with_cluster $CL_HOSTS $RATE cluster_allreduces; done
+  run $B/gradreport table clm-*.parquet --by run --metric time_comm_s,bytes_sent
+else
+  echo "(skipped: ${why#error: })"
+fi
 echo
 
 echo "### Fig. 6: local threshold reuse — selected count vs k"
@@ -97,5 +121,6 @@ echo
 echo "Figures: data/out/oktopk/breakdown.svg, data/out/oktopk/loss.svg."
 } > section.md
 section oktopk section.md
+expect section.md "^\| ring-1gbit +\||skipped: cluster" "^\| oktopk-1gbit +\||skipped: cluster"
 expect section.md "^\| topka +\| +4 \|.*\| +1\.00 \|$" "^\| oktopk " "^\| topkdsa " "^\| gtopk " "^\| gaussiank " "^\| ring +\| +4 \|.*\| +1\.00 \|$" "^\| reuse \|" "^\| reuse \+ --adjust" "region_imbalance" "^\| oktopk worst +\| 256" "^\| dense +\|" "^\| oktopk +\| +0\.[0-9]+ \|"
 cat section.md
