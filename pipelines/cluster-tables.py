@@ -3,7 +3,8 @@
 directory (data/out/cluster): α-β calibration at each P, the step split of every exchange with
 the α-β prediction beside it, time to the dense run's loss, and LAMB vs 1-bit LAMB. Prints
 Markdown. Every "predicted" column is the α-β model (lib/collectives/src/cost.rs, Ok-Topk
-Table 1) with α and β fitted on this cluster at P = hosts; every other column is measured."""
+Table 1; EmbRace Table 2 for `--part embrace`) with α and β fitted on this cluster at P = hosts;
+every other column is measured. `--part embrace` prints only step 4's section (cluster-embrace)."""
 import argparse
 import math
 import os
@@ -27,12 +28,17 @@ ap.add_argument("--steps8", type=int, default=0)
 ap.add_argument("--lamb-steps", type=int)
 ap.add_argument("--cal-sizes")
 ap.add_argument("--fast", default="0")
+ap.add_argument("--part", default="main", choices=["main", "embrace"])
+ap.add_argument("--emb-v", type=int, default=0)
+ap.add_argument("--emb-d", type=int, default=0)
+ap.add_argument("--emb-batch", type=int, default=0)
+ap.add_argument("--emb-steps", type=int, default=0)
 a = ap.parse_args()
 FAST = a.fast != "0"
 P = a.hosts
 RATES = a.rates.split()
 PS = [int(x) for x in a.ps.split()]
-EXCH = a.exch.split()
+EXCH = (a.exch or "").split()
 DENSITY = 0.01
 SKIP = 1 if FAST else 3  # warm-up steps left out of the medians
 WIN = 1 if FAST else 5  # trailing window of the smoothed loss
@@ -142,6 +148,132 @@ for rate in RATES:
 def ab(rate, p=P):
     return fits.get((rate, p), (float("nan"), float("nan"), 0))[:2]
 
+
+
+# ---------------------------------------------------------------- EmbRace (step 4)
+def embrace_section():
+    """EmbRace vs AllGather vs dense and EmbRace's schedule vs fifo (section cluster-embrace)."""
+    V, D, SEQ = a.emb_v, a.emb_d, 32
+    M = V * D  # the token embedding, words
+    RUNS = ["dense", "allgather", "embrace-fifo", "embrace-embrace"]
+    COMPS = ["time_compute_s", "time_select_s", "time_comm_s", "time_update_s"]
+    print(f"### EmbRace vs AllGather vs dense on the LM, and the stall its schedule removes, P = {P} hosts\n")
+    print(f"`cluster.sh run -np {P} -- gradtrain --model transformer-lm --data synthetic-lm --vocab {V} "
+          f"--tokens 100000 --d-model {D} --batch {a.emb_batch} --steps {a.emb_steps} --optimizer sgd "
+          "--lr 0.1 --exchange EX [--schedule S]` for EX = dense, allgather and embrace with S = fifo "
+          "and embrace, one process per host (EmbRace paper §4: 1.02–2.41× over the best baseline, "
+          "and its 2D schedule cutting the stall). Medians over steps "
+          f"{SKIP}–{a.emb_steps - 1}; compute / comm / stall / overlapped = rank mean of "
+          "`time_compute_s`, `time_comm_s`, `stall_s` (step wall − compute − update; dense has no "
+          "`stall_s`: its comm is its stall) and `time_overlapped_s` (the delayed rows' exchange "
+          "hidden behind the next step's compute); step = the slowest rank's compute + comm + "
+          "update; `step @ equal compute` puts the four runs' median compute in place of each "
+          "run's own, so that load swings between runs do not pass for exchange speedups. "
+          "Predicted comm = α-β (fitted above at P = "
+          f"{P}) of ring(n − V·d) for lm_head and the other dense layers plus EmbRace Table 2 for "
+          "the embedding at density α = tokens per rank / V: dense = ring(n); allgather = "
+          "+ (P−1)α + (P−1)·α·M words; embrace = + 2(P−1)α + 2(P−1)/P·α·M words "
+          "(`collectives::cost::{ring, embrace_allgather, embrace_alltoall}`); "
+          "`pred. on meas. bytes` = messages·α + bytes_sent·β.\n")
+    verdict = []
+    for rate in RATES:
+        al, be = ab(rate)
+        res = {}
+        for run in RUNS:
+            f = f"emb-{run}-{rate}.parquet"
+            if not os.path.exists(f):
+                continue
+            d = defaultdict(lambda: defaultdict(dict))
+            for _, step, rank, m, v in rows(f):
+                d[step][rank][m] = v
+            steps = sorted(s_ for s_ in d if s_ >= SKIP)
+            med = lambda m: st.median(st.mean(d[s_][r].get(m, 0.0) for r in d[s_]) for s_ in steps)
+            r = {m: med(m) for m in COMPS + ["bytes_sent", "messages", "bytes_emb", "bytes_dense",
+                                              "bytes_emb_grad", "rows_coalesced", "rows_delayed",
+                                              "tokens", "time_overlapped_s"]}
+            r["stall"] = med("stall_s") if any("stall_s" in d[s_][0] for s_ in steps) else \
+                r["time_comm_s"] + r["time_select_s"]
+            r["step"] = st.median(max(sum(d[s_][k].get(c, 0.0) for c in COMPS) for k in d[s_]) for s_ in steps)
+            r["n"] = max(d[s_][k].get("nnz", 0) for s_ in d for k in d[s_])
+            r["loss"] = st.mean(d[max(d)][k].get("loss", float("nan")) for k in d[max(d)])
+            res[run] = r
+        if not res:
+            continue
+        n = res["dense"]["n"] if "dense" in res else M + res[next(iter(res))]["n"]
+        tokens = res.get("embrace-fifo", res[next(iter(res))]).get("tokens") or a.emb_batch * SEQ
+        dens = tokens / V
+        lat_r, by_r = model("ring", P, n - M, 0)
+        pred = {"dense": model("ring", P, n, 0),
+                "allgather": (lat_r + (P - 1), by_r + 4 * (P - 1) * dens * M),
+                "embrace-fifo": (lat_r + 2 * (P - 1), by_r + 4 * 2 * (P - 1) / P * dens * M)}
+        pred["embrace-embrace"] = pred["embrace-fifo"]
+        c0 = st.median(r["time_compute_s"] for r in res.values())
+        for r in res.values():
+            r["step_eq"] = c0 + r["time_select_s"] + r["time_comm_s"] + r["time_update_s"]
+        d0 = res.get("dense")
+        e0 = res.get("embrace-embrace")
+        head = (f"**{rate}, P = {P}** (V = {V}, d = {D}, n = {int(n):,} parameters, of which the token "
+                f"embedding V·d = {M:,} and lm_head another {M:,}; {int(tokens)} tokens per rank and step, "
+                f"density α = {dens:.3f}")
+        if d0 and e0:
+            head += (f"; comm/compute: dense {d0['time_comm_s'] / d0['time_compute_s']:.2f}, embrace "
+                     f"{e0['time_comm_s'] / e0['time_compute_s']:.2f}")
+        head += f"; model of P = {P}: α = {fmt(al * 1e6)} µs, β = {fmt(be * 1e9)} ns/B)"
+        print(head + ":\n")
+        body = []
+        for run in RUNS:
+            if run not in res:
+                continue
+            r = res[run]
+            lat, by = pred[run]
+            pc = lat * al + by * be
+            pm = r["messages"] * al + r["bytes_sent"] * be
+            body.append([run, fmt(r["time_compute_s"] * 1e3), fmt(r["time_comm_s"] * 1e3),
+                         fmt(r["stall"] * 1e3), fmt(r["time_overlapped_s"] * 1e3),
+                         fmt(r["step"] * 1e3), fmt(r["step_eq"] * 1e3),
+                         fmt(r["bytes_emb"] / 1e3) if run != "dense" else f"({fmt(4 * 2 * (P - 1) / P * M / 1e3)})",
+                         fmt(r["bytes_sent"] / 1e3), fmt(by / 1e3), fmt(pc * 1e3), fmt(pm * 1e3),
+                         fmt(r["time_comm_s"] / pc, 2),
+                         fmt(r["step"] / e0["step"], 2) if e0 else "-",
+                         fmt(r["step_eq"] / e0["step_eq"], 2) if e0 else "-", fmt(r["loss"], 4)])
+        print(table(["run", "compute ms", "comm ms", "stall ms", "overlapped ms", "step ms",
+                     f"step @ equal compute ({fmt(c0 * 1e3)} ms)", "emb kB sent/rank",
+                     "kB sent/rank", "predicted kB", "predicted comm ms", "pred. on meas. bytes ms",
+                     "comm / predicted", "step / embrace's", "@ equal compute / embrace's",
+                     "loss (last step)"], body))
+        print()
+        ff = res.get("embrace-fifo")
+        removed = None
+        if e0 and ff:
+            removed = ff["stall"] - e0["stall"]
+            bdel = ff["bytes_emb_grad"] * (e0["rows_delayed"] / e0["rows_coalesced"] if e0["rows_coalesced"] else 0)
+            pdel = (P - 1) * al + bdel * be
+            print(f"Stall removed by the schedule at {rate}: fifo {fmt(ff['stall'] * 1e3)} ms − embrace "
+                  f"{fmt(e0['stall'] * 1e3)} ms = {fmt(removed * 1e3)} ms "
+                  + (f"({100 * removed / ff['stall']:.0f} % of fifo's stall removed)" if removed >= 0 else
+                     f"(the stall grew {-100 * removed / ff['stall']:.0f} %)") + "; the delayed rows "
+                  f"({e0['rows_delayed']:.0f} of {e0['rows_coalesced']:.0f} coalesced rows) are "
+                  f"≈ {fmt(bdel / 1e3)} kB of gradient AlltoAll, which the model prices at "
+                  f"{fmt(pdel * 1e3)} ms ((P−1)α + bytes·β); measured overlapped: "
+                  f"{fmt(e0['time_overlapped_s'] * 1e3)} ms.\n")
+        verdict.append((rate, res, removed, ff, e0))
+    print("### Verdict (EmbRace: 1.02–2.41× end to end, and the 2D schedule's stall reduction)\n")
+    for rate, res, removed, ff, e0 in verdict:
+        if not e0:
+            continue
+        sp = {k: (r["step"] / e0["step"], r["step_eq"] / e0["step_eq"]) for k, r in res.items()
+              if k != "embrace-embrace"}
+        s = ", ".join(f"over {k} {x:.2f}× ({y:.2f}×)" for k, (x, y) in sp.items())
+        print(f"- **{rate}**: EmbRace's step-time speedup (at equal compute in brackets) {s}; "
+              + (f"stall {fmt(ff['stall'] * 1e3)} → {fmt(e0['stall'] * 1e3)} ms "
+                 + (f"({100 * removed / ff['stall']:.0f} % removed)." if removed >= 0 else
+                    f"(grew {-100 * removed / ff['stall']:.0f} %).") if ff else ""))
+    print()
+
+
+if a.part == "embrace":
+    embrace_section()
+    raise SystemExit(0)
 
 print(f"### α-β calibration across the hosts (`gradallreduce bench --algo ring --fit`)\n")
 print(f"`cluster.sh run -np P -- gradallreduce bench --algo ring --sizes {a.cal_sizes} --factor 4 "

@@ -12,8 +12,12 @@ cluster-down:
 cluster-status:
 	@bash pipelines/cluster.sh status
 
-# make repro-cluster [FAST=1]: the α-β fit on the cluster and the training step split, dense
-# vs Ok-Topk, at two link rates (brings its own cluster up and down; needs root).
+# make repro-cluster [FAST=1] [PARTS=…]: at 100 Mbit/s and 1 Gbit/s on 4 hosts, (1) the α-β fit
+# of the ring at P = 2, 4, 8; (2) the step split compute / selection / communication of dense
+# (ring, plus MPI_Allreduce by bench), TopkA, TopkDSA, gTopk, Gaussiank, Ok-Topk and DEFT, with
+# the model's prediction and time to the dense run's loss; (3) LAMB vs 1-bit LAMB throughput;
+# (4) EmbRace vs AllGather vs dense on the LM and its schedule's stall vs fifo. PARTS=embrace
+# runs (4) alone. Brings its own cluster up and down; needs root (docs/CLUSTER.md).
 .PHONY: repro-cluster
 repro-cluster: build
 	@bash pipelines/cluster-repro.sh
