@@ -7,6 +7,10 @@ use gradkit_core::PlanRow;
 
 use crate::{Op, Reducer};
 
+/// Ok-Topk's threshold-reuse policy (`--adjust`), from the one implementation in
+/// `gradkit_sparsify::oktopk`.
+pub use gradkit_sparsify::oktopk::{Adjust, Bands};
+
 /// `(name, one-line description)` of every algorithm, in the order `--help` lists them.
 pub const ALGOS: &[(&str, &str)] = &[
     (
@@ -92,6 +96,8 @@ pub struct Params {
     pub period: u32,
     /// Ok-Topk: global threshold re-evaluation period τ'.
     pub reeval: u32,
+    /// Ok-Topk: how reused thresholds are adjusted between re-evaluations (local and global).
+    pub adjust: Adjust,
     pub balance: Balance,
     /// A `plan/1` table (Ok-Topk regions or DEFT ranges) instead of computing one.
     pub plan: Option<Vec<PlanRow>>,
@@ -111,6 +117,7 @@ impl Default for Params {
             k: None,
             period: 64,
             reeval: 32,
+            adjust: Adjust::Ladder,
             balance: Balance::Auto,
             plan: None,
             residual: true,

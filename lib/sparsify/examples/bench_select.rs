@@ -8,7 +8,7 @@ use std::io::Write;
 use std::process::Command;
 use std::time::Instant;
 
-use gradkit_sparsify::{threshold, topk, Bands, Method, Selector};
+use gradkit_sparsify::{threshold, topk, Adjust, Bands, Method, Selector};
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 
@@ -159,7 +159,7 @@ fn table(name: &str, x: &[f32], k: usize, reps: usize, python: Option<&str>) {
         let _ = s.select(0, x, k);
         s
     };
-    let (mut ok, mut oka) = (ok_sel(None), ok_sel(Some(Bands::VGG)));
+    let (mut ok, mut oka) = (ok_sel(Adjust::Paper), ok_sel(Adjust::Reference(Bands::VGG)));
     let mut gk = Selector::new(Method::GaussianK, 0);
     let mut dg = Selector::new(Method::Dgc { sample: 0.01 }, 0);
     let mut cases: Vec<Case<'_>> = vec![

@@ -26,7 +26,7 @@ pub mod threshold;
 pub mod topk;
 
 pub use feedback::Residual;
-pub use oktopk::Bands;
+pub use oktopk::{Adjust, Bands};
 
 /// A selection method and its parameters (DEFT is range-based: see [`deft`]).
 #[derive(Clone, Debug, PartialEq)]
@@ -35,8 +35,9 @@ pub enum Method {
     Topk,
     /// `{i : |x_i| > th}` for a fixed th.
     Threshold(f32),
-    /// Ok-Topk's local selection: exact threshold every `reeval` steps, reused between.
-    OkTopk { reeval: u32, adjust: Option<Bands> },
+    /// Ok-Topk's local selection: exact threshold every `reeval` steps, reused between with
+    /// the [`Adjust`] policy.
+    OkTopk { reeval: u32, adjust: Adjust },
     /// Gaussian-fit threshold, lowered until ≥ 3k/4 pass.
     GaussianK,
     /// DGC's sampled threshold with sample ratio `sample`.

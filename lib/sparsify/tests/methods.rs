@@ -2,7 +2,7 @@
 //! filter), on adversarial inputs; Ok-Topk's re-evaluation schedule; random-k's shared seed;
 //! DEFT's ranges; error-feedback conservation.
 
-use gradkit_sparsify::{deft, k_for, Bands, Method, Residual, Selector};
+use gradkit_sparsify::{deft, k_for, Adjust, Bands, Method, Residual, Selector};
 use rand::{Rng, SeedableRng};
 
 fn ref_topk(x: &[f32], k: usize) -> Vec<u32> {
@@ -105,7 +105,7 @@ fn empty_input_selects_nothing() {
         Method::RandomK { seed: 1 },
         Method::OkTopk {
             reeval: 4,
-            adjust: None,
+            adjust: Adjust::Paper,
         },
     ] {
         let s = Selector::new(m, 0).select(0, &[], 0);
@@ -135,7 +135,7 @@ fn oktopk_reeval_1_equals_topk() {
     let mut ok = Selector::new(
         Method::OkTopk {
             reeval: 1,
-            adjust: None,
+            adjust: Adjust::Paper,
         },
         0,
     );
@@ -155,7 +155,7 @@ fn oktopk_reeval_4_reuses_last_exact_threshold() {
     let mut ok = Selector::new(
         Method::OkTopk {
             reeval: 4,
-            adjust: None,
+            adjust: Adjust::Paper,
         },
         0,
     );
@@ -185,7 +185,7 @@ fn oktopk_adjust_keeps_set_equal_to_reported_threshold() {
     let mut ok = Selector::new(
         Method::OkTopk {
             reeval: 100,
-            adjust: Some(Bands::VGG),
+            adjust: Adjust::Reference(Bands::VGG),
         },
         0,
     );
@@ -259,7 +259,7 @@ fn error_feedback_conserves_the_gradient_sum() {
         Method::Topk,
         Method::OkTopk {
             reeval: 3,
-            adjust: Some(Bands::LSTM),
+            adjust: Adjust::Reference(Bands::LSTM),
         },
         Method::GaussianK,
         Method::Dgc { sample: 0.01 },

@@ -7,6 +7,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use gradkit_collectives::onebit::{OneBitState, Variant};
+/// Ok-Topk's threshold-reuse policy (`gradtrain --adjust`).
+pub use gradkit_collectives::registry::Adjust;
 use gradkit_collectives::{dense, make_reducer, Flat, Op, Params, Reducer};
 use gradkit_comm::{dist, Comm, CommExt, World};
 use gradkit_core::trace::{unflatten_dense, MetricSink};
@@ -82,6 +84,8 @@ pub struct TrainConfig {
     /// Ok-Topk τ and τ'.
     pub period: u32,
     pub reeval: u32,
+    /// Ok-Topk: the threshold-reuse policy (`--adjust`; default ladder).
+    pub adjust: Adjust,
     pub opt: OptConfig,
     pub lr: f32,
     pub warmup: u32,
@@ -126,6 +130,7 @@ impl Default for TrainConfig {
             dense_warmup: 0,
             period: 64,
             reeval: 32,
+            adjust: Default::default(),
             opt: OptConfig::default(),
             lr: 0.1,
             warmup: 0,
@@ -489,6 +494,7 @@ fn rank_main(comm: &dyn Comm, cfg: &TrainConfig, data: &Dataset) -> Result<Optio
                 density: cfg.density,
                 period: cfg.period,
                 reeval: cfg.reeval,
+                adjust: cfg.adjust,
                 residual: false, // the trainer keeps the residuals (Algorithm 2)
                 seed: cfg.seed,
                 ..Params::default()

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use gradkit_collectives::registry::{Balance, Split};
+use gradkit_collectives::registry::{Adjust, Balance, Split};
 use gradkit_collectives::{cost, make_reducer, Flat, Op, Params};
 use gradkit_comm::{dist, Comm, PhaseCounts, World};
 use gradkit_core::cli::IoArgs;
@@ -45,6 +45,12 @@ pub struct ReduceArgs {
     /// Ok-Topk: global threshold re-evaluation period τ', in steps
     #[arg(long, default_value_t = 32)]
     pub reeval: u32,
+    /// Ok-Topk: threshold reuse between re-evaluations: ladder (default: count ladder, global
+    /// count closest to k with ≤ 4k/3 passing, one integer allreduce per reuse step), paper
+    /// (Algorithm 1: reused unchanged), reference (the authors' ×1.03 loop and count bands;
+    /// vgg = reference, lstm, bert pick the bands)
+    #[arg(long, value_name = "POLICY", default_value = "ladder", value_parser = clap::builder::PossibleValuesParser::new(Adjust::NAMES))]
+    pub adjust: String,
     /// Ok-Topk: data balancing in balance_and_allgatherv
     #[arg(long, value_enum, default_value_t = Balance::Auto)]
     pub balance: Balance,
@@ -73,6 +79,7 @@ const FLAG_ALGOS: &[(&str, &str, &[&str])] = &[
     ("plan", "--plan", &["deft", "oktopk"]),
     ("period", "--period", &["oktopk"]),
     ("reeval", "--reeval", &["oktopk"]),
+    ("adjust", "--adjust", &["oktopk"]),
     ("balance", "--balance", &["oktopk"]),
     ("split", "--split", &["alltoall"]),
 ];
@@ -121,6 +128,7 @@ impl ReduceArgs {
             k: self.k,
             period: self.period,
             reeval: self.reeval,
+            adjust: Adjust::parse(&self.adjust).context("--adjust")?,
             balance: self.balance,
             plan,
             residual: !self.no_residual,

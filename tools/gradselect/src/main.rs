@@ -14,7 +14,7 @@ use gradkit_core::trace::{self, Layout, MetricSink, Sparse};
 use gradkit_core::{read_table, read_tensor, write_table, MetricRow, PlanRow, TensorRow};
 use gradkit_partition::deft as pdeft;
 use gradkit_partition::plan as pplan;
-use gradkit_sparsify::{deft, k_for, Bands, Method as SMethod, Residual, Selector};
+use gradkit_sparsify::{deft, k_for, Adjust, Method as SMethod, Residual, Selector};
 
 const ABOUT: &str =
     "Sparsify a dense gradient trace: select entries per (step, rank) with a method of the papers.
@@ -30,8 +30,10 @@ Methods:
   topk       exact k largest |acc|, ties to the lower index
   threshold  every entry with |acc| > --threshold T
   oktopk     Ok-Topk (PPoPP'22 §3.1.3): exact k-th largest |acc| every --reeval steps (an exact
-             top-k step), reused as the threshold |acc| > th in the steps between; --adjust
-             [=vgg|lstm|bert] adds the reference code's count bands (docs/gradselect.md)
+             top-k step), reused as the threshold |acc| > th in the steps between, adjusted by
+             --adjust: ladder (default; the ×1.06 rung whose count is closest to k with at
+             most 4k/3 passing), paper (Algorithm 1: unchanged), reference (the authors' ×1.03
+             loop and count bands; vgg = reference, lstm, bert) (docs/gradselect.md)
   gaussiank  threshold |mean| + z(1-density/2)·std of a Gaussian fit, halved until ≥ 3k/4 pass
   dgc        DGC: threshold from a strided sample (--sample), ×0.8 while < 0.8k pass, exact
              top-k among the passing entries when more than 1.3k pass
@@ -48,8 +50,11 @@ const AFTER: &str = "Examples:
   gradtrace synthetic --shape vgg16 --scale 0.1 --ranks 4 --steps 8 --seed 1 \\
     | gradselect --method topk --density 0.01 --metrics sel-m.parquet -o sel.parquet
 
-  # Ok-Topk's reused thresholds with the VGG bands, per layer
-  gradselect --method oktopk --density 0.01 --reeval 32 --adjust=vgg --scope layer trace.parquet -o ok.parquet
+  # Ok-Topk's reused thresholds with the reference code's VGG bands, per layer
+  gradselect --method oktopk --density 0.01 --reeval 32 --adjust reference --scope layer trace.parquet -o ok.parquet
+
+  # Ok-Topk's threshold reuse exactly as Algorithm 1 writes it
+  gradselect --method oktopk --density 0.01 --adjust paper trace.parquet -o ok-paper.parquet
 
   # DEFT with a plan from gradpartition, keeping the final residuals
   gradpartition --method deft --density 0.01 trace.parquet -o plan.parquet
@@ -98,8 +103,8 @@ struct Cli {
     /// oktopk: exact threshold every τ' steps (1 = exact top-k every step)
     #[arg(long, value_name = "TAU", default_value_t = 32)]
     reeval: u32,
-    /// oktopk: adjust the reused threshold with the reference code's count bands (`--adjust` = `--adjust=vgg`; also lstm, bert)
-    #[arg(long, value_name = "BANDS", num_args = 0..=1, require_equals = true, default_missing_value = "vgg")]
+    /// oktopk: threshold reuse policy: ladder (default), paper, reference (= vgg; lstm, bert pick the reference code's bands; bare `--adjust` = reference)
+    #[arg(long, value_name = "POLICY", num_args = 0..=1, default_missing_value = "reference", value_parser = clap::builder::PossibleValuesParser::new(gradkit_sparsify::Adjust::NAMES))]
     adjust: Option<String>,
     /// dgc: fraction of entries sampled for the threshold estimate, in (0, 1]
     #[arg(long, value_name = "F", default_value_t = 0.01)]
@@ -215,10 +220,13 @@ fn check_args(a: &Cli, m: &clap::ArgMatches) -> Result<(SMethod, KSpec)> {
                 bail!("--reeval must be at least 1");
             }
             let adjust = match &a.adjust {
-                None => None,
-                Some(name) => Some(Bands::preset(name).with_context(|| {
-                    format!("--adjust: unknown bands `{name}` (use vgg, lstm or bert)")
-                })?),
+                None => Adjust::default(),
+                Some(name) => Adjust::parse(name).with_context(|| {
+                    format!(
+                        "--adjust: unknown policy `{name}` (use {})",
+                        Adjust::NAMES.join(", ")
+                    )
+                })?,
             };
             SMethod::OkTopk {
                 reeval: a.reeval,
@@ -407,9 +415,8 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
         SMethod::Threshold(t) if a.method == MethodArg::Threshold => {
             meta.set("threshold", t);
         }
-        SMethod::OkTopk { reeval, .. } => {
-            meta.set("reeval", reeval)
-                .set("adjust", a.adjust.as_deref().unwrap_or("none"));
+        SMethod::OkTopk { reeval, adjust } => {
+            meta.set("reeval", reeval).set("adjust", adjust.label());
         }
         SMethod::Dgc { sample } => {
             meta.set("sample", sample);

@@ -262,6 +262,9 @@ fn oktopk_reeval_from_recorded_thresholds() {
         "20",
         "--reeval",
         "4",
+        // The paper's plain reuse (the default is the ladder since --adjust got policies).
+        "--adjust",
+        "paper",
         "--no-residual",
         &d.f("t.parquet"),
         "-o",

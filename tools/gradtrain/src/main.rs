@@ -97,6 +97,10 @@ struct Cli {
     /// Ok-Topk: threshold re-evaluation period τ'
     #[arg(long, default_value_t = 32)]
     reeval: u32,
+    /// Ok-Topk: threshold reuse between re-evaluations: ladder (default), paper (Algorithm 1:
+    /// unchanged), reference (the authors' ×1.03 loop and bands; vgg, lstm, bert pick the bands)
+    #[arg(long, value_name = "POLICY", value_parser = clap::builder::PossibleValuesParser::new(gradkit_train::train::Adjust::NAMES))]
+    adjust: Option<String>,
     /// Training steps
     #[arg(long, default_value_t = 200)]
     steps: u32,
@@ -221,6 +225,11 @@ fn config(a: &Cli) -> TrainConfig {
         dense_warmup: a.dense_warmup,
         period: a.period,
         reeval: a.reeval,
+        adjust: a
+            .adjust
+            .as_deref()
+            .and_then(gradkit_train::train::Adjust::parse)
+            .unwrap_or_default(),
         opt: OptConfig {
             name: a.optimizer.clone(),
             momentum: a.momentum,
@@ -325,6 +334,12 @@ fn limit_threads(ranks: Option<usize>) {
 /// The library's configuration check, and the flags the tool refuses rather than ignores.
 fn check_flags(a: &Cli) -> anyhow::Result<()> {
     gradkit_train::train::check_config(&config(a))?;
+    if a.adjust.is_some() && a.exchange != "oktopk" {
+        anyhow::bail!(
+            "--adjust applies to --exchange oktopk only, not `{}` (it would be ignored) (flag --adjust)",
+            a.exchange
+        );
+    }
     if (a.momentum != 0.0 || a.nesterov) && a.optimizer != "sgd" {
         anyhow::bail!(
             "--momentum and --nesterov apply to --optimizer sgd only, not `{}` (it uses --beta1) (flag --momentum)",

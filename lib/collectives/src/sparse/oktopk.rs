@@ -1,11 +1,13 @@
 //! Ok-Topk's O(k) sparse allreduce (Li & Hoefler, PPoPP'22, Algorithm 1; oktopk.md §1).
 //!
 //! One step on rank r, with a call counter c = 0, 1, 2, … (c plays Algorithm 1's t − 1):
-//! 1. Local selection (dense input only): on re-evaluation calls (c mod τ' = 0) the exact
-//!    local top-k of `acc = residual + g` and its k-th largest |acc| as the local threshold;
-//!    in between `{j : |acc_j| > local_th}` with the threshold reused (§3.1.3), raised ×1.03
-//!    up to 5 times while more than 4k/3 pass (reference code) and re-evaluated locally when
-//!    more than 2k still pass (our guard against error-feedback growth).
+//! 1. Local selection (dense input only), by the one implementation of the local threshold
+//!    reuse, `gradkit_sparsify::oktopk::OkTopk`: on re-evaluation calls (c mod τ' = 0) the
+//!    exact local top-k of `acc = residual + g` and its k-th largest |acc| as the local
+//!    threshold; in between `{j : |acc_j| > local_th}` with the threshold reused (§3.1.3) and
+//!    adjusted as `Params::adjust` says (`paper`: unchanged; `reference`: the authors' ×1.03
+//!    loop and count bands; `ladder`, the default: the rung of a ×1.06 ladder whose own count
+//!    is closest to k with at most 4k/3 passing, no message).
 //!    Sparse input (`gradselect`'s selection) is used as it is.
 //! 2. [`space_repartition`] every τ calls (`--period`), or regions from a `plan/1`
 //!    (`gradpartition --method oktopk`): each rank's P−1 equal-count cut points of its sorted
@@ -18,10 +20,12 @@
 //! 4. On re-evaluation calls, [`th_re_evaluate`]: allgatherv of all reduced non-zeros, the
 //!    exact top-k of them is the result and its k-th largest |value| the global threshold
 //!    (as the reference code does, Step D is skipped on these calls).
-//!    Otherwise the reused global threshold is first adjusted collectively ([`th_adjust`]:
-//!    every rank counts its reduced entries above a ladder of candidate thresholds around it,
-//!    one integer allreduce sums the counts, every rank picks the same rung so that the global
-//!    count stays in a band around k), then each rank keeps
+//!    Otherwise the reused global threshold, with `--adjust ladder` (the default), is first
+//!    adjusted collectively ([`th_adjust`]: every rank counts its reduced entries above a
+//!    ladder of candidate thresholds around it, one integer allreduce (phase `th_adjust`) sums
+//!    the counts, every rank picks the same rung so that the global count stays in a band
+//!    around k); `paper` reuses it unchanged; `reference` nudges it after the step from the
+//!    global count with the preset's global bands (no message). Then each rank keeps
 //!    `{j ∈ region r : |reduced_j| > global_th}` and
 //!    [`balance_and_allgatherv`] (Step D) moves the buffers to near-equal sizes when the
 //!    largest exceeds 4× the average (`--balance auto`; `always`, `never`), then allgathers.
@@ -31,11 +35,11 @@
 //! Departures from the reference code (anchors.md §4): indices are `u32` messages, never
 //! floats; P = 1 and empty selections work (P = 1: no messages, the result is the local
 //! selection's top-k / threshold pass); balancing is implemented; the allgathers are rings
-//! (same volume as the paper's recursive doubling, P−1 instead of log P messages); of the
-//! reference code's count-band nudges only the local ×1.03 loop is applied (plus the 2k guard);
-//! instead of the reference code's per-step global nudges (÷1.01 below 2k/3, ×1.008 above 4k/3,
-//! applied *after* the step has already moved the over-full buffers), the global threshold is
-//! adjusted before Step D with [`th_adjust`], which keeps the step's own global count ≤ 4k/3
+//! (same volume as the paper's recursive doubling, P−1 instead of log P messages); the
+//! policies of the threshold reuse are selectable (`--adjust paper|reference|ladder`,
+//! docs/ALGORITHMS.md); the default `ladder` adjusts the global threshold before Step D with
+//! [`th_adjust`] (instead of the reference code's per-step nudges, applied *after* the step
+//! has already moved the over-full buffers), which keeps the step's own global count ≤ 4k/3
 //! and so Table 1's 6k(P−1)/P volume bound under error feedback.
 
 use std::time::Instant;
@@ -45,12 +49,11 @@ use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::{Layout, Sparse};
 use gradkit_core::PlanRow;
 use gradkit_partition::oktopk::{cut_points, region};
-use gradkit_sparsify::threshold;
+use gradkit_sparsify::oktopk::{Adjust, OkTopk as LocalReuse};
 
 use super::{
     allgatherv_sparse, allreduce_sum_u64, check_plan_workers, concat, exact_threshold,
-    exchange_sparse, flat_range, gather, intersect, k_of, output, plan_at, select_topk,
-    topk_sparse, Feedback,
+    exchange_sparse, flat_range, intersect, k_of, output, plan_at, topk_sparse, Feedback,
 };
 use crate::registry::Balance;
 use crate::{Flat, Params, Reducer, StepOutput};
@@ -152,54 +155,12 @@ pub fn th_re_evaluate(comm: &dyn Comm, reduced: Sparse, k: usize) -> (Sparse, f3
     (topk_sparse(&all, k), th)
 }
 
-/// Ratio between neighbouring rungs of [`th_adjust`]'s ladder.
-pub const TH_LADDER_STEP: f64 = 1.06;
-/// Rungs above the reused threshold (1.06^24 ≈ 4.05×).
-pub const TH_LADDER_UP: i32 = 24;
-/// Rungs below it (1.06^−12 ≈ 0.50×).
-pub const TH_LADDER_DOWN: i32 = 12;
-/// At most this many ladder rounds per step (a round re-centres the ladder on its top or
-/// bottom rung when the band was not reached: up to 4.05^4 ≈ 270× per step).
-pub const TH_ADJUST_ROUNDS: u32 = 4;
-/// Counts summed per round: one per rung plus the count of all reduced non-zeros.
-pub const TH_ADJUST_COUNTS: usize = (TH_LADDER_DOWN + TH_LADDER_UP + 2) as usize;
-
-/// The ladder around `th`: rung i (i = 0 … D+U) is `th·1.06^(i−D)`, computed in f64 and
-/// rounded to f32 (the same bits on every rank); rung D is `th` itself.
-pub fn th_ladder(th: f32) -> Vec<f32> {
-    (-TH_LADDER_DOWN..=TH_LADDER_UP)
-        .map(|j| (th as f64 * TH_LADDER_STEP.powi(j)) as f32)
-        .collect()
-}
-
-/// What one ladder round decided from the global counts `counts[i]` = #{|v| > rung i}
-/// (non-increasing in i) and `all` = # reduced non-zeros.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rung {
-    /// Use rung i.
-    Take(usize),
-    /// Re-centre the ladder on rung i and count again (band not reached inside the ladder).
-    Recentre(usize),
-}
-
-/// The rule of [`th_adjust`] for one round, band [2k/3, 4k/3] (the reference code's VGG
-/// global band, anchors.md §4): among the rungs whose global count is ≤ 4k/3, the one whose
-/// count is closest to k (ties to the higher threshold). When no rung is ≤ 4k/3 the ladder
-/// re-centres on its top rung; when the pick is the bottom rung, its count is < 2k/3 and
-/// lowering could still add entries (`all` > that count), it re-centres on the bottom rung.
-/// Re-centring only happens while `last` is false (the final round takes the best rung it has).
-pub fn pick_rung(counts: &[u64], all: u64, k: u64, last: bool) -> Rung {
-    let top = counts.len() - 1;
-    let pick = (0..counts.len())
-        .filter(|&i| 3 * counts[i] <= 4 * k)
-        .min_by_key(|&i| (counts[i].abs_diff(k), std::cmp::Reverse(i)));
-    match pick {
-        None if last => Rung::Take(top),
-        None => Rung::Recentre(top),
-        Some(0) if !last && 3 * counts[0] < 2 * k && all > counts[0] => Rung::Recentre(0),
-        Some(i) => Rung::Take(i),
-    }
-}
+/// The ladder and its rule live with the local threshold reuse in `gradkit_sparsify::oktopk`
+/// (one implementation, used locally by [`Adjust::Ladder`] and globally by [`th_adjust`]).
+pub use gradkit_sparsify::oktopk::{
+    pick_rung, th_ladder, Rung, TH_ADJUST_COUNTS, TH_ADJUST_ROUNDS, TH_LADDER_DOWN, TH_LADDER_STEP,
+    TH_LADDER_UP,
+};
 
 /// Collective count-band adjustment of a reused global threshold (reuse steps, before Step D).
 /// Each rank counts its reduced entries with |v| > rung for every rung of [`th_ladder`]`(th)`
@@ -334,34 +295,16 @@ pub fn plan_bounds(layout: &Layout, rows: &[&PlanRow], p: usize, n: u64) -> Resu
         .collect())
 }
 
-/// Local selection with a reused threshold (§3.1.3) and the reference code's guard: while
-/// more than 4k/3 entries pass, the threshold is raised ×1.03 (at most 5 times); if more than
-/// 2k still pass (error feedback makes the accumulator grow right after the first steps),
-/// the threshold is re-evaluated exactly (local, no communication). Returns the selection and
-/// the threshold in force.
-fn reuse_local(acc: &[f32], th: f32, k: usize) -> (Vec<u32>, f32) {
-    let mut th = th;
-    let mut idx = threshold::above(acc, th);
-    let mut tries = 0;
-    while idx.len() * 3 > 4 * k && tries < 5 {
-        th *= 1.03;
-        idx = threshold::above(acc, th);
-        tries += 1;
-    }
-    if idx.len() > 2 * k {
-        th = exact_threshold(acc, k);
-        idx = threshold::above(acc, th);
-    }
-    (idx, th)
-}
-
 /// `--algo oktopk`: Algorithm 1 with its state across steps (boundaries, thresholds,
-/// residual). Reads `k`/`density`, `period` τ, `reeval` τ', `balance`, `plan`, `residual`.
+/// residual). Reads `k`/`density`, `period` τ, `reeval` τ', `adjust`, `balance`, `plan`,
+/// `residual`.
 pub struct OkTopk {
     params: Params,
     fb: Feedback,
     calls: u64,
     bounds: Option<Vec<u64>>,
+    /// The local threshold reuse (gradkit_sparsify::oktopk, the one implementation).
+    local: LocalReuse,
     local_th: Option<f32>,
     global_th: Option<f32>,
 }
@@ -375,6 +318,7 @@ impl OkTopk {
             fb: Feedback::new(params.residual),
             calls: 0,
             bounds: None,
+            local: LocalReuse::new(params.reeval, params.adjust),
             local_th: None,
             global_th: None,
         })
@@ -415,18 +359,13 @@ impl Reducer for OkTopk {
             Flat::Sparse(s) => (s, None),
             Flat::Dense(g) => {
                 let acc = self.fb.accumulate(g);
-                let idx = match self.local_th {
-                    Some(th) if !reeval => {
-                        let (idx, th) = reuse_local(&acc, th, k);
-                        self.local_th = Some(th);
-                        idx
-                    }
-                    _ => {
-                        self.local_th = Some(exact_threshold(&acc, k));
-                        select_topk(&acc, k)
-                    }
+                let (st, values) = self.local.select_values_at(reeval, &acc, k);
+                self.local_th = st.threshold;
+                let sel = Sparse {
+                    indices: st.indices,
+                    values,
                 };
-                (gather(&acc, idx), Some(acc))
+                (sel, Some(acc))
             }
         };
         metrics.push(("time_select_s".into(), super::secs(t)));
@@ -463,16 +402,23 @@ impl Reducer for OkTopk {
             (res, false)
         } else {
             let th = self.global_th.expect("threshold from the first call");
-            let (th, before, rounds) = {
-                let _ph = comm.phase("th_adjust");
-                th_adjust(comm, &reduced.values, th, k)
+            let th = match self.params.adjust {
+                Adjust::Ladder => {
+                    let (th, before, rounds) = {
+                        let _ph = comm.phase("th_adjust");
+                        th_adjust(comm, &reduced.values, th, k)
+                    };
+                    if let Some(b) = before {
+                        metrics.push(("global_count_reused_th".into(), b as f64));
+                    }
+                    metrics.push(("th_adjust_rounds".into(), f64::from(rounds)));
+                    th
+                }
+                // Algorithm 1 line 13 as written; the reference code nudges th after the step.
+                Adjust::Paper | Adjust::Reference(_) => th,
             };
-            // The adjusted threshold is the step's and carries over to the next reuse step.
+            // The threshold in force this step; it carries over to the next reuse step.
             self.global_th = Some(th);
-            if let Some(b) = before {
-                metrics.push(("global_count_reused_th".into(), b as f64));
-            }
-            metrics.push(("th_adjust_rounds".into(), f64::from(rounds)));
             let keep: Vec<usize> = (0..reduced.len())
                 .filter(|&i| reduced.values[i].abs() > th)
                 .collect();
@@ -487,6 +433,11 @@ impl Reducer for OkTopk {
             "global_threshold".into(),
             self.global_th.unwrap_or(0.0) as f64,
         ));
+        if let (Adjust::Reference(b), Some(th)) = (self.params.adjust, self.global_th) {
+            // The reference code's global count bands, for the next step (no message: every
+            // rank has the same result).
+            self.global_th = Some(b.nudge_global(th, result.len(), k));
+        }
         metrics.push(("reevaluated".into(), f64::from(u8::from(reeval))));
         metrics.push(("repartitioned".into(), f64::from(u8::from(repartitioned))));
         metrics.push(("balanced".into(), f64::from(u8::from(balanced))));
