@@ -1,9 +1,7 @@
 //! Never destroy data: gradpartition refuses an output that names its input or another
 //! output, before reading anything (issue 13, item 4).
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 
 use gradkit_core::io::{Meta, Output};
 use gradkit_core::write_table;
@@ -11,37 +9,9 @@ use gradkit_core::TensorRow;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gradpartition");
 
-/// Every file of `dir` with its bytes.
-fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_file())
-        .map(|p| {
-            let b = std::fs::read(&p).unwrap();
-            (p, b)
-        })
-        .collect()
-}
-
 /// Runs the tool in `dir`: exit 1, one `error:` line naming `flags`, nothing changed.
 fn refused(dir: &Path, args: &[&str], flags: &[&str]) {
-    let before = snapshot(dir);
-    let out = Command::new(BIN)
-        .current_dir(dir)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
-    let lines: Vec<&str> = err.lines().collect();
-    assert_eq!(lines.len(), 1, "{args:?}: {err}");
-    assert!(lines[0].starts_with("error: "), "{err}");
-    for f in flags {
-        assert!(lines[0].contains(f), "{args:?}: `{f}` not named in {err}");
-    }
-    assert_eq!(snapshot(dir), before, "{args:?} changed the directory");
+    gradkit_testkit::cli::refused(BIN, dir, args, flags);
 }
 
 #[test]

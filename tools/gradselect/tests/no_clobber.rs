@@ -1,8 +1,7 @@
 //! Never destroy data: an output that names an input (or another output), by any path, is
 //! refused before anything is read or written (issue 13, item 4).
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use gradkit_core::io::{Meta, Output};
@@ -31,37 +30,9 @@ fn trace(path: &Path) {
     write_table(&Output::Path(path.into()), &Meta::default(), &rows).unwrap();
 }
 
-/// Every file of `dir` with its bytes.
-fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_file())
-        .map(|p| {
-            let b = std::fs::read(&p).unwrap();
-            (p, b)
-        })
-        .collect()
-}
-
-/// Runs gradselect in `dir`; asserts exit 1, one `error:` line naming `flags`, and that no file
-/// of `dir` changed and none appeared.
+/// Runs the tool in `dir`: exit 1, one `error:` line naming `flags`, nothing changed.
 fn refused(dir: &Path, args: &[&str], flags: &[&str]) {
-    let before = snapshot(dir);
-    let out = Command::new(BIN)
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
-    let lines: Vec<&str> = err.lines().collect();
-    assert_eq!(lines.len(), 1, "{args:?}: {err}");
-    assert!(lines[0].starts_with("error: "), "{err}");
-    for f in flags {
-        assert!(lines[0].contains(f), "{args:?}: `{f}` not named in {err}");
-    }
-    assert_eq!(snapshot(dir), before, "{args:?} changed the directory");
+    gradkit_testkit::cli::refused(BIN, dir, args, flags);
 }
 
 const SEL: [&str; 4] = ["--method", "topk", "--density", "0.1"];

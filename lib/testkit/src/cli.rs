@@ -1,0 +1,49 @@
+//! Running a tool's binary in a directory and checking what it did there.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// Every regular file of `dir` with its bytes.
+pub fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .map(|p| {
+            let b = std::fs::read(&p).unwrap();
+            (p, b)
+        })
+        .collect()
+}
+
+/// Runs `bin args…` in `dir` with stdin closed and asserts it refused as gradkit refuses a
+/// runtime mistake: exit 1, exactly one `error:` line that names every string of `names`,
+/// and not one byte of the directory changed.
+pub fn refused(bin: &str, dir: &Path, args: &[&str], names: &[&str]) {
+    let before = snapshot(dir);
+    let out = Command::new(bin)
+        .current_dir(dir)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{args:?}: {err}");
+    assert!(lines[0].starts_with("error: "), "{err}");
+    for f in names {
+        assert!(lines[0].contains(f), "{args:?}: `{f}` not named in {err}");
+    }
+    assert_eq!(snapshot(dir), before, "{args:?} changed the directory");
+}
+
+/// Runs `bin args…`: its exit code (-1 when killed by a signal) and its stderr.
+pub fn run(bin: &str, args: &[&str]) -> (i32, String) {
+    let o = Command::new(bin).args(args).output().unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
