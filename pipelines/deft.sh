@@ -17,22 +17,38 @@ echo
 echo "Trace: \`gradtrace synthetic $SHAPE --steps $STEPS --overlap 0.2\` with P ranks. Top-k: every"
 echo "rank selects k of the whole model (\`gradselect --method topk\`); DEFT: every rank selects only"
 echo "in the pieces the rotating leader's bin-packing gives it (\`gradselect --method deft\`)."
-echo "Build-up = |union of the ranks' selections| / k (\`gradpartition --method deft\` metrics);"
-echo "the paper reports 5–14× for Top-k and none for DEFT."
+echo "Build-up = |union of the ranks' selections| / k (\`gradpartition --method deft\` metrics), counted"
+echo "from the selected indices: each worker selects in its pieces with the k_x of its *own* norms"
+echo "(DEFT Alg. 3 runs on every worker), so DEFT's is near 1 but not 1 by construction."
+echo "The paper reports 5–14× for Top-k and none for DEFT."
 echo
 for P in $PS; do
   run $B/gradtrace synthetic $SHAPE --ranks $P --steps $STEPS --seed 3 --overlap 0.2 -q -o trace-P$P.parquet
   run $B/gradselect --method topk --density $D -q --run topk trace-P$P.parquet -o sel-topk-P$P.parquet --metrics sel-topk-P$P.parquet.m
   run $B/gradselect --method deft --density $D -q --run deft trace-P$P.parquet -o sel-deft-P$P.parquet --metrics sel-deft-P$P.parquet.m
-  run $B/gradpartition --method deft --density $D -q --run plan trace-P$P.parquet -o plan-P$P.parquet --metrics part-P$P.parquet
+  # one thread, so that each selection is timed alone on one core (the measured speedup)
+  run env RAYON_NUM_THREADS=1 $B/gradpartition --method deft --density $D -q --run plan trace-P$P.parquet -o plan-P$P.parquet --metrics part-P$P.parquet
 done
 echo "Selection time per rank and step (median, seconds) and selected entries per rank:"
 echo
 run $B/gradreport table sel-*.m --by run,world_size --metric time_select_s,nnz,k_target
 echo
-echo "Gradient build-up (union of all ranks' selections / k) and DEFT's load balance:"
+echo "Gradient build-up (union of all ranks' selections / k) and DEFT's load balance."
+echo "\`selection_speedup_predicted\` is the cost model (Eq. 6: n·log2 k / max_i C_i), not a"
+echo "measurement; \`selection_speedup_measured\` is the wall time of one exact top-k over a rank's"
+echo "whole accumulator divided by the slowest worker's layer-wise top-k over its own pieces, each"
+echo "timed alone on one core (\`RAYON_NUM_THREADS=1\`). They differ because gradkit's exact top-k"
+echo "costs about two streaming passes over its input, not n·log k: a worker's time follows the"
+echo "elements it searches (at least n/P, more when the bins are unbalanced) plus a fixed cost per"
+echo "piece, and the smaller log2 k_x the model credits it with saves nothing, so the measured"
+echo "speedup stays below P while the predicted one exceeds P. Times are medians over steps on a"
+echo "shared machine; the ranges show their spread."
 echo
-run $B/gradreport table part-*.parquet --by world_size --metric buildup_topk,buildup_deft,cost_imbalance,selection_speedup --stat median
+run $B/gradreport table part-*.parquet --by world_size --metric buildup_topk,buildup_deft,cost_imbalance,selection_speedup_predicted,selection_speedup_measured --stat median
+echo
+echo "Selection times behind the measured speedup (median over steps, seconds):"
+echo
+run $B/gradreport table part-*.parquet --by world_size --metric time_select_topk_s,time_select_deft_max_s --stat median
 echo
 echo "### Loss curves: MLP on the UCI digits, 4 ranks, $TRAIN_STEPS steps, density 2 %"
 echo
@@ -49,5 +65,5 @@ echo
 echo "Figure: data/out/deft/loss.svg."
 } > section.md
 section deft section.md
-expect section.md "^\| deft +\| +2 \|" "^\| topk +\| +8 \|" "buildup_topk" "^\| +8 \| [0-9.]+ \(" "^\| dense +\| +0\.[0-9]+ \|" "^\| deft +\| +0\.[0-9]+ \|"
+expect section.md "^\| deft +\| +2 \|" "^\| topk +\| +8 \|" "buildup_topk" "selection_speedup_predicted +\| selection_speedup_measured" "time_select_deft_max_s" "^\| +8 \| [0-9.]+ \(" "^\| dense +\| +0\.[0-9]+ \|" "^\| deft +\| +0\.[0-9]+ \|"
 cat section.md

@@ -267,35 +267,49 @@ pub fn plan_rows(
         .collect()
 }
 
-/// DEFT's plan for one step, with what the leader decided and what it costs.
+/// DEFT's plan for one step, with what the leader decided, what each worker then selected
+/// with its own k_x, and what it cost.
 #[derive(Clone, Debug)]
 pub struct DeftStep {
     pub step: u32,
     /// The trace rank whose accumulator set the norms (`step mod P`, then mod the trace's ranks).
     pub leader: usize,
+    /// `plan/1` rows; each row's k is the leader's k_x (what the broadcast plan carries).
     pub rows: Vec<PlanRow>,
     /// k_x of each piece (the leader's).
     pub ks: Vec<u64>,
     /// Bin of each piece.
     pub bins: Vec<usize>,
-    /// Cost load of each worker (Eq. 4), indexed by worker.
+    /// Cost load of each worker (Eq. 4, with the leader's k_x, as the bin-packing saw it),
+    /// indexed by worker.
     pub loads: Vec<f64>,
-    /// k and elements assigned to each worker.
+    /// The leader's Σk_x over each worker's pieces, and the elements of those pieces.
     pub worker_k: Vec<u64>,
     pub worker_elements: Vec<u64>,
-    /// Size of the union of all workers' DEFT selections (disjoint: Σ k_x).
+    /// Indices each worker actually selected: in its own pieces, with the k_x its *own*
+    /// accumulator's norms give (deft.md §1.2: "each worker runs this locally on its own acc").
+    pub worker_selected: Vec<u64>,
+    /// Wall time of each worker's layer-wise top-k over its own pieces (Alg. 5), seconds.
+    pub worker_select_s: Vec<f64>,
+    /// Size of the union of all workers' DEFT selections, counted from the indices
+    /// (|∪_w selection_w|). The pieces are disjoint, so this is Σ worker_selected, which is
+    /// ≈ k but not k: each worker's k_x come from its own norms.
     pub union_deft: u64,
     /// Size of the union of all ranks' plain top-k selections on the same accumulators
     /// (`None` when not asked for).
     pub union_topk: Option<u64>,
+    /// Mean wall time of one plain top-k over a rank's whole accumulator, seconds
+    /// (`None` when the build-up comparison was not asked for).
+    pub topk_select_s: Option<f64>,
 }
 
 /// A selection function: indices of the k largest |x| of a slice, any order.
 pub type Select<'a> = &'a (dyn Fn(&[f32], usize) -> Vec<u32> + Sync);
 
 /// DEFT over a trace (deft.md §1.0, §1.7): per-rank error feedback (`acc = residual + grad`),
-/// the rotating leader's plan, each worker's layer-wise top-k in its own pieces (Alg. 5), and
-/// the residual update (`acc[idx] = 0` on every rank for the union of the selections).
+/// the rotating leader's plan, each worker's layer-wise top-k in its own pieces with its own
+/// norm-derived k_x (Alg. 3 and 5), and the residual update
+/// (`acc[idx] = 0` on every rank for the union of the selections).
 pub struct DeftPlanner {
     pub layout: Layout,
     pub pieces: Vec<Piece>,
@@ -322,8 +336,12 @@ impl DeftPlanner {
     }
 
     /// Plans one step from every trace rank's flat gradient. Worker w searches with trace rank
-    /// `w mod R`'s accumulator. `select` picks the top-k of a slice; with `buildup`, plain
-    /// top-k over each rank's whole accumulator is also run to measure the union it would send.
+    /// `w mod R`'s accumulator. The leader's norms give the k_x the bin-packing balances
+    /// (and the rows carry); every worker then allocates k over the pieces from its *own*
+    /// accumulator's norms and selects its own k_x in its pieces, as in the paper and in the
+    /// DEFT collective (deft.md §1.2, §1.7), so the union's size is measured, not assumed.
+    /// `select` picks the top-k of a slice; with `buildup`, plain top-k over each rank's whole
+    /// accumulator is also run (and timed) to measure the union it would send.
     pub fn step(
         &mut self,
         step: u32,
@@ -343,39 +361,67 @@ impl DeftPlanner {
         }
         let p = self.p;
         let leader = (step as usize % p) % r;
-        let norms = piece_norms(&self.layout, &self.pieces, &self.acc[leader]);
-        let ks = allocate_k(&self.pieces, &norms, self.k, self.topup);
+        // Each trace rank's own allocation (one norm pass per rank).
+        let rank_ks: Vec<Vec<u64>> = self
+            .acc
+            .iter()
+            .map(|a| {
+                let norms = piece_norms(&self.layout, &self.pieces, a);
+                allocate_k(&self.pieces, &norms, self.k, self.topup)
+            })
+            .collect();
+        let ks = rank_ks[leader].clone();
         let bins = bin_pack(&self.pieces, &ks, p);
         let rows = plan_rows(&self.layout, &self.pieces, &ks, &bins, p, step);
         let mut loads = vec![0.0; p];
         let mut worker_k = vec![0u64; p];
         let mut worker_elements = vec![0u64; p];
-        let mut chosen: Vec<u32> = Vec::new();
+        let mut worker_selected = vec![0u64; p];
+        let mut worker_select_s = vec![0.0f64; p];
+        let mut mine: Vec<Vec<usize>> = vec![Vec::new(); p];
         for (x, pc) in self.pieces.iter().enumerate() {
             let w = worker_of_bin(bins[x], step, p);
             loads[w] += cost(pc.size(), ks[x]);
             worker_k[w] += ks[x];
             worker_elements[w] += pc.size();
-            let range = pc.flat_range(&self.layout);
-            let base = range.start as u32;
-            let acc = &self.acc[w % r];
-            chosen.extend(
-                select(&acc[range], ks[x] as usize)
-                    .into_iter()
-                    .map(|i| i + base),
-            );
+            mine[w].push(x);
         }
+        let mut chosen: Vec<u32> = Vec::new();
+        for (w, xs) in mine.iter().enumerate() {
+            let acc = &self.acc[w % r];
+            let own = &rank_ks[w % r];
+            let t = std::time::Instant::now();
+            let before = chosen.len();
+            for &x in xs {
+                let range = self.pieces[x].flat_range(&self.layout);
+                let base = range.start as u32;
+                chosen.extend(
+                    select(&acc[range], own[x] as usize)
+                        .into_iter()
+                        .map(|i| i + base),
+                );
+            }
+            worker_select_s[w] = t.elapsed().as_secs_f64();
+            worker_selected[w] = (chosen.len() - before) as u64;
+        }
+        chosen.sort_unstable();
+        chosen.dedup();
         let union_deft = chosen.len() as u64;
-        let union_topk = buildup.then(|| {
-            let mut all: Vec<u32> = self
-                .acc
-                .iter()
-                .flat_map(|a| select(a, self.k as usize))
-                .collect();
+        let (union_topk, topk_select_s) = if buildup && !self.acc.is_empty() {
+            let mut all: Vec<u32> = Vec::new();
+            let mut secs = 0.0;
+            for a in &self.acc {
+                let t = std::time::Instant::now();
+                let s = select(a, self.k as usize);
+                secs += t.elapsed().as_secs_f64();
+                all.extend(s);
+            }
             all.sort_unstable();
             all.dedup();
-            all.len() as u64
-        });
+            (Some(all.len() as u64), Some(secs / self.acc.len() as f64))
+        } else {
+            (None, None)
+        };
         if self.residual {
             for a in &mut self.acc {
                 for &i in &chosen {
@@ -392,8 +438,11 @@ impl DeftPlanner {
             loads,
             worker_k,
             worker_elements,
+            worker_selected,
+            worker_select_s,
             union_deft,
             union_topk,
+            topk_select_s,
         }
     }
 }
