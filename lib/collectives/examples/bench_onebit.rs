@@ -7,7 +7,10 @@
 //!
 //! 1. 1-bit vs fp32 ring vs native allreduce on a 64 MiB buffer, P = 4 Local ranks: bytes
 //!    sent per rank and time per call (median over `iters`, after one warm-up call).
-//! 2. Pack / unpack throughput, one thread, GB/s of f32 data.
+//! 2. Pack / unpack throughput, one thread, GB/s of f32 data; the worker compressor
+//!    (`x + e` → scale, signs, new error) as a multiple of one streaming pass (Σ|x|) over
+//!    the same buffer, against the pre-issue-19 kernel kept here as `legacy_compress`
+//!    (checked bit-identical first); medians of interleaved rounds.
 //! 3. EmbRace on a Zipf token batch (vocab 100k, d 512, P = 4 and 8): bytes per rank of
 //!    AlltoAll-columns vs AlltoAll-rows vs AllGather vs dense allreduce, and the per-rank load
 //!    imbalance (max/mean of bytes received by the owners) of the row vs the column split.
@@ -16,7 +19,8 @@ use std::time::Instant;
 
 use gradkit_collectives::alltoall::{embedding_forward, exchange, slice, sparse_allgather, Rows};
 use gradkit_collectives::onebit::{
-    compress_into, pack_signs, rms, unpack_accumulate, unpack_scaled, OneBitState, Variant,
+    compress_into, compress_with_feedback, pack_signs, rms, unpack_accumulate, unpack_scaled,
+    OneBitState, Variant,
 };
 use gradkit_collectives::registry::Split;
 use gradkit_comm::{run_local, Comm, World};
@@ -45,8 +49,15 @@ fn gb(bytes: usize, secs: f64) -> f64 {
 }
 
 /// One allreduce per iteration on every rank; returns (bytes sent per rank per call,
-/// median seconds per call measured on rank 0 between barriers).
-fn time_allreduce(world: &World, n: usize, iters: usize, algo: &str) -> (u64, f64) {
+/// median seconds per call measured on rank 0 between barriers, rank 0's median seconds per
+/// phase, minor page faults per timed call of rank 0's whole process — all Local ranks
+/// together, one rank under mpirun).
+fn time_allreduce(
+    world: &World,
+    n: usize,
+    iters: usize,
+    algo: &str,
+) -> (u64, f64, Vec<(String, f64)>, f64) {
     let p = world.size();
     let res = world
         .run(|comm| {
@@ -54,20 +65,33 @@ fn time_allreduce(world: &World, n: usize, iters: usize, algo: &str) -> (u64, f6
             let mut data: Vec<f32> = (0..n).map(|_| (g.unit() - 0.5) as f32).collect();
             let mut st = OneBitState::new(Variant::Server, p, n);
             let mut times = Vec::new();
+            let mut phases: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
             let mut sent = 0;
+            let mut faults = 0;
+            // The ring's message buffer, kept across calls as `DenseReducer` keeps it.
+            let mut ring_scratch = Vec::new();
             for it in 0..=iters {
                 comm.traffic().reset();
                 comm.barrier();
+                let f0 = minor_faults();
                 let t = Instant::now();
                 match algo {
                     "onebit" => st.allreduce(comm, &mut data)?,
-                    "ring" => gradkit_collectives::dense::ring(comm, &mut data),
+                    "ring" => gradkit_collectives::dense::ring_with_scratch(
+                        comm,
+                        &mut data,
+                        &mut ring_scratch,
+                    ),
                     "native" => gradkit_collectives::dense::native(comm, &mut data),
                     _ => unreachable!(),
                 }
                 comm.barrier();
                 if it > 0 {
                     times.push(t.elapsed().as_secs_f64());
+                    faults += minor_faults() - f0;
+                    for (k, c) in comm.traffic().snapshot() {
+                        phases.entry(k).or_default().push(c.seconds);
+                    }
                 }
                 sent = comm.traffic().total().bytes_sent;
                 // Keep magnitudes bounded across iterations (ring sums grow by P each call).
@@ -76,58 +100,213 @@ fn time_allreduce(world: &World, n: usize, iters: usize, algo: &str) -> (u64, f6
                     data.iter_mut().for_each(|v| *v *= inv);
                 }
             }
-            Ok((sent, median(times)))
+            let phases = phases.into_iter().map(|(k, v)| (k, median(v))).collect();
+            Ok((sent, median(times), phases, faults as f64 / iters as f64))
         })
         .expect("bench run");
-    res[0]
+    res.into_iter().next().expect("rank 0")
+}
+
+/// Minor page faults of this process so far (`/proc/self/stat` field 10; 0 elsewhere).
+fn minor_faults() -> u64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            let rest = &s[s.rfind(')')? + 1..];
+            rest.split_whitespace().nth(7)?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
+/// Σ|x| with eight f32 lanes: one streaming read of the buffer (the reference pass).
+fn sum_abs(x: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let mut it = x.chunks_exact(8);
+    for c in &mut it {
+        for j in 0..8 {
+            lanes[j] += c[j].abs();
+        }
+    }
+    lanes.iter().sum::<f32>() + it.remainder().iter().map(|v| v.abs()).sum::<f32>()
+}
+
+/// The worker compressor as it was before issue 19 (`OneBitState::worker_compress`): pass 1
+/// `e += x` with the f64 sum of squares, pass 2 a scalar pack + feedback over `e`.
+fn legacy_compress(data: &[f32], e: &mut [f32], bits: &mut [u8]) -> f32 {
+    let mut lanes = [0f64; 8];
+    let (head, tail) = e.split_at_mut(data.len() / 8 * 8);
+    for (c, x) in head.chunks_exact_mut(8).zip(data.chunks_exact(8)) {
+        for j in 0..8 {
+            c[j] += x[j];
+            lanes[j] += c[j] as f64 * c[j] as f64;
+        }
+    }
+    let mut ss: f64 = lanes.iter().sum();
+    for (k, v) in tail.iter_mut().enumerate() {
+        *v += data.get(head.len() + k).copied().unwrap_or(0.0);
+        ss += *v as f64 * *v as f64;
+    }
+    let s = (ss / e.len() as f64).sqrt() as f32;
+    for (c, byte) in e.chunks_exact_mut(8).zip(bits.iter_mut()) {
+        let mut b = 0u8;
+        for (j, v) in c.iter_mut().enumerate() {
+            let pos = *v >= 0.0;
+            b |= (pos as u8) << (7 - j);
+            *v -= if pos { s } else { -s };
+        }
+        *byte = b;
+    }
+    s
+}
+
+/// What a one-pass compressor could do if the worker error were kept *unsettled* across
+/// calls (`e` holds `c` of the last call, whose feedback `− s·sign` is applied while reading
+/// it in the next call): read `x`, `e`, the old bits; write `e`, the bits. Not used by the
+/// library: `OneBitState::worker_error` is public and read between calls (tests, training
+/// checkpoints), so it must hold the settled error. Measured here to size that change.
+fn lazy_compress(x: &[f32], e: &mut [f32], bits: &mut [u8], s_prev: f32) -> f32 {
+    let sb = s_prev.to_bits();
+    let mut lanes = [0f64; 8];
+    for ((ec, xc), b) in e
+        .chunks_exact_mut(8)
+        .zip(x.chunks_exact(8))
+        .zip(bits.iter_mut())
+    {
+        let old = *b;
+        let sv: [f32; 8] = std::array::from_fn(|j| {
+            f32::from_bits(sb ^ (((((old >> (7 - j)) & 1) ^ 1) as u32) << 31))
+        });
+        let mut c = [0f32; 8];
+        for j in 0..8 {
+            c[j] = (ec[j] - sv[j]) + xc[j];
+        }
+        ec.copy_from_slice(&c);
+        let mut nb = 0u32;
+        for j in 0..8 {
+            lanes[j] += c[j] as f64 * c[j] as f64;
+            nb |= ((c[j] >= 0.0) as u32) << (7 - j);
+        }
+        *b = nb as u8;
+    }
+    let ss: f64 = lanes.iter().sum();
+    (ss / e.len() as f64).sqrt() as f32
+}
+
+/// The new worker compressor against [`legacy_compress`], bit for bit, over a few steps
+/// (with padding, −0 and zero inputs mixed in).
+fn check_compress_identical() {
+    let mut g = Rng(77);
+    for &(n, npad) in &[
+        (8usize, 8usize),
+        (13, 64),
+        (1003, 1200),
+        (4099, 4160),
+        (1 << 16, 1 << 16),
+    ] {
+        let mut ea = vec![0f32; npad];
+        let mut eb = vec![0f32; npad];
+        let (mut ba, mut bb) = (vec![0u8; npad / 8], vec![0u8; npad / 8]);
+        for step in 0..4 {
+            let x: Vec<f32> = (0..n)
+                .map(|i| match (i + step) % 17 {
+                    0 => -0.0,
+                    1 => 0.0,
+                    _ => (g.unit() - 0.5) as f32,
+                })
+                .collect();
+            let sa = legacy_compress(&x, &mut ea, &mut ba);
+            let sb = compress_with_feedback(&x, &mut eb, &mut bb);
+            assert_eq!(sa.to_bits(), sb.to_bits(), "scale n={n} step {step}");
+            assert_eq!(ba, bb, "bits n={n} step {step}");
+            assert!(
+                ea.iter().zip(&eb).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "error n={n} step {step}"
+            );
+        }
+    }
 }
 
 fn bench_pack(n: usize) {
+    check_compress_identical();
     let mut g = Rng(9);
     let x: Vec<f32> = (0..n).map(|_| (g.unit() - 0.5) as f32).collect();
     let mut bits = vec![0u8; n / 8];
     let mut out = vec![0f32; n];
-    let reps = 5;
-    let best = |f: &mut dyn FnMut()| {
-        (0..reps)
-            .map(|_| {
-                let t = Instant::now();
-                f();
-                t.elapsed().as_secs_f64()
-            })
-            .fold(f64::INFINITY, f64::min)
-    };
-    let bytes = n * 4;
-    let t_rms = best(&mut || {
-        std::hint::black_box(rms(&x));
-    });
     let mut work = x.clone();
-    let t_comp = best(&mut || {
-        work.copy_from_slice(&x);
-        std::hint::black_box(compress_into(&mut work, &mut bits));
-    });
-    let t_copy = best(&mut || {
-        work.copy_from_slice(&x);
-    });
-    let t_pack = best(&mut || pack_signs(&x, &mut bits));
-    let t_unpack = best(&mut || unpack_scaled(&bits, 0.5, &mut out));
-    let t_acc = best(&mut || unpack_accumulate(&bits, 0.5, &mut out));
-    let t_memcpy = t_copy;
+    let mut e_old = vec![0f32; n];
+    let mut e_new = vec![0f32; n];
+    let mut e_lazy = vec![0f32; n];
+    let mut bits_lazy = vec![0xffu8; n / 8];
+    let mut s_lazy = 0f32;
+    let time = |f: &mut dyn FnMut()| {
+        let t = Instant::now();
+        f();
+        t.elapsed().as_secs_f64()
+    };
+    // Interleaved rounds: each kernel once per round, medians over rounds.
+    let rounds = 11;
+    let names = [
+        "stream", "memcpy", "rms", "legacy", "new", "inplace", "pack", "unpack", "acc", "lazy",
+    ];
+    let mut t: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
+    for _ in 0..rounds {
+        t[0].push(time(&mut || {
+            std::hint::black_box(sum_abs(std::hint::black_box(&x)));
+        }));
+        t[1].push(time(&mut || work.copy_from_slice(&x)));
+        t[2].push(time(&mut || {
+            std::hint::black_box(rms(&x));
+        }));
+        t[3].push(time(&mut || {
+            std::hint::black_box(legacy_compress(&x, &mut e_old, &mut bits));
+        }));
+        t[4].push(time(&mut || {
+            std::hint::black_box(compress_with_feedback(&x, &mut e_new, &mut bits));
+        }));
+        t[5].push(time(&mut || {
+            std::hint::black_box(compress_into(&mut work, &mut bits));
+        }));
+        t[6].push(time(&mut || pack_signs(&x, &mut bits)));
+        t[7].push(time(&mut || unpack_scaled(&bits, 0.5, &mut out)));
+        t[8].push(time(&mut || unpack_accumulate(&bits, 0.5, &mut out)));
+        t[9].push(time(&mut || {
+            s_lazy = lazy_compress(&x, &mut e_lazy, &mut bits_lazy, s_lazy);
+        }));
+    }
+    let m: Vec<f64> = t.into_iter().map(median).collect();
+    let bytes = n * 4;
     println!(
-        "\n## pack / unpack, one thread, {} MiB of f32\n",
+        "\n## pack / unpack, one thread, {} MiB of f32, medians of {rounds} interleaved rounds\n",
         bytes >> 20
     );
-    println!("| kernel | GB/s (f32 bytes) |");
-    println!("|---|---|");
-    println!("| memcpy (reference) | {:.2} |", gb(bytes, t_memcpy));
-    println!("| rms (f64 sum of squares) | {:.2} |", gb(bytes, t_rms));
-    println!(
-        "| compress: rms + pack + error feedback (minus the copy) | {:.2} |",
-        gb(bytes, (t_comp - t_copy).max(1e-9))
-    );
-    println!("| pack signs only | {:.2} |", gb(bytes, t_pack));
-    println!("| unpack to ±scale | {:.2} |", gb(bytes, t_unpack));
-    println!("| unpack-accumulate (server) | {:.2} |", gb(bytes, t_acc));
+    println!("| kernel | ms | GB/s (f32 bytes of x) | time / streaming pass |");
+    println!("|---|---|---|---|");
+    let rows = [
+        ("streaming pass Σ|x| (reference)", m[0]),
+        ("memcpy", m[1]),
+        ("rms (f64 sum of squares)", m[2]),
+        (
+            "worker compress x+e → scale, signs, error: before (legacy)",
+            m[3],
+        ),
+        ("worker compress x+e → scale, signs, error: now", m[4]),
+        ("compress_into (in place on x+e)", m[5]),
+        ("pack signs only", m[6]),
+        ("unpack to ±scale", m[7]),
+        ("unpack-accumulate (server)", m[8]),
+        (
+            "(not used) one-pass compress with unsettled error: the floor of a contract change",
+            m[9],
+        ),
+    ];
+    for (name, secs) in rows {
+        println!(
+            "| {name} | {:.2} | {:.2} | {:.2}× |",
+            secs * 1e3,
+            gb(bytes, secs),
+            secs / m[0]
+        );
+    }
 }
 
 /// Zipf(s) over 0..v by inverse CDF (rank 0 the most frequent id).
@@ -367,25 +546,36 @@ fn main() {
             world.backend()
         );
         println!(
-            "| algorithm | bytes sent per rank | vs ring | time per call (ms) | algbw (GB/s) |"
+            "| algorithm | bytes sent per rank | vs ring | time per call (ms) | algbw (GB/s) | page faults per call |"
         );
-        println!("|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|");
     }
     let ring = time_allreduce(&world, n, iters, "ring");
+    let mut onebit_phases = Vec::new();
     for algo in ["ring", "native", "onebit"] {
-        let (b, t) = if algo == "ring" {
-            ring
+        let (b, t, ph, faults) = if algo == "ring" {
+            ring.clone()
         } else {
             time_allreduce(&world, n, iters, algo)
         };
+        if algo == "onebit" {
+            onebit_phases = ph;
+        }
         if io {
             println!(
-                "| {algo} | {b} | {:.1}× fewer | {:.1} | {:.2} |",
+                "| {algo} | {b} | {:.1}× fewer | {:.1} | {:.2} | {faults:.0} |",
                 ring.0 as f64 / b.max(1) as f64,
                 t * 1e3,
                 gb(n * 4, t)
             );
         }
+    }
+    if io {
+        let ph: Vec<String> = onebit_phases
+            .iter()
+            .map(|(k, v)| format!("{k} {:.1}", v * 1e3))
+            .collect();
+        println!("\nonebit phases on rank 0 (median ms): {}", ph.join(", "));
     }
     if world.backend() == "mpi" {
         return;

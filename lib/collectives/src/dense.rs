@@ -28,15 +28,23 @@ fn add_into(dst: &mut [f32], src: &[f32]) {
 /// elements in 2(P−1) messages (chunks cut as `i·n/P`). Traffic is charged to the phases
 /// `reduce_scatter` and `allgather`.
 pub fn ring(comm: &dyn Comm, data: &mut [f32]) {
+    ring_with_scratch(comm, data, &mut Vec::new());
+}
+
+/// [`ring`] that builds its first message in `scratch` and leaves its last received chunk
+/// there: a caller that keeps `scratch` between calls (as [`DenseReducer`] does) allocates
+/// and page-faults nothing per call once `scratch` has grown to a chunk. Same sums, same
+/// traffic.
+pub fn ring_with_scratch(comm: &dyn Comm, data: &mut [f32], scratch: &mut Vec<f32>) {
     if comm.size() == 1 {
         return;
     }
-    {
+    let buf = {
         let _ph = comm.phase("reduce_scatter");
-        ring_reduce_scatter(comm, data);
-    }
+        ring_reduce_scatter(comm, data, std::mem::take(scratch))
+    };
     let _ph = comm.phase("allgather");
-    ring_allgather(comm, data);
+    *scratch = ring_allgather(comm, data, buf);
 }
 
 /// [`ring`] with its traffic charged to the caller's phase (for algorithms that ring-reduce
@@ -45,32 +53,52 @@ pub fn ring_in_caller_phase(comm: &dyn Comm, data: &mut [f32]) {
     if comm.size() == 1 {
         return;
     }
-    ring_reduce_scatter(comm, data);
-    ring_allgather(comm, data);
+    let buf = ring_reduce_scatter(comm, data, Vec::new());
+    ring_allgather(comm, data, buf);
 }
 
-/// Ring reduce-scatter: afterwards rank r holds the full sum of chunk r+1.
-fn ring_reduce_scatter(comm: &dyn Comm, data: &mut [f32]) {
+/// Ring reduce-scatter: afterwards rank r holds the full sum of chunk r+1, which it also
+/// returns as an owned buffer (the first message of [`ring_allgather`]). The first message
+/// is built in `first` (any contents; its capacity is reused).
+///
+/// The chunk a rank sends in step s+1 is the one it reduced in step s, so the received
+/// buffer, once it holds the sum, is sent on as it is: one copy of a chunk per call (the
+/// first message) and no allocation per step; the sum `data + got` is written to both
+/// `data` and `got` in one pass.
+fn ring_reduce_scatter(comm: &dyn Comm, data: &mut [f32], first: Vec<f32>) -> Vec<f32> {
     let (p, r, n) = (comm.size(), comm.rank(), data.len());
     let (right, left) = ((r + 1) % p, (r + p - 1) % p);
+    let mut buf = first;
+    buf.clear();
+    buf.extend_from_slice(&data[chunk(n, p, r)]);
     for s in 0..p - 1 {
-        let send_c = (r + p - s) % p;
         let recv_c = (r + 2 * p - s - 1) % p;
-        let got: Vec<f32> = comm.sendrecv(right, data[chunk(n, p, send_c)].to_vec(), left);
-        add_into(&mut data[chunk(n, p, recv_c)], &got);
+        let mut got: Vec<f32> = comm.sendrecv(right, buf, left);
+        let dst = &mut data[chunk(n, p, recv_c)];
+        assert_eq!(got.len(), dst.len(), "ring chunk of the wrong length");
+        for (d, g) in dst.iter_mut().zip(got.iter_mut()) {
+            let v = *d + *g;
+            *d = v;
+            *g = v;
+        }
+        buf = got;
     }
+    buf
 }
 
-/// Ring allgather of the reduced chunks (rank r starts with chunk r+1).
-fn ring_allgather(comm: &dyn Comm, data: &mut [f32]) {
+/// Ring allgather of the reduced chunks: rank r starts with chunk r+1 in `buf` (as
+/// [`ring_reduce_scatter`] leaves it) and forwards each received chunk as it came, after
+/// copying it into place; no allocation per step. Returns the last chunk received.
+fn ring_allgather(comm: &dyn Comm, data: &mut [f32], mut buf: Vec<f32>) -> Vec<f32> {
     let (p, r, n) = (comm.size(), comm.rank(), data.len());
     let (right, left) = ((r + 1) % p, (r + p - 1) % p);
     for s in 0..p - 1 {
-        let send_c = (r + 1 + p - s) % p;
         let recv_c = (r + p - s) % p;
-        let got: Vec<f32> = comm.sendrecv(right, data[chunk(n, p, send_c)].to_vec(), left);
+        let got: Vec<f32> = comm.sendrecv(right, buf, left);
         data[chunk(n, p, recv_c)].copy_from_slice(&got);
+        buf = got;
     }
+    buf
 }
 
 /// Rabenseifner's allreduce (sum) in place, for any P: with p' the largest power of two
@@ -219,6 +247,8 @@ pub fn allreduce(comm: &dyn Comm, name: &str, op: Op, data: &mut [f32]) -> Resul
 pub struct DenseReducer {
     name: &'static str,
     op: Op,
+    /// The ring's message buffer, kept across steps ([`ring_with_scratch`]).
+    scratch: Vec<f32>,
 }
 
 impl DenseReducer {
@@ -230,7 +260,11 @@ impl DenseReducer {
             "native" => "native",
             _ => bail!("unknown dense algorithm `{name}`"),
         };
-        Ok(DenseReducer { name, op })
+        Ok(DenseReducer {
+            name,
+            op,
+            scratch: Vec::new(),
+        })
     }
 }
 
@@ -246,7 +280,15 @@ impl Reducer for DenseReducer {
         input: Flat,
     ) -> Result<StepOutput> {
         let mut data = input.to_dense(layout.total() as usize);
-        allreduce(comm, self.name, self.op, &mut data)?;
+        if self.name == "ring" {
+            ring_with_scratch(comm, &mut data, &mut self.scratch);
+            if self.op == Op::Mean {
+                let inv = 1.0 / comm.size() as f32;
+                data.iter_mut().for_each(|v| *v *= inv);
+            }
+        } else {
+            allreduce(comm, self.name, self.op, &mut data)?;
+        }
         Ok(StepOutput::new(Flat::Dense(data)))
     }
 }

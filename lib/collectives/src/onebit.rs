@@ -57,14 +57,14 @@ pub fn rms(x: &[f32]) -> f32 {
     (sum_sq(x) / x.len() as f64).sqrt() as f32
 }
 
+/// Σx² in f64: lane `j` sums the elements `≡ j (mod 8)` of the whole chunks, the lanes are
+/// added in order, then the remainder one by one. Every kernel below that computes a sum of
+/// squares uses exactly this order, so they agree bit for bit.
 fn sum_sq(x: &[f32]) -> f64 {
     let mut lanes = [0f64; 8];
     let mut it = x.chunks_exact(8);
     for c in &mut it {
-        for j in 0..8 {
-            let v = c[j] as f64;
-            lanes[j] += v * v;
-        }
+        sq8(&mut lanes, c.try_into().expect("8 lanes"));
     }
     let mut s: f64 = lanes.iter().sum();
     for &v in it.remainder() {
@@ -73,10 +73,71 @@ fn sum_sq(x: &[f32]) -> f64 {
     s
 }
 
+/// `lanes[j] += c[j]²` in f64 (eight independent lanes: the compiler keeps them in vector
+/// registers).
+#[inline(always)]
+fn sq8(lanes: &mut [f64; 8], c: &[f32; 8]) {
+    for j in 0..8 {
+        let v = c[j] as f64;
+        lanes[j] += v * v;
+    }
+}
+
+/// `x + e` for eight lanes.
+#[inline(always)]
+fn add8(e: &[f32; 8], x: &[f32; 8]) -> [f32; 8] {
+    let mut c = [0f32; 8];
+    for j in 0..8 {
+        c[j] = e[j] + x[j];
+    }
+    c
+}
+
+/// Sign byte (MSB-first, bit 1 where `c ≥ 0`, so ±0 count as +1) of eight lanes and the
+/// error `c − s·sign(c)`, written to `out`. `±s` is `s` with its sign bit flipped where the
+/// bit is 0 (exactly `-s`), so `out` equals `c − (if c ≥ 0 { s } else { −s })`.
+#[inline(always)]
+fn pack8(c: &[f32; 8], sb: u32, out: &mut [f32; 8]) -> u8 {
+    let mut m = [0u32; 8];
+    for j in 0..8 {
+        let pos = c[j] >= 0.0;
+        m[j] = pos as u32;
+        let signed = f32::from_bits(sb ^ ((pos as u32 ^ 1) << 31));
+        out[j] = c[j] - signed;
+    }
+    let mut b = 0u32;
+    for (j, mj) in m.iter().enumerate() {
+        b |= mj << (7 - j);
+    }
+    b as u8
+}
+
+/// `±s` by bit: the sign bit of `s` flipped where the packed bit is 0.
+#[inline(always)]
+fn signed(s_bits: u32, byte: u8, j: usize) -> f32 {
+    let neg = (((byte >> (7 - j)) & 1) ^ 1) as u32;
+    f32::from_bits(s_bits ^ (neg << 31))
+}
+
+/// The eight values `±s` of one sign byte.
+#[inline(always)]
+fn unpack8(sb: u32, byte: u8) -> [f32; 8] {
+    std::array::from_fn(|j| signed(sb, byte, j))
+}
+
+fn lanes8(c: &[f32]) -> &[f32; 8] {
+    c.try_into().expect("8 lanes")
+}
+
+fn lanes8_mut(c: &mut [f32]) -> &mut [f32; 8] {
+    c.try_into().expect("8 lanes")
+}
+
 /// The 1-bit compressor with error feedback, in place: on entry `buf` holds `x + error`,
 /// on return it holds the new error `buf − scale·sign(buf)`; the sign bits (1 where
 /// `buf ≥ 0`) are written MSB-first into `bits` (`buf.len()/8` bytes). Returns the scale
-/// `‖buf‖₂/√len`. `buf.len()` must be a multiple of 8.
+/// `‖buf‖₂/√len`. `buf.len()` must be a multiple of 8. Two passes: the scale needs the
+/// whole sum of squares before the first error can be written.
 pub fn compress_into(buf: &mut [f32], bits: &mut [u8]) -> f32 {
     assert_eq!(
         buf.len() % 8,
@@ -89,35 +150,58 @@ pub fn compress_into(buf: &mut [f32], bits: &mut [u8]) -> f32 {
     s
 }
 
+/// The worker's compressor: `e ← e + x` (elements of `e` past `x.len()`, the padding, get
+/// `+ 0.0`) fused with the f64 sum of squares (the lanes of [`rms`]), then the sign bits of
+/// `c = e + x` MSB-first into `bits` and `e ← c − s·sign(c)`. Returns `s = ‖c‖₂/√len(e)`.
+/// Bit for bit what `e += x` (zero-padded) followed by [`compress_into`] gives. Two passes
+/// (the scale needs the whole sum before the first error can be written): read `x`,
+/// read-modify-write `e`; then read-modify-write `e`. `e.len()` must be a multiple of 8 and
+/// `≥ x.len()`; `bits.len() == e.len()/8`.
+pub fn compress_with_feedback(x: &[f32], e: &mut [f32], bits: &mut [u8]) -> f32 {
+    assert_eq!(
+        e.len() % 8,
+        0,
+        "1-bit buffers are padded to a multiple of 8"
+    );
+    assert!(x.len() <= e.len());
+    assert_eq!(bits.len(), e.len() / 8);
+    let full = x.len() / 8 * 8;
+    let mut lanes = [0f64; 8];
+    let (eh, et) = e.split_at_mut(full);
+    for (ec, xc) in eh.chunks_exact_mut(8).zip(x.chunks_exact(8)) {
+        let ec = lanes8_mut(ec);
+        *ec = add8(ec, lanes8(xc));
+        sq8(&mut lanes, ec);
+    }
+    let mut ss: f64 = lanes.iter().sum();
+    for (k, v) in et.iter_mut().enumerate() {
+        *v += x.get(full + k).copied().unwrap_or(0.0);
+        ss += *v as f64 * *v as f64;
+    }
+    let s = (ss / e.len() as f64).sqrt() as f32;
+    pack_and_feedback(e, bits, s);
+    s
+}
+
 /// Sign bits (MSB-first) of `buf` into `bits` and `buf ← buf − s·sign(buf)`.
 pub fn pack_and_feedback(buf: &mut [f32], bits: &mut [u8], s: f32) {
+    let sb = s.to_bits();
     for (c, byte) in buf.chunks_exact_mut(8).zip(bits.iter_mut()) {
-        let mut b = 0u8;
-        for (j, v) in c.iter_mut().enumerate() {
-            let pos = *v >= 0.0;
-            b |= (pos as u8) << (7 - j);
-            *v -= if pos { s } else { -s };
-        }
-        *byte = b;
+        let c = lanes8_mut(c);
+        let v = *c;
+        *byte = pack8(&v, sb, c);
     }
 }
 
 /// Packs the signs of `x` (1 where `x ≥ 0`) MSB-first; `x.len()` a multiple of 8.
 pub fn pack_signs(x: &[f32], bits: &mut [u8]) {
     for (c, byte) in x.chunks_exact(8).zip(bits.iter_mut()) {
-        let mut b = 0u8;
+        let mut b = 0u32;
         for (j, v) in c.iter().enumerate() {
-            b |= ((*v >= 0.0) as u8) << (7 - j);
+            b |= ((*v >= 0.0) as u32) << (7 - j);
         }
-        *byte = b;
+        *byte = b as u8;
     }
-}
-
-/// `±s` by bit: the sign bit of `s` flipped where the packed bit is 0.
-#[inline(always)]
-fn signed(s_bits: u32, byte: u8, j: usize) -> f32 {
-    let neg = (((byte >> (7 - j)) & 1) ^ 1) as u32;
-    f32::from_bits(s_bits ^ (neg << 31))
 }
 
 /// Decompression: `out[i] = s·(2·bit_i − 1)` for the MSB-first bits (`out.len() ≤ 8·bits`).
@@ -126,23 +210,71 @@ pub fn unpack_scaled(bits: &[u8], s: f32, out: &mut [f32]) {
     let full = out.len() / 8;
     let mut it = out.chunks_exact_mut(8);
     for (c, &b) in (&mut it).zip(bits) {
-        for (j, o) in c.iter_mut().enumerate() {
-            *o = signed(sb, b, j);
-        }
+        *lanes8_mut(c) = unpack8(sb, b);
     }
     for (j, o) in it.into_remainder().iter_mut().enumerate() {
         *o = signed(sb, bits[full], j);
     }
 }
 
-/// `acc[i] += s·(2·bit_i − 1)` (the server's weighted sum of decompressed chunks).
+/// `acc[i] += s·(2·bit_i − 1)` (the server's weighted sum of decompressed chunks);
+/// `acc.len() ≤ 8·bits` (a partial last byte uses its leading bits).
 pub fn unpack_accumulate(bits: &[u8], s: f32, acc: &mut [f32]) {
     let sb = s.to_bits();
-    for (c, &b) in acc.chunks_exact_mut(8).zip(bits) {
-        for (j, o) in c.iter_mut().enumerate() {
-            *o += signed(sb, b, j);
+    let full = acc.len() / 8;
+    let mut it = acc.chunks_exact_mut(8);
+    for (c, &b) in (&mut it).zip(bits) {
+        let c = lanes8_mut(c);
+        let v = unpack8(sb, b);
+        for j in 0..8 {
+            c[j] += v[j];
         }
     }
+    for (j, o) in it.into_remainder().iter_mut().enumerate() {
+        *o += signed(sb, bits[full], j);
+    }
+}
+
+/// `acc[i] = 0.0 + s·(2·bit_i − 1)`: the first term of a sum that starts at zero, without
+/// zeroing `acc` first (`0.0 + v` is kept: it turns −0 into +0 exactly as the zeroed sum).
+pub fn unpack_first(bits: &[u8], s: f32, acc: &mut [f32]) {
+    let sb = s.to_bits();
+    let full = acc.len() / 8;
+    let mut it = acc.chunks_exact_mut(8);
+    for (c, &b) in (&mut it).zip(bits) {
+        let c = lanes8_mut(c);
+        let v = unpack8(sb, b);
+        for j in 0..8 {
+            c[j] = 0.0 + v[j];
+        }
+    }
+    for (j, o) in it.into_remainder().iter_mut().enumerate() {
+        *o = 0.0 + signed(sb, bits[full], j);
+    }
+}
+
+/// The server's sum in one pass: `err ← ((0.0 + Σ_i s_i·sign_i) + err)` (terms added in
+/// message order, as a zeroed accumulator would) and returns Σ of its squares in the lanes
+/// of [`rms`]. Every message holds `err.len()/8` bytes; `err.len()` a multiple of 8.
+fn server_sum_sq(msgs: &[(Vec<u8>, f32)], err: &mut [f32]) -> f64 {
+    let sbs: Vec<u32> = msgs.iter().map(|(_, s)| s.to_bits()).collect();
+    let mut lanes = [0f64; 8];
+    for (k, ec) in err.chunks_exact_mut(8).enumerate() {
+        let ec = lanes8_mut(ec);
+        let mut z = [0f32; 8];
+        for ((b, _), &sb) in msgs.iter().zip(&sbs) {
+            let v = unpack8(sb, b[k]);
+            for j in 0..8 {
+                z[j] += v[j];
+            }
+        }
+        for j in 0..8 {
+            ec[j] += z[j];
+        }
+        // `ec` now holds z + err; the sum order above is (0 + a_1 + … + a_P) + err.
+        sq8(&mut lanes, ec);
+    }
+    lanes.iter().sum()
 }
 
 fn push_scale(v: &mut Vec<u8>, s: f32) {
@@ -188,7 +320,6 @@ pub struct OneBitState {
 #[derive(Clone, Debug, Default)]
 struct Scratch {
     bits: Vec<u8>,
-    z: Vec<f32>,
 }
 
 impl OneBitState {
@@ -239,28 +370,13 @@ impl OneBitState {
         }
     }
 
-    /// Step 1 on this rank: `buf = x + worker_error` fused with its sum of squares, then
-    /// the sign bits into `scratch.bits` and the new worker error. Returns the scale.
+    /// Step 1 on this rank: the sign bits of `x + worker_error` into `scratch.bits` and the
+    /// new worker error, in the two passes of [`compress_with_feedback`]. Returns the scale.
     fn worker_compress(&mut self, comm: &dyn Comm, data: &[f32]) -> f32 {
         let _ph = comm.phase("compress");
         let e = &mut self.worker_error;
-        let mut lanes = [0f64; 8];
-        let (head, tail) = e.split_at_mut(data.len() / 8 * 8);
-        for (c, x) in head.chunks_exact_mut(8).zip(data.chunks_exact(8)) {
-            for j in 0..8 {
-                c[j] += x[j];
-                lanes[j] += c[j] as f64 * c[j] as f64;
-            }
-        }
-        let mut ss: f64 = lanes.iter().sum();
-        for (k, v) in tail.iter_mut().enumerate() {
-            *v += data.get(head.len() + k).copied().unwrap_or(0.0);
-            ss += *v as f64 * *v as f64;
-        }
-        let s = (ss / e.len() as f64).sqrt() as f32;
         self.scratch.bits.resize(e.len() / 8, 0);
-        pack_and_feedback(e, &mut self.scratch.bits, s);
-        s
+        compress_with_feedback(data, e, &mut self.scratch.bits)
     }
 
     fn allreduce_server(&mut self, comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
@@ -282,26 +398,32 @@ impl OneBitState {
             let _ph = comm.phase("alltoall");
             comm.alltoallv(sends)
         };
-        // Server stage on chunk r: z = Σ_i (s_i/P)·sign_i (rank order) + server_error.
+        // Server stage on chunk r: z = Σ_i (s_i/P)·sign_i (rank order) + server_error, summed
+        // in one pass into the server error's buffer together with Σz²; one more pass packs
+        // z and leaves the new error there.
         let mine = {
             let _ph = comm.phase("server");
-            let z = &mut self.scratch.z;
-            z.clear();
-            z.resize(chunk_len, 0.0);
+            let mut msgs = Vec::with_capacity(p);
             for m in got {
                 let (b, s) = split_scale(m)?;
                 if b.len() != cb {
                     bail!("1-bit chunk of {} bytes, expected {cb}", b.len());
                 }
-                unpack_accumulate(&b, s / p as f32, z);
+                msgs.push((b, s));
             }
-            for (zi, ei) in z.iter_mut().zip(&self.server_error) {
-                *zi += *ei;
+            for (_, s) in &mut msgs {
+                *s /= p as f32;
             }
+            let err = &mut self.server_error;
+            let ss = server_sum_sq(&msgs, err);
+            let s_s = if err.is_empty() {
+                0.0
+            } else {
+                (ss / err.len() as f64).sqrt() as f32
+            };
             let mut sb = vec![0u8; cb + 4];
-            let s_s = compress_into(z, &mut sb[..cb]);
+            pack_and_feedback(err, &mut sb[..cb], s_s);
             sb[cb..].copy_from_slice(&s_s.to_le_bytes());
-            std::mem::swap(&mut self.server_error, z);
             sb
         };
         // Phase 2: ring allgather of the packed server chunks with their scales.
@@ -325,21 +447,26 @@ impl OneBitState {
     fn allreduce_naive(&mut self, comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
         let p = comm.size();
         let s_w = self.worker_compress(comm, data);
-        let mut bits = self.scratch.bits.clone();
+        let mut bits = std::mem::take(&mut self.scratch.bits);
         push_scale(&mut bits, s_w);
         let all = {
             let _ph = comm.phase("allgather");
             comm.allgatherv(bits)
         };
+        // The average straight into `data` (the padding is never read): the first term
+        // written, the others added, in rank order.
         let _ph = comm.phase("decompress");
-        let acc = &mut self.scratch.z;
-        acc.clear();
-        acc.resize(self.worker_error.len(), 0.0);
-        for m in all {
+        for (i, m) in all.into_iter().enumerate() {
             let (b, s) = split_scale(m)?;
-            unpack_accumulate(&b, s / p as f32, acc);
+            if b.len() * 8 < data.len() {
+                bail!("1-bit message of {} bytes is too short", b.len());
+            }
+            if i == 0 {
+                unpack_first(&b, s / p as f32, data);
+            } else {
+                unpack_accumulate(&b, s / p as f32, data);
+            }
         }
-        data.copy_from_slice(&acc[..data.len()]);
         Ok(())
     }
 }

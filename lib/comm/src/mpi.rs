@@ -211,20 +211,67 @@ impl Comm for MpiComm {
     fn allreduce_native_f32(&self, data: &mut [f32]) {
         self.traffic.add_opaque(data.len() * 4);
         if self.size() > 1 {
-            let send = data.to_vec();
-            self.world
-                .all_reduce_into(&send[..], data, mpi::collective::SystemOperation::sum());
+            allreduce_sum_in_place(&self.world, data);
         }
     }
     fn allreduce_native_f64(&self, data: &mut [f64]) {
         self.traffic.add_opaque(data.len() * 8);
         if self.size() > 1 {
-            let send = data.to_vec();
-            self.world
-                .all_reduce_into(&send[..], data, mpi::collective::SystemOperation::sum());
+            allreduce_sum_in_place(&self.world, data);
         }
     }
     fn traffic(&self) -> &Traffic {
         &self.traffic
+    }
+}
+
+/// `MPI_IN_PLACE` of the MPI library this process runs on, which rsmpi 0.8's `mpi-sys` does
+/// not export: `(void *) 1` in Open MPI, `(void *) -1` in MPICH (and the libraries that
+/// report themselves as MPICH). `None` for any other library: the caller then copies.
+fn mpi_in_place() -> Option<*const std::ffi::c_void> {
+    static IN_PLACE: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let addr = *IN_PLACE.get_or_init(|| {
+        let v = mpi::environment::library_version().ok()?;
+        if v.contains("Open MPI") {
+            Some(1)
+        } else if v.contains("MPICH") {
+            Some(usize::MAX)
+        } else {
+            None
+        }
+    });
+    addr.map(|a| a as *const std::ffi::c_void)
+}
+
+/// `MPI_Allreduce(MPI_IN_PLACE, data, …, MPI_SUM)`: no copy of the input (in pieces of at
+/// most `i32::MAX` elements, the largest MPI count). Falls back to rsmpi's
+/// `all_reduce_into` from a copy when the library's `MPI_IN_PLACE` is not known.
+fn allreduce_sum_in_place<T>(world: &SimpleCommunicator, data: &mut [T])
+where
+    T: mpi::traits::Equivalence + Copy,
+{
+    use mpi::collective::SystemOperation;
+    use mpi::raw::AsRaw;
+    let Some(in_place) = mpi_in_place() else {
+        let send = data.to_vec();
+        world.all_reduce_into(&send[..], data, SystemOperation::sum());
+        return;
+    };
+    for piece in data.chunks_mut(i32::MAX as usize) {
+        // SAFETY: `in_place` is this library's MPI_IN_PLACE sentinel (checked by name
+        // above), so MPI reads and writes only `piece`, which is valid, exclusively
+        // borrowed, and holds `piece.len()` (≤ i32::MAX) elements of `T`'s datatype; the
+        // communicator and the predefined MPI_SUM handle outlive the call. Every rank makes
+        // the same calls (same length, same pieces), as MPI_Allreduce requires.
+        unsafe {
+            mpi::ffi::MPI_Allreduce(
+                in_place,
+                piece.as_mut_ptr().cast(),
+                piece.len() as std::os::raw::c_int,
+                T::equivalent_datatype().as_raw(),
+                SystemOperation::sum().as_raw(),
+                world.as_raw(),
+            );
+        }
     }
 }
