@@ -33,12 +33,13 @@ echo
 echo "### Bytes per rank and step: embedding and dense parts"
 echo
 echo "\`bytes_emb\` = forward lookup AlltoAll + gradient exchange (embrace), or the AllGather of"
-echo "row-sparse gradients (allgather); \`bytes_dense\` = ring allreduce of every other layer"
+echo "row-sparse gradients: \`allgather\` coalesces duplicate rows first (one row per distinct"
+echo "token), \`allgather-raw\` sends one row per token as Horovod/PyTorch DDP do; \`bytes_dense\` = ring allreduce of every other layer"
 echo "(\`lm_head\` is a dense V × d layer here). \`dense\` ring-allreduces the whole gradient"
 echo "(embedding included: its \`bytes_sent\` is the total). Medians over steps and ranks."
 echo
 for P in $PS; do
-  for ex in dense allgather embrace; do
+  for ex in dense allgather allgather-raw embrace; do
     run $TR --data zipf-$V.parquet --ranks $P --steps $STEPS --exchange $ex --schedule fifo --lr 0.05 \
         --run $ex-P$P --metrics m-$ex-P$P.parquet
   done
@@ -47,13 +48,14 @@ run $B/gradreport table m-*.parquet --by run --metric bytes_emb,bytes_dense,byte
 echo
 echo "Embedding bytes per rank vs P (median; dense = its total minus embrace's dense part):"
 echo
-echo "| P | dense (ring of V×d) | allgather | embrace (AlltoAll) | embrace / allgather |"
-echo "|---:|---:|---:|---:|---:|"
+echo "| P | dense (ring of V×d) | allgather (coalesced) | allgather-raw (per token) | embrace (AlltoAll) | embrace / allgather | embrace / allgather-raw |"
+echo "|---:|---:|---:|---:|---:|---:|---:|"
 for P in $PS; do
   tot=$($B/gradreport table m-dense-P$P.parquet --by run --metric bytes_sent --format csv | awk -F, 'NR==2{print $2}')
   ag=$($B/gradreport table m-allgather-P$P.parquet --by run --metric bytes_emb --format csv | awk -F, 'NR==2{print $2}')
+  agr=$($B/gradreport table m-allgather-raw-P$P.parquet --by run --metric bytes_emb --format csv | awk -F, 'NR==2{print $2}')
   em=$($B/gradreport table m-embrace-P$P.parquet --by run --metric bytes_emb,bytes_dense --format csv | awk -F, 'NR==2{print $2" "$5}')
-  echo "$P $tot $ag $em" | awk '{printf "| %d | %.0f | %.0f | %.0f | %.2f |\n", $1, $2-$5, $3, $4, $4/$3}'
+  echo "$P $tot $ag $agr $em" | awk '{printf "| %d | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f |\n", $1, $2-$6, $3, $4, $5, $5/$3, $5/$4}'
 done
 echo
 
@@ -73,16 +75,17 @@ echo
 echo "synthetic-lm (Zipf/Markov), tokens per rank = batch × seq-len; embedding bytes per rank"
 echo "(median over steps and ranks); dense's embedding share is 2(P−1)/P·4·V·d."
 echo
-echo "| batch | tokens/V | coalesced rows/V | dense | allgather | embrace |"
-echo "|---:|---:|---:|---:|---:|---:|"
+echo "| batch | tokens/V | coalesced rows/V | dense | allgather | allgather-raw | embrace |"
+echo "|---:|---:|---:|---:|---:|---:|---:|"
 for b in $SWEEP_B; do
-  for ex in allgather embrace; do
+  for ex in allgather allgather-raw embrace; do
     run $B/gradtrain --model transformer-lm $MODEL --data synthetic-lm --vocab $SWEEP_V --tokens 200000 \
         --batch $b --ranks 4 --steps 2 --lr 0.05 -q --exchange $ex --schedule fifo --run s-$ex-b$b --metrics s-$ex-b$b.parquet
   done
   ag=$($B/gradreport table s-allgather-b$b.parquet --by run --metric bytes_emb --format csv | awk -F, 'NR==2{print $2}')
+  agr=$($B/gradreport table s-allgather-raw-b$b.parquet --by run --metric bytes_emb --format csv | awk -F, 'NR==2{print $2}')
   emr=$($B/gradreport table s-embrace-b$b.parquet --by run --metric bytes_emb,rows_coalesced,tokens --format csv | awk -F, 'NR==2{print $2" "$5" "$8}')
-  echo "$b $ag $emr $SWEEP_V $DM" | awk '{v=$6; d=$7; printf "| %d | %.3f | %.3f | %.0f | %.0f | %.0f |\n", $1, $5/v, $4/v, 2*3/4*4*v*d, $2, $3}'
+  echo "$b $ag $agr $emr $SWEEP_V $DM" | awk '{v=$7; d=$8; printf "| %d | %.3f | %.3f | %.0f | %.0f | %.0f | %.0f |\n", $1, $6/v, $5/v, 2*3/4*4*v*d, $2, $3, $4}'
 done
 echo
 
@@ -130,7 +133,7 @@ echo
 
 echo "### Training equality with dense ($EQ_STEPS steps, P = 4, SGD)"
 echo
-for ex in dense allgather embrace; do
+for ex in dense allgather allgather-raw embrace; do
   run $TR --data zipf-$V.parquet --ranks 4 --steps $EQ_STEPS --lr 0.05 --exchange $ex --run eq-$ex --metrics eq-$ex.parquet
 done
 run $B/gradreport table eq-*.parquet --by run --metric loss,eval_loss --stat last --no-range

@@ -6,7 +6,8 @@
 //! Library functions for `gradtrain`: [`embedding_forward`] (§1.2 step 2: every rank looks up
 //! its column slice for all ranks' token ids and alltoalls the slices back) and
 //! [`embedding_backward`] (§1.2 step 4–5: coalesce duplicate rows, send each owner its column
-//! slice with the row ids, owners sum). [`sparse_allgather`] is the Horovod-AllGather
+//! slice with the row ids, owners sum). [`sparse_allgather`] (rows coalesced first) and
+//! [`sparse_allgather_raw`] (one row per token, as Horovod/DDP send them) are the AllGather
 //! baseline of §1.3.
 //!
 //! ## `--algo alltoall` on the flat index space
@@ -267,6 +268,23 @@ pub fn embedding_forward(
 pub fn sparse_allgather(comm: &dyn Comm, rows: &Rows) -> Result<Rows> {
     let u = rows.coalesce();
     let m = encode(&u.ids, u.values.iter().copied());
+    let all = {
+        let _ph = comm.phase("allgather_sparse");
+        comm.allgatherv(m)
+    };
+    let blocks = all
+        .into_iter()
+        .map(|m| decode(m, rows.width))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Rows::concat(blocks, rows.width).coalesce())
+}
+
+/// The raw AllGather baseline, as Horovod's and PyTorch DDP's sparse allreduce do it: every
+/// rank's rows are allgathered **as given** (no coalescing before sending: one row per
+/// token, duplicates included), then summed on every rank. A rank's message is
+/// `rows.len()·(1 + width)` u32 words. Phase `allgather_sparse`.
+pub fn sparse_allgather_raw(comm: &dyn Comm, rows: &Rows) -> Result<Rows> {
+    let m = encode(&rows.ids, rows.values.iter().copied());
     let all = {
         let _ph = comm.phase("allgather_sparse");
         comm.allgatherv(m)

@@ -1,7 +1,16 @@
 //! EmbRace in training (embrace.md): `--exchange embrace` (the token embedding table sharded
 //! by columns, AlltoAll lookups and AlltoAll row-sparse gradients, ring allreduce for every
-//! other layer) and the `--exchange allgather` baseline (full replica everywhere, every rank's
-//! row-sparse gradient allgathered), with `--schedule fifo|embrace` (embrace.md §2).
+//! other layer) and the AllGather baselines (full replica everywhere, every rank's row-sparse
+//! gradient allgathered): `--exchange allgather` coalesces duplicate rows before sending (one
+//! row per distinct token), `--exchange allgather-raw` sends one row per token, duplicates
+//! included, as Horovod's and PyTorch DDP's sparse allreduce do; with
+//! `--schedule fifo|embrace` (embrace.md §2).
+//!
+//! `allgather-raw`'s values: candle returns the table gradient (duplicates already summed),
+//! not the per-token output gradients, so the first occurrence of a row in the rank's token
+//! order carries the row's summed gradient and each later occurrence a zero row. The message
+//! (ids and row count: tokens·(1 + d) words) and the reduced result are those of the raw
+//! exchange; only the split of a row's sum among its duplicate slots differs from Horovod's.
 //!
 //! ## How the model sees a sharded table
 //! The candle model keeps its `Embedding` layer. Before the forward pass the rows this rank's
@@ -41,7 +50,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use gradkit_collectives::alltoall::{
-    embedding_backward, embedding_forward, slice, sparse_allgather, Rows,
+    embedding_backward, embedding_forward, slice, sparse_allgather, sparse_allgather_raw, Rows,
 };
 use gradkit_collectives::{dense, Op};
 use gradkit_comm::{Comm, CommExt};
@@ -66,10 +75,10 @@ pub const SCHEDULES: &[(&str, &str)] = &[
 
 /// The exchanges this module runs.
 pub fn handles(exchange: &str) -> bool {
-    matches!(exchange, "embrace" | "allgather")
+    matches!(exchange, "embrace" | "allgather" | "allgather-raw")
 }
 
-/// Flag checks for `--exchange embrace|allgather`.
+/// Flag checks for `--exchange embrace|allgather|allgather-raw`.
 pub fn check_config(cfg: &TrainConfig) -> Result<()> {
     if !matches!(cfg.model.name.as_str(), "transformer-lm" | "lstm-lm") {
         bail!(
@@ -231,6 +240,25 @@ fn grad_exchange(
     }
 }
 
+/// `allgather-raw`'s message: one row per token of `tokens` (in token order, duplicates
+/// included); the first occurrence of a row carries its summed gradient (from the coalesced
+/// `u`/`gu`), later occurrences zero rows (see the module docs).
+pub fn per_token_rows(tokens: &[u32], u: &[u32], gu: &[f32], d: usize) -> Result<Rows> {
+    let mut seen = BTreeSet::new();
+    let mut vals = Vec::with_capacity(tokens.len() * d);
+    for &t in tokens {
+        if seen.insert(t) {
+            let k = u
+                .binary_search(&t)
+                .map_err(|_| anyhow::anyhow!("token {t} has no coalesced gradient row"))?;
+            vals.extend_from_slice(&gu[k * d..(k + 1) * d]);
+        } else {
+            vals.extend(std::iter::repeat_n(0.0f32, d));
+        }
+    }
+    Rows::new(tokens.to_vec(), d, vals)
+}
+
 /// Delayed rows of one step, waiting for their exchange.
 struct Pending {
     ids: Vec<u32>,
@@ -239,7 +267,7 @@ struct Pending {
     step: u32,
 }
 
-/// The per-rank loop of `--exchange embrace|allgather`.
+/// The per-rank loop of `--exchange embrace|allgather|allgather-raw`.
 pub fn rank_main(
     comm: &dyn Comm,
     cfg: &TrainConfig,
@@ -247,7 +275,8 @@ pub fn rank_main(
 ) -> Result<Option<TrainReport>> {
     check_config(cfg)?;
     let (rank, p) = (comm.rank(), comm.size());
-    let allgather = cfg.exchange == "allgather";
+    let allgather = cfg.exchange.starts_with("allgather");
+    let raw = cfg.exchange == "allgather-raw";
     let embrace_sched = !allgather && cfg.schedule == "embrace";
     let model = Model::new(&cfg.model, data, cfg.seed)?;
     let layout = model.layout().clone();
@@ -448,7 +477,11 @@ pub fn rank_main(
             dense::allreduce(comm, "ring", Op::Mean, &mut gd)?;
             b_dense += sent() - s0;
             let s0 = sent();
-            let got = grad_exchange(comm, allgather, v, d, &u, &gu)?;
+            let got = if raw {
+                sparse_allgather_raw(comm, &per_token_rows(my_ids, &u, &gu, d)?)?
+            } else {
+                grad_exchange(comm, allgather, v, d, &u, &gu)?
+            };
             b_grad += sent() - s0;
             wait_s += t.elapsed().as_secs_f64();
             let tu = Instant::now();

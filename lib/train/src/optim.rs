@@ -47,6 +47,14 @@ pub struct OptConfig {
     pub factor_threshold: f32,
     /// 1-bit LAMB/Adam: warm-up steps T_w before compression starts.
     pub freeze_step: u32,
+    /// 1-bit LAMB/Adam compressed stage: clip m/(√v_frozen+η) to ±[`adam_ratio_bound`]
+    /// (`--onebit-clip on`, the default). Neither Algorithm 1 nor DeepSpeed has this clip;
+    /// `false` is their exact update (see docs/ALGORITHMS.md).
+    pub onebit_clip: bool,
+    /// 1-bit LAMB/Adam: zero the averaged momentum where the frozen variance is exactly 0
+    /// (`--onebit-mask auto`, the default). DeepSpeed applies only a user-given
+    /// `exp_avg_mask` and none by default; `false` is that default (`--onebit-mask none`).
+    pub onebit_mask: bool,
 }
 
 impl Default for OptConfig {
@@ -66,6 +74,8 @@ impl Default for OptConfig {
             factor_max: 4.0,
             factor_threshold: 0.1,
             freeze_step: 100,
+            onebit_clip: true,
+            onebit_mask: true,
         }
     }
 }
@@ -258,12 +268,23 @@ impl Optimizer for Lamb {
 /// The momentum mask of 1-bit LAMB/Adam (onebit-lamb.md §6): 1 bit cannot encode 0, so an
 /// entry whose gradient was exactly 0 through the whole warm-up (frozen v = 0, e.g. the
 /// always-blank corner pixels of the digits) would get a ±scale momentum divided by η and
-/// blow up. DeepSpeed asks the user for the mask; we derive it from the frozen variance.
+/// blow up. DeepSpeed asks the user for the mask (none by default); we derive it from the
+/// frozen variance unless [`OptConfig::onebit_mask`] is off.
 fn mask_never_seen(m: &mut [f32], v_frozen: &[f32]) {
     for (mi, vi) in m.iter_mut().zip(v_frozen) {
         if *vi == 0.0 {
             *mi = 0.0;
         }
+    }
+}
+
+/// The compressed stage's clip bound: [`adam_ratio_bound`] with `--onebit-clip on`, none
+/// with `off`.
+fn compressed_bound(c: &OptConfig) -> Option<f32> {
+    if c.onebit_clip {
+        adam_ratio_bound(c.beta1, c.beta2)
+    } else {
+        None
     }
 }
 
@@ -278,12 +299,13 @@ pub fn adam_ratio_bound(beta1: f32, beta2: f32) -> Option<f32> {
     (q > 0.0 && b2 < 1.0).then(|| ((1.0 - b1) / ((1.0 - b2) * q).sqrt()) as f32)
 }
 
-/// The compressed stage's m/(√v_frozen + η), clipped to ±[`adam_ratio_bound`]. With a frozen
-/// variance the ratio is no longer bounded: an entry that was rarely active during the
+/// The compressed stage's m/(√v_frozen + η), clipped to ±[`adam_ratio_bound`] when `bound`
+/// is `Some` ([`OptConfig::onebit_clip`]; `None` is Algorithm 1 / DeepSpeed exactly). With a
+/// frozen variance the ratio is no longer bounded: an entry that was rarely active during the
 /// warm-up (a rarely lit pixel's weight) has a tiny but nonzero v, while the 1-bit momentum
 /// gives it a magnitude ≈ its chunk's mean |m|; m/√v then explodes (NaN a few steps after the
 /// freeze on digits with η = 1e-8). Clipping to the bound every uncompressed step obeys
-/// changes nothing an uncompressed step could produce and needs no user flag.
+/// changes nothing an uncompressed step could produce.
 fn clipped_ratio(m: f32, den: f32, bound: Option<f32>) -> f32 {
     let x = m / den;
     match bound {
@@ -387,8 +409,10 @@ impl OnebitLamb {
     /// variance, compute the clipped ratio r and step with the frozen variance.
     pub fn compressed_step(&mut self, w: &mut [f32], mut m: Vec<f32>, lr: f32) {
         let c = self.lamb.cfg.clone();
-        mask_never_seen(&mut m, &self.lamb.v);
-        let bound = adam_ratio_bound(c.beta1, c.beta2);
+        if c.onebit_mask {
+            mask_never_seen(&mut m, &self.lamb.v);
+        }
+        let bound = compressed_bound(&c);
         for (li, &(o, n)) in self.lamb.segments.iter().enumerate() {
             let k = self.scale[li];
             m[o..o + n].iter_mut().for_each(|x| *x /= k);
@@ -492,9 +516,11 @@ impl OnebitAdam {
             .collect()
     }
     pub fn compressed_step(&mut self, w: &mut [f32], mut m: Vec<f32>, lr: f32) {
-        mask_never_seen(&mut m, &self.v);
+        if self.cfg.onebit_mask {
+            mask_never_seen(&mut m, &self.v);
+        }
         self.m = m;
-        self.apply(w, lr, adam_ratio_bound(self.cfg.beta1, self.cfg.beta2));
+        self.apply(w, lr, compressed_bound(&self.cfg));
     }
     pub fn state(&self) -> State {
         vec![

@@ -66,7 +66,12 @@ pub const EXCHANGES: &[(&str, &str, &str)] = &[
     (
         "allgather",
         "alltoall",
-        "sparse baseline: row-sparse embedding gradients allgathered onto full replicas, ring for the rest",
+        "sparse baseline: row-sparse embedding gradients (duplicate rows coalesced first) allgathered onto full replicas, ring for the rest",
+    ),
+    (
+        "allgather-raw",
+        "alltoall",
+        "Horovod/DDP sparse baseline: one embedding-gradient row per token (uncoalesced) allgathered onto full replicas, ring for the rest",
     ),
 ];
 
