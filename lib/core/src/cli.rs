@@ -495,3 +495,93 @@ macro_rules! noteln {
     () => { $crate::cli::note_fmt(format_args!("\n")) };
     ($($arg:tt)*) => { $crate::cli::note_fmt(format_args!("{}\n", format_args!($($arg)*))) };
 }
+
+// ---------------------------------------------------------------------------------------------
+// Argument groups every tool flattens, so that one concept has one spelling, one default and
+// one meaning in every tool (README.md lists the conventions).
+
+/// The α-β cost model's default start-up latency α, in microseconds: the one default of
+/// `--alpha-us` in every tool (gradallreduce model and bench, gradreport).
+pub const DEFAULT_ALPHA_US: f64 = 5.0;
+/// The α-β cost model's default link bandwidth, in GB/s: the one default of
+/// `--bandwidth-gbps` in every tool (β = 1/bandwidth; 10 GB/s ≈ 100 Gbit/s InfiniBand EDR).
+pub const DEFAULT_BANDWIDTH_GBPS: f64 = 10.0;
+
+/// The α-β cost model's parameters, `--alpha-us` and `--bandwidth-gbps`, with the same
+/// defaults and checks in every tool that predicts a time.
+#[derive(clap::Args, Clone, Copy, Debug, PartialEq)]
+pub struct CostArgs {
+    /// Cost model: start-up latency α per message, in microseconds
+    #[arg(long, value_name = "US", default_value_t = DEFAULT_ALPHA_US)]
+    pub alpha_us: f64,
+    /// Cost model: link bandwidth in GB/s (β = 1/bandwidth: 4 bytes/bandwidth per word)
+    #[arg(long, value_name = "GBPS", default_value_t = DEFAULT_BANDWIDTH_GBPS)]
+    pub bandwidth_gbps: f64,
+}
+
+impl Default for CostArgs {
+    fn default() -> Self {
+        CostArgs {
+            alpha_us: DEFAULT_ALPHA_US,
+            bandwidth_gbps: DEFAULT_BANDWIDTH_GBPS,
+        }
+    }
+}
+
+impl CostArgs {
+    /// α ≥ 0 and bandwidth > 0, both finite; the error names the flag (a usage error).
+    pub fn check(&self) -> Result<()> {
+        if !(self.alpha_us.is_finite() && self.alpha_us >= 0.0) {
+            anyhow::bail!(
+                "--alpha-us must be a finite number ≥ 0, got {} (flag --alpha-us)",
+                self.alpha_us
+            );
+        }
+        if !(self.bandwidth_gbps.is_finite() && self.bandwidth_gbps > 0.0) {
+            anyhow::bail!(
+                "--bandwidth-gbps must be a finite number > 0, got {} (flag --bandwidth-gbps)",
+                self.bandwidth_gbps
+            );
+        }
+        Ok(())
+    }
+    /// α in seconds per message.
+    pub fn alpha_s(&self) -> f64 {
+        self.alpha_us * 1e-6
+    }
+    /// β in seconds per byte.
+    pub fn beta_byte_s(&self) -> f64 {
+        1.0 / (self.bandwidth_gbps * 1e9)
+    }
+    /// β in seconds per 4-byte word (the unit of `collectives::cost`).
+    pub fn beta_word_s(&self) -> f64 {
+        4.0 * self.beta_byte_s()
+    }
+}
+
+/// Where an output flag other than `-o` writes (`--metrics`, `--residual-out`, …): `None` when
+/// the flag is absent; `-` is stdout, refused on a terminal (with a hint naming `flag`) and
+/// under mpirun (with [`Output::from_arg`]'s message); anything else is the file.
+///
+/// Two outputs on stdout are refused by [`crate::paths::check_distinct`]: give it every
+/// output, `-o` as `-` when absent ([`stdout_if_absent`]).
+pub fn output_flag(flag: &str, arg: Option<&std::path::Path>) -> Result<Option<Output>> {
+    match arg {
+        None => Ok(None),
+        Some(p) if p.as_os_str() == "-" => {
+            if !under_mpi_launcher() && std::io::stdout().is_terminal() {
+                anyhow::bail!(
+                    "refusing to write Parquet to a terminal ({flag} -): give {flag} FILE, or pipe stdout into another tool (e.g. `| gradreport table`)"
+                );
+            }
+            anyhow::Context::with_context(Output::from_arg(None), || format!("{flag} -")).map(Some)
+        }
+        Some(p) => Output::from_arg(Some(p)).map(Some),
+    }
+}
+
+/// `-o`'s path as [`crate::paths::check_distinct`] should see it: absent means stdout (`-`),
+/// so that a second output on stdout (`--metrics -`) is refused.
+pub fn stdout_if_absent(arg: Option<&std::path::Path>) -> Option<&std::path::Path> {
+    Some(arg.unwrap_or(std::path::Path::new("-")))
+}

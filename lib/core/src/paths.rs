@@ -104,12 +104,24 @@ fn normalize(p: &Path) -> PathBuf {
 /// it (`IN`, `-o`, `--metrics`…); an absent path (stdin, stdout, a flag not given) is
 /// skipped. An entry whose flag appears on both sides (a state file
 /// that is read and written back, like gradallreduce `--state`) may name the same file on
-/// both sides, but no other input or output. `-` and devices (`/dev/null`) are exempt.
-/// Call it before reading anything.
+/// both sides, but no other input or output. Devices (`/dev/null`) are exempt, and so is `-`
+/// but for one rule: two outputs named `-` would both write stdout, which two tables cannot
+/// share, so that is refused (pass `-o` as `-` when it is absent and stdout is its default:
+/// [`crate::cli::stdout_if_absent`]). Call it before reading anything.
 pub fn check_distinct(
     inputs: &[(&str, Option<&Path>)],
     outputs: &[(&str, Option<&Path>)],
 ) -> Result<()> {
+    let on_stdout: Vec<&str> = outputs
+        .iter()
+        .filter(|(_, p)| p.is_some_and(|p| p.as_os_str() == "-"))
+        .map(|(f, _)| *f)
+        .collect();
+    if let [first, second, ..] = on_stdout[..] {
+        bail!(
+            "{first} and {second} would both write to stdout, and two outputs cannot share it: send one of them to a FILE (`-` and an absent -o mean stdout)"
+        );
+    }
     let ids = |v: &[(&str, Option<&Path>)]| -> Vec<(String, PathBuf, FileId)> {
         v.iter()
             .filter_map(|&(f, p)| {
@@ -415,6 +427,14 @@ mod tests {
         check_distinct(&[("IN", Some(a.as_path()))], &[("-o", Some(b.as_path()))]).unwrap();
         let dash = Path::new("-");
         check_distinct(&[("IN", Some(dash))], &[("-o", Some(dash))]).unwrap();
+        // Stdin and one output on stdout are fine; two outputs on stdout are not.
+        check_distinct(
+            &[("IN", Some(dash))],
+            &[("-o", Some(dash)), ("--metrics", Some(a.as_path()))],
+        )
+        .unwrap();
+        let e = check_distinct(&[], &[("-o", Some(dash)), ("--metrics", Some(dash))]).unwrap_err();
+        assert!(e.to_string().contains("stdout"), "{e}");
         #[cfg(unix)]
         {
             let null = Path::new("/dev/null");

@@ -17,8 +17,9 @@ pub struct BenchArgs {
     /// Comma-separated algorithms: ring, rabenseifner, tree, native, onebit
     #[arg(long, default_value = "ring,rabenseifner,tree,native")]
     pub algo: String,
-    /// In-process ranks when not started by mpirun
-    #[arg(long)]
+    /// Ranks P to run: in-process ranks (threads) when not started by mpirun, where MPI
+    /// gives the count
+    #[arg(long, value_name = "P")]
     pub ranks: Option<usize>,
     /// Byte sizes MIN:MAX of the f32 buffer (e.g. 1K:64M)
     #[arg(long, default_value = "1K:16M")]
@@ -35,15 +36,14 @@ pub struct BenchArgs {
     /// Fit α and β to the measured points (t ≈ α·messages + β·bytes) and print them
     #[arg(long)]
     pub fit: bool,
-    /// Start-up latency α for the model column, in microseconds
-    #[arg(long, default_value_t = 5.0)]
-    pub alpha_us: f64,
-    /// Link bandwidth for the model column, in GB/s (β = 1/bandwidth)
-    #[arg(long, default_value_t = 2.0)]
-    pub bandwidth_gbps: f64,
+    /// The model column's α and β (unless --fit)
+    #[command(flatten)]
+    pub cost: gradkit_core::cli::CostArgs,
+    /// How the table is printed (on stdout)
     #[arg(long, value_enum, default_value_t = Format::Md)]
     pub format: Format,
-    /// Also write the measurements as metrics/1 rows
+    /// Also write the measurements as metrics/1 rows to this file (not `-`: stdout holds the
+    /// table)
     #[arg(long, value_name = "PATH")]
     pub metrics: Option<PathBuf>,
     /// No summary on stderr
@@ -59,17 +59,13 @@ impl BenchArgs {
         if self.iters == 0 {
             bail!("--iters must be at least 1: with 0 nothing would be timed or verified (flag --iters)");
         }
-        if !(self.alpha_us.is_finite() && self.alpha_us >= 0.0) {
-            bail!(
-                "--alpha-us must be a finite number ≥ 0, got {} (flag --alpha-us)",
-                self.alpha_us
-            );
-        }
-        if !(self.bandwidth_gbps.is_finite() && self.bandwidth_gbps > 0.0) {
-            bail!(
-                "--bandwidth-gbps must be a finite number > 0, got {} (flag --bandwidth-gbps)",
-                self.bandwidth_gbps
-            );
+        self.cost.check()?;
+        if self
+            .metrics
+            .as_deref()
+            .is_some_and(|p| p.as_os_str() == "-")
+        {
+            bail!("--metrics - would write to stdout, which holds bench's table: give --metrics FILE (flag --metrics)");
         }
         Ok(())
     }
@@ -230,7 +226,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         return Ok(());
     }
     let points = points.into_iter().next().unwrap_or_default();
-    let (alpha, beta) = (args.alpha_us * 1e-6, 1.0 / (args.bandwidth_gbps * 1e9));
+    let (alpha, beta) = (args.cost.alpha_s(), args.cost.beta_byte_s());
     // --fit: per algorithm, t ≈ α·messages + β·bytes over its sizes (least squares).
     let mut fits: std::collections::BTreeMap<String, (f64, f64)> = Default::default();
     if args.fit {

@@ -41,6 +41,8 @@ Examples:
   mpirun -np 4 gradallreduce --algo ring trace.parquet -o reduced.parquet --metrics m.parquet
   gradselect --method topk --density 0.01 trace.parquet \\
     | gradallreduce --algo oktopk --ranks 4 --metrics m.parquet -o out.parquet
+  gradallreduce --algo topka --ranks 4 trace.parquet -o sum.parquet --metrics - \\
+    | gradreport volume --n 669706 --density 0.01
   gradallreduce bench --algo ring,rabenseifner,native --ranks 4 --sizes 1K:64M
   gradallreduce model --ranks 256 --n 110M --density 0.01";
 

@@ -7,8 +7,8 @@ use gradkit_core::cli::{fmt_num, Format, TextTable};
 
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// Number of ranks P
-    #[arg(long, default_value_t = 256)]
+    /// Ranks P of the predicted job (a number in the formulas: nothing is run)
+    #[arg(long, value_name = "P", default_value_t = 256)]
     pub ranks: usize,
     /// Model size n in elements (e.g. 110M, 2^24 = 16M)
     #[arg(long, default_value = "16M")]
@@ -16,12 +16,8 @@ pub struct ModelArgs {
     /// Density k/n
     #[arg(long, default_value_t = 0.01)]
     pub density: f64,
-    /// Start-up latency α in microseconds
-    #[arg(long, default_value_t = 5.0)]
-    pub alpha_us: f64,
-    /// Link bandwidth in GB/s (β = 1/bandwidth)
-    #[arg(long, default_value_t = 10.0)]
-    pub bandwidth_gbps: f64,
+    #[command(flatten)]
+    pub cost: gradkit_core::cli::CostArgs,
     #[arg(long, value_enum, default_value_t = Format::Md)]
     pub format: Format,
 }
@@ -31,9 +27,9 @@ pub fn run(a: ModelArgs) -> Result<()> {
     if a.ranks == 0 || !(a.density > 0.0 && a.density <= 1.0) {
         bail!("--ranks must be ≥ 1 and --density in (0, 1]");
     }
+    a.cost.check()?;
     let (p, k) = (a.ranks, (a.density * n).floor().max(1.0));
-    let alpha = a.alpha_us * 1e-6;
-    let beta_word = 4.0 / (a.bandwidth_gbps * 1e9);
+    let (alpha, beta_word) = (a.cost.alpha_s(), a.cost.beta_word_s());
     let rows: Vec<(&str, Cost)> = vec![
         ("dense (rabenseifner)", cost::dense(p, n)),
         ("dense (ring)", cost::ring(p, n)),

@@ -24,10 +24,11 @@ pub struct ReduceArgs {
     /// sum or mean (the sum divided by P); not for the 1-bit algorithms, which always average
     #[arg(long, value_enum, default_value_t = Op::Sum)]
     pub op: Op,
-    /// In-process ranks when not started by mpirun (must equal the trace's ranks)
+    /// Ranks P to run: in-process ranks (threads) when not started by mpirun, where MPI
+    /// gives the count; must equal the trace's ranks
     #[arg(long)]
     pub ranks: Option<usize>,
-    /// Write per-rank, per-step traffic and timing (metrics/1) here
+    /// Write per-rank, per-step traffic and timing (metrics/1) here (`-`: stdout)
     #[arg(long, value_name = "PATH")]
     pub metrics: Option<PathBuf>,
     /// Run name recorded in the metrics (default: the algorithm)
@@ -96,6 +97,9 @@ impl ReduceArgs {
         }
         if self.k == Some(0) {
             bail!("--k must be at least 1 (flag --k)");
+        }
+        if self.state.as_deref().is_some_and(|p| p.as_os_str() == "-") {
+            bail!("--state names a file that is read and written back, which stdin/stdout cannot be: give --state FILE (flag --state)");
         }
         if self.period == 0 || self.reeval == 0 {
             bail!("--period and --reeval must be at least 1");
@@ -264,7 +268,10 @@ fn check_paths(args: &ReduceArgs) -> Result<()> {
             ("--state", args.state.as_deref()),
         ],
         &[
-            ("-o", args.io.output.as_deref()),
+            (
+                "-o",
+                gradkit_core::cli::stdout_if_absent(args.io.output.as_deref()),
+            ),
             ("--metrics", args.metrics.as_deref()),
             ("--state", args.state.as_deref()),
         ],
@@ -286,9 +293,10 @@ pub fn run(args: ReduceArgs) -> Result<()> {
         Ok(params)
     }))?;
     let prepared = if world.is_io_rank() {
-        args.io
-            .output()
-            .and_then(|out| Ok(Some((out, load(&args, &world)?))))
+        args.io.output().and_then(|out| {
+            let metrics = gradkit_core::cli::output_flag("--metrics", args.metrics.as_deref())?;
+            Ok(Some(((out, metrics), load(&args, &world)?)))
+        })
     } else {
         Ok(None)
     };
@@ -321,7 +329,7 @@ fn write_outputs(
     args: &ReduceArgs,
     world: &World,
     meta_in: Option<&Meta>,
-    out: &Output,
+    (out, metrics_out): &(Output, Option<Output>),
     result_rows: &[TensorRow],
     metric_rows: &[MetricRow],
 ) -> Result<()> {
@@ -335,10 +343,10 @@ fn write_outputs(
     if let Some(m) = meta_in.and_then(|m| m.get("gradkit.method")) {
         meta.set("input_method", m);
     }
-    if let Some(path) = &args.metrics {
+    if let Some(m) = metrics_out {
         let mut mm = Meta::producer("gradallreduce");
         mm.set("algo", &args.algo).set("world_size", world.size());
-        write_table(&Output::Path(path.clone()), &mm, metric_rows)?;
+        write_table(m, &mm, metric_rows)?;
     }
     write_table(out, &meta, result_rows)?;
     if !args.io.quiet {

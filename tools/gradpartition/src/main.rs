@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use gradkit_core::cli::{self, fmt_num, Format, IoArgs, TextTable};
-use gradkit_core::io::{Meta, Output};
+use gradkit_core::io::Meta;
 use gradkit_core::trace::{self, Layout, MetricSink};
 use gradkit_core::{read_tensor, write_table, MetricRow, PlanRow, TensorRow};
 use gradkit_partition::{deft, oktopk};
@@ -38,11 +38,14 @@ const AFTER: &str = "Examples:
 
   # Ok-Topk regions from local top-k selections, recomputed every 16 steps
   gradtrace synthetic --shape vgg16 --scale 0.1 --ranks 4 --steps 32 --seed 1 \\
-    | gradselect --method topk --density 0.01 \\
-    | gradpartition --method oktopk --period 16 -o regions.parquet
+    | gradselect --method topk --density 0.01 -o sel.parquet
+  gradpartition --method oktopk --period 16 sel.parquet -o regions.parquet
 
   # the same with equal-size regions, to compare the imbalance
-  gradpartition --method oktopk --naive sel.parquet -o naive.parquet";
+  gradpartition --method oktopk --naive sel.parquet -o naive.parquet
+
+  # the summary as JSON on stdout, for a program (Markdown on stderr is the default)
+  gradpartition --method oktopk sel.parquet -o regions.parquet --format json > summary.json";
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum Method {
@@ -58,8 +61,9 @@ struct Cli {
     /// Which partition to compute
     #[arg(long, value_enum)]
     method: Method,
-    /// Number of workers P (default: the trace's number of ranks)
-    #[arg(long, value_name = "P")]
+    /// Number of workers P the plan is for, i.e. the ranks of the job that uses it, as
+    /// gradallreduce/gradtrain --ranks (default: the trace's number of ranks)
+    #[arg(long, visible_alias = "ranks", value_name = "P")]
     workers: Option<usize>,
     /// DEFT: fraction of the model's elements selected per step, k = floor(D·n), in (0, 1]
     #[arg(long, value_name = "D")]
@@ -79,13 +83,14 @@ struct Cli {
     /// Ok-Topk: equal-size regions instead of balanced ones
     #[arg(long)]
     naive: bool,
-    /// Also write the metrics (metrics/1) to this Parquet file
+    /// Also write the metrics (metrics/1) to this Parquet file (`-`: stdout)
     #[arg(long, value_name = "M.parquet")]
     metrics: Option<PathBuf>,
     /// Run name in the metrics table (default: the input file's stem)
     #[arg(long, value_name = "NAME")]
     run: Option<String>,
-    /// Format of the summary on stderr
+    /// Format of the summary: md (Markdown, on stderr, for people); csv or json (on stdout,
+    /// for programs: the plan then goes to -o FILE)
     #[arg(long, value_enum, default_value_t = Format::Md)]
     format: Format,
     #[command(flatten)]
@@ -143,17 +148,69 @@ fn check_args(a: &Cli, m: &clap::ArgMatches) -> Result<()> {
     Ok(())
 }
 
+/// Whether the summary tables go to stdout: csv and json are for programs (Markdown is for
+/// people, on stderr); `-q` prints none.
+fn summary_on_stdout(a: &Cli) -> bool {
+    a.format != Format::Md && !a.io.quiet
+}
+
+fn summary_flag(f: Format) -> &'static str {
+    match f {
+        Format::Csv => "--format csv",
+        _ => "--format json",
+    }
+}
+
+/// The summary tables for stdout, printed together by [`print_summary`] so that they form
+/// one document.
+static SUMMARY: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// One summary table: Markdown to stderr at once; csv/json kept for [`print_summary`].
+fn summary(a: &Cli, t: &TextTable) -> Result<()> {
+    if summary_on_stdout(a) {
+        SUMMARY
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(t.render(a.format));
+    } else {
+        gradkit_core::note!("{}", t.render(a.format));
+    }
+    Ok(())
+}
+
+/// The csv/json summary on stdout, one document: json, an array of the tables (each an array
+/// of row objects); csv, the tables separated by a blank line.
+fn print_summary(a: &Cli) -> Result<()> {
+    use std::io::Write;
+    let tables = std::mem::take(&mut *SUMMARY.lock().unwrap_or_else(|e| e.into_inner()));
+    if tables.is_empty() {
+        return Ok(());
+    }
+    let text = match a.format {
+        Format::Json => format!("[\n{}]\n", tables.join(",\n")),
+        _ => tables.join("\n"),
+    };
+    let mut o = std::io::stdout().lock();
+    o.write_all(text.as_bytes())
+        .and_then(|()| o.flush())
+        .map_err(|e| anyhow::Error::new(e).context("writing <stdout>"))
+}
+
 fn body(a: &Cli) -> Result<()> {
     gradkit_core::paths::check_distinct(
         &[("IN", a.io.input.as_deref())],
         &[
-            ("-o", a.io.output.as_deref()),
+            ("-o", cli::stdout_if_absent(a.io.output.as_deref())),
             ("--metrics", a.metrics.as_deref()),
+            (
+                summary_flag(a.format),
+                summary_on_stdout(a).then_some(std::path::Path::new("-")),
+            ),
         ],
     )?;
     let input = a.io.input()?;
     let output = a.io.output()?;
-    let metrics_out = a.metrics.as_deref().map(|p| Output::Path(p.to_path_buf()));
+    let metrics_out = cli::output_flag("--metrics", a.metrics.as_deref())?;
     let loaded = read_tensor(&input, a.io.read_options())?;
     let rows = loaded.rows;
     if rows.is_empty() {
@@ -218,7 +275,7 @@ fn body(a: &Cli) -> Result<()> {
         write_table::<MetricRow>(m, &mm, &sink.rows)?;
     }
     write_table::<PlanRow>(&output, &meta, &plan)?;
-    Ok(())
+    print_summary(a)
 }
 
 /// Each step's flat dense gradients, one per rank (ranks 0..R, checked complete).
@@ -255,6 +312,9 @@ fn run_deft(
     let mut plan = Vec::new();
     let mut sum_loads = vec![0.0; p];
     let (mut sum_imb, mut sum_cmax, mut sum_bd, mut sum_bt) = (0.0, 0.0, 0.0, 0.0);
+    // per-step measured speedups; the summary shows their median (one preempted step on a
+    // loaded machine would dominate a ratio of sums)
+    let mut measured: Vec<f64> = Vec::new();
     let mut worst_imb: f64 = 0.0;
     for (step, grads) in &steps {
         let st = planner.step(*step, grads, &topk, !a.no_buildup);
@@ -264,6 +324,8 @@ fn run_deft(
         for (w, total) in sum_loads.iter_mut().enumerate() {
             sink.push(*step, w as u32, "cost_load", st.loads[w]);
             sink.push(*step, w as u32, "k_assigned", st.worker_k[w] as f64);
+            sink.push(*step, w as u32, "k_selected", st.worker_selected[w] as f64);
+            sink.push(*step, w as u32, "time_select_s", st.worker_select_s[w]);
             sink.push(
                 *step,
                 w as u32,
@@ -278,7 +340,16 @@ fn run_deft(
         sink.push(*step, 0, "cost_max", cmax);
         sink.push(*step, 0, "cost_imbalance", imb);
         sink.push(*step, 0, "cost_topk", topk_cost);
-        sink.push(*step, 0, "selection_speedup", topk_cost / cmax);
+        sink.push(*step, 0, "selection_speedup_predicted", topk_cost / cmax);
+        let tmax = st.worker_select_s.iter().cloned().fold(0.0, f64::max);
+        if let Some(tt) = st.topk_select_s {
+            sink.push(*step, 0, "time_select_topk_s", tt);
+            sink.push(*step, 0, "time_select_deft_max_s", tmax);
+            if tmax > 0.0 {
+                sink.push(*step, 0, "selection_speedup_measured", tt / tmax);
+                measured.push(tt / tmax);
+            }
+        }
         sink.push(*step, 0, "k_total", st.ks.iter().sum::<u64>() as f64);
         sink.push(*step, 0, "buildup_deft", bd);
         if let Some(u) = st.union_topk {
@@ -310,7 +381,7 @@ fn run_deft(
                 fmt_num(l / s / mean_load, 4),
             ]);
         }
-        gradkit_core::note!("{}", t.render(a.format));
+        summary(a, &t)?;
         let mut t = TextTable::new(["quantity", "value"]);
         t.push([
             "imbalance max/mean (mean over steps)".into(),
@@ -326,9 +397,16 @@ fn run_deft(
         ]);
         t.push(["Top-k cost n·log2 k".into(), fmt_num(topk_cost, 4)]);
         t.push([
-            "predicted selection speedup".into(),
+            "selection speedup, predicted n·log2 k / max_i C_i".into(),
             fmt_num(topk_cost * s / sum_cmax, 4),
         ]);
+        if !measured.is_empty() {
+            measured.sort_by(f64::total_cmp);
+            t.push([
+                "selection speedup, measured top-k time / max worker time (median)".into(),
+                fmt_num(measured[measured.len() / 2], 4),
+            ]);
+        }
         t.push([
             "build-up DEFT union/k (mean)".to_string(),
             fmt_num(sum_bd / s, 4),
@@ -339,7 +417,7 @@ fn run_deft(
                 fmt_num(sum_bt / s, 4),
             ]);
         }
-        gradkit_core::note!("{}", t.render(a.format));
+        summary(a, &t)?;
     }
     Ok(plan)
 }
@@ -443,7 +521,7 @@ fn run_oktopk(
         for (w, c) in sum_counts.iter().enumerate() {
             t.push([w.to_string(), fmt_num(*c as f64 / s, 4)]);
         }
-        gradkit_core::note!("{}", t.render(a.format));
+        summary(a, &t)?;
         let mut t = TextTable::new(["quantity", "planned", "equal-size"]);
         t.push([
             "imbalance max/mean (mean over steps)".to_string(),
@@ -455,7 +533,7 @@ fn run_oktopk(
             max_words_b.to_string(),
             max_words_n.to_string(),
         ]);
-        gradkit_core::note!("{}", t.render(a.format));
+        summary(a, &t)?;
     }
     Ok(plan)
 }

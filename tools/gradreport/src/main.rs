@@ -7,12 +7,13 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use gradkit_core::cli::{self, Format};
 use gradkit_core::MetricRow;
-use gradkit_core::{read_tensor, Input, ReadOptions};
+use gradkit_core::{read_tensor, Input, Output, ReadOptions};
 use gradreport::metrics::{self, Stat};
 use gradreport::model::{self, ModelParams};
 use gradreport::plot::{self, Kind, PlotOpts};
 use gradreport::table::{self, TableOpts};
 use gradreport::{tensor, volume};
+use std::io::{IsTerminal, Write};
 
 #[derive(Parser)]
 #[command(
@@ -30,14 +31,16 @@ selects one phase; `bytes_sent:*` gives one column per phase.",
     after_help = "Examples:\n  \
 gradtrace synthetic --shape mlp --ranks 4 --steps 3 -o t.parquet\n  \
 gradallreduce --algo oktopk --ranks 4 --density 0.01 t.parquet -o /dev/null --metrics m.parquet\n  \
+gradtrain --model mlp --ranks 4 --steps 100 --metrics train.parquet\n  \
 gradreport table m*.parquet                         # medians per algo and P, Markdown\n  \
 gradreport table m*.parquet --by algo --metric bytes_sent,time_comm_s --format csv\n  \
-gradreport table train.parquet --by run --metric loss,accuracy --stat last\n  \
+gradreport table train.parquet --by run --metric loss,eval_accuracy --stat last\n  \
 gradreport volume m*.parquet --phases --n 669706 --density 0.01   # measured vs formula\n  \
 gradreport plot loss train*.parquet -o loss.svg\n  \
 gradreport plot breakdown m*.parquet -o breakdown.svg\n  \
 gradreport plot volume m*.parquet --n 669706 --density 0.01 -o volume.svg\n  \
-gradtrace synthetic --steps 2 | gradselect --method topk --density 0.01 | gradreport tensor"
+gradtrace synthetic --shape mlp --steps 2 | gradselect --method topk --density 0.01 \\\n    \
+| gradreport tensor"
 )]
 struct Args {
     #[command(subcommand)]
@@ -82,7 +85,7 @@ and ranks), one bar per algorithm and P\n  \
 volume     bytes_sent per rank and step vs P, log-log: measured points (median, min–max \
 whiskers) on the cost model's lines (`model_bytes_sent` rows)\n  \
 scaling    `model_time_s` (the cost model's projected time per step) vs P, log-log\n\n\
-Example:\n  gradreport plot volume m4.parquet m8.parquet -o volume.svg")]
+Example:\n  gradreport plot volume m*.parquet --n 669706 --density 0.01 -o volume.svg")]
     Plot {
         /// Which figure
         #[arg(value_enum)]
@@ -90,7 +93,7 @@ Example:\n  gradreport plot volume m4.parquet m8.parquet -o volume.svg")]
         /// metrics/1 files (stdin when none)
         #[arg(value_name = "METRICS")]
         files: Vec<PathBuf>,
-        /// The SVG file to write
+        /// The SVG file to write (`-`: stdout)
         #[arg(short = 'o', long = "output", value_name = "FIG.svg")]
         output: PathBuf,
         /// Metrics instead of the kind's defaults, comma-separated
@@ -127,11 +130,11 @@ gradreport volume m*.parquet --n 669706 --density 0.01 --phases --format csv"
         /// Also one row per phase (<metric>:<phase>)
         #[arg(long)]
         phases: bool,
-        #[command(flatten)]
-        model: ModelArgs,
         /// Output format
         #[arg(long, value_enum, default_value_t = Format::Md)]
         format: Format,
+        #[command(flatten)]
+        model: ModelArgs,
     },
     /// nnz, density and L2 norm of every layer of a tensor/1 file, per step and rank
     #[command(
@@ -167,13 +170,10 @@ struct ModelArgs {
     /// Density k/n of the sparse algorithms
     #[arg(long, default_value_t = 0.01)]
     density: f64,
-    /// Start-up latency α in microseconds
-    #[arg(long, default_value_t = 5.0)]
-    alpha_us: f64,
-    /// Link bandwidth in GB/s (β = 4 bytes / bandwidth per word)
-    #[arg(long, default_value_t = 10.0)]
-    bandwidth_gbps: f64,
-    /// Figures: draw the model's lines up to this many ranks
+    #[command(flatten)]
+    cost: cli::CostArgs,
+    /// Figures: draw the model's lines up to P ranks (a projection: the measured points keep
+    /// their own world_size)
     #[arg(long, value_name = "P", default_value_t = 256)]
     project_to: u32,
 }
@@ -186,8 +186,8 @@ fn with_model(mut rows: Vec<MetricRow>, a: &ModelArgs, figure: bool) -> Result<V
     let params = ModelParams::new(
         model::parse_size(n)?,
         a.density,
-        a.alpha_us,
-        a.bandwidth_gbps,
+        a.cost.alpha_us,
+        a.cost.bandwidth_gbps,
     )?;
     let extra = if figure {
         let lo = rows.iter().map(|r| r.world_size).min().unwrap_or(2).max(2);
@@ -200,8 +200,8 @@ fn with_model(mut rows: Vec<MetricRow>, a: &ModelArgs, figure: bool) -> Result<V
         "note: cost model (gradkit_collectives::cost) with n={} k={} α={} µs bandwidth={} GB/s: {} rows added{}",
         params.n,
         params.k,
-        a.alpha_us,
-        a.bandwidth_gbps,
+        a.cost.alpha_us,
+        a.cost.bandwidth_gbps,
         add.len(),
         if unknown.is_empty() {
             String::new()
@@ -257,6 +257,13 @@ fn body(args: Args) -> Result<()> {
                 .map(|f| ("METRICS", Some(f.as_path())))
                 .collect();
             gradkit_core::paths::check_distinct(&inputs, &[("-o", Some(output.as_path()))])?;
+            let to_stdout = output.as_os_str() == "-";
+            if to_stdout {
+                if !cli::under_mpi_launcher() && std::io::stdout().is_terminal() {
+                    anyhow::bail!("refusing to write an SVG figure to a terminal (-o -): give -o FIG.svg, or pipe stdout into a program");
+                }
+                Output::from_arg(None)?;
+            }
             let (width, height) = parse_size(&size)?;
             let opts = PlotOpts {
                 kind,
@@ -268,6 +275,13 @@ fn body(args: Args) -> Result<()> {
             let rows = metrics::load(&files)?;
             let rows = with_model(rows, &model, matches!(kind, Kind::Volume | Kind::Scaling))?;
             let svg = plot::plot(&rows, &opts)?;
+            if to_stdout {
+                let mut o = std::io::stdout().lock();
+                return o
+                    .write_all(svg.as_bytes())
+                    .and_then(|()| o.flush())
+                    .map_err(|e| anyhow::Error::new(e).context("writing <stdout>"));
+            }
             plot::write_svg(&output, &svg)?;
             gradkit_core::noteln!("wrote {}", output.display());
             Ok(())

@@ -112,8 +112,10 @@ pub fn axis_label(metric: &str, values: &[f64]) -> String {
     let base = base.strip_prefix("model_").unwrap_or(base);
     match base {
         "loss" => format!("{metric} (unitless)"),
-        "accuracy" if values.iter().any(|v| *v > 1.0) => format!("{metric} (%)"),
-        "accuracy" => format!("{metric} (fraction)"),
+        "accuracy" | "eval_accuracy" if values.iter().any(|v| *v > 1.0) => {
+            format!("{metric} (%)")
+        }
+        "accuracy" | "eval_accuracy" => format!("{metric} (fraction)"),
         "lr" => format!("{metric} (learning rate, unitless)"),
         "bytes_sent" | "bytes_recv" => format!("{metric} (bytes)"),
         "messages" => format!("{metric} (count)"),
@@ -208,8 +210,11 @@ fn loss(root: &DrawingArea<SVGBackend, Shift>, rows: &[MetricRow], opts: &PlotOp
         Some(m) => metrics::expand(rows, Some(m))?,
         None => {
             let mut v = metrics::expand(rows, Some(&["loss".to_string()]))?;
-            if rows.iter().any(|r| r.metric == "accuracy") {
-                v.push("accuracy".into());
+            // gradtrain writes the test accuracy as `eval_accuracy`.
+            for acc in ["accuracy", "eval_accuracy"] {
+                if rows.iter().any(|r| r.metric == acc) {
+                    v.push(acc.into());
+                }
             }
             v
         }

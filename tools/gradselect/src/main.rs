@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use gradkit_core::cli::{self, IoArgs};
-use gradkit_core::io::{Input, Meta, Output, ReadOptions};
+use gradkit_core::io::{Input, Meta, ReadOptions};
 use gradkit_core::trace::{self, Layout, MetricSink, Sparse};
 use gradkit_core::{read_table, read_tensor, write_table, MetricRow, PlanRow, TensorRow};
 use gradkit_partition::deft as pdeft;
@@ -51,14 +51,20 @@ const AFTER: &str = "Examples:
     | gradselect --method topk --density 0.01 --metrics sel-m.parquet -o sel.parquet
 
   # Ok-Topk's reused thresholds with the reference code's VGG bands, per layer
-  gradselect --method oktopk --density 0.01 --reeval 32 --adjust reference --scope layer trace.parquet -o ok.parquet
+  gradselect --method oktopk --density 0.01 --reeval 32 --adjust reference --scope layer \\
+    trace.parquet -o ok.parquet
+
+  # the metrics straight into a table: `-` is stdout for any output flag
+  gradselect --method topk --density 0.01 trace.parquet -o sel.parquet --metrics - \\
+    | gradreport table --metric nnz,threshold
 
   # Ok-Topk's threshold reuse exactly as Algorithm 1 writes it
   gradselect --method oktopk --density 0.01 --adjust paper trace.parquet -o ok-paper.parquet
 
   # DEFT with a plan from gradpartition, keeping the final residuals
   gradpartition --method deft --density 0.01 trace.parquet -o plan.parquet
-  gradselect --method deft --density 0.01 --plan plan.parquet --residual-out res.parquet trace.parquet -o deft.parquet
+  gradselect --method deft --density 0.01 --plan plan.parquet --residual-out res.parquet \\
+    trace.parquet -o deft.parquet
 
 Metrics (--metrics, metrics/1, per step and rank): k_target, nnz, threshold, density,
 time_select_s, residual_norm, exact_topk (docs/gradselect.md).";
@@ -121,10 +127,10 @@ struct Cli {
     /// No error feedback: select from each step's gradient alone
     #[arg(long)]
     no_residual: bool,
-    /// Write every rank's final residual as a dense tensor/1 to this file
+    /// Write every rank's final residual as a dense tensor/1 to this file (`-`: stdout)
     #[arg(long, value_name = "FILE", conflicts_with = "no_residual")]
     residual_out: Option<PathBuf>,
-    /// Also write per-(step, rank) metrics (metrics/1) to this Parquet file
+    /// Also write per-(step, rank) metrics (metrics/1) to this Parquet file (`-`: stdout)
     #[arg(long, value_name = "M.parquet")]
     metrics: Option<PathBuf>,
     /// Run name in the metrics table (default: the input file's stem)
@@ -270,13 +276,15 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
     gradkit_core::paths::check_distinct(
         &[("IN", a.io.input.as_deref()), ("--plan", a.plan.as_deref())],
         &[
-            ("-o", a.io.output.as_deref()),
+            ("-o", cli::stdout_if_absent(a.io.output.as_deref())),
             ("--residual-out", a.residual_out.as_deref()),
             ("--metrics", a.metrics.as_deref()),
         ],
     )?;
     let input = a.io.input()?;
     let output = a.io.output()?;
+    let metrics_out = cli::output_flag("--metrics", a.metrics.as_deref())?;
+    let residual_out = cli::output_flag("--residual-out", a.residual_out.as_deref())?;
     let loaded = read_tensor(&input, a.io.read_options())?;
     let rows = loaded.rows;
     if rows.is_empty() {
@@ -435,12 +443,12 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
         )
         .set("topup", a.topup);
     }
-    if let Some(m) = &a.metrics {
+    if let Some(m) = &metrics_out {
         let mut mm = Meta::producer("gradselect");
         mm.set("method", algo);
-        write_table::<MetricRow>(&Output::Path(m.clone()), &mm, &sink.rows)?;
+        write_table::<MetricRow>(m, &mm, &sink.rows)?;
     }
-    if let Some(rpath) = &a.residual_out {
+    if let Some(rout) = &residual_out {
         let last = *steps.last().expect("non-empty");
         let mut res_rows = Vec::new();
         for (r, st) in states.iter().enumerate() {
@@ -453,7 +461,7 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
         }
         let mut rm = meta.clone();
         rm.set("content", "residual");
-        write_table::<TensorRow>(&Output::Path(rpath.clone()), &rm, &res_rows)?;
+        write_table::<TensorRow>(rout, &rm, &res_rows)?;
     }
     write_table::<TensorRow>(&output, &meta, &out_rows)?;
     if !a.io.quiet {

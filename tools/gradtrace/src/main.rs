@@ -80,7 +80,7 @@ struct SyntheticArgs {
     /// A custom model: NAME=SIZE or NAME=D0xD1x… items, comma-separated
     #[arg(long, value_name = "SPEC")]
     layers: Option<String>,
-    /// Number of workers (ranks 0..P)
+    /// Ranks P in the trace (rows for ranks 0..P; nothing is run)
     #[arg(long, value_name = "P", default_value_t = 4)]
     ranks: u32,
     /// Number of training steps

@@ -32,8 +32,9 @@ pub struct ModelArgs {
     /// digits, synthetic-lm, or a Parquet file (see gradtrain --help)
     #[arg(long, default_value = "digits")]
     data: String,
-    /// Ranks (in-process threads unless started by mpirun)
-    #[arg(long)]
+    /// Ranks P to run: in-process ranks (threads) when not started by mpirun, where MPI
+    /// gives the count
+    #[arg(long, value_name = "P")]
     ranks: Option<usize>,
     /// Training steps to record
     #[arg(long, default_value_t = 4)]

@@ -31,24 +31,32 @@ const AFTER: &str = "Models and data:
 
 Exchanges: dense, topk (TopkA), gaussiank, topkdsa, gtopk, oktopk, deft (each with --density
 and error feedback), onebit (with --optimizer onebit-lamb or onebit-adam), embrace (EmbRace:
-token embedding sharded by columns, AlltoAll; --schedule fifo|embrace) and allgather (its
-sparse AllGather baseline); these two take --optimizer sgd (no momentum) or adam, applied
+token embedding sharded by columns, AlltoAll; --schedule fifo|embrace), allgather (its
+sparse AllGather baseline, duplicate rows coalesced) and allgather-raw (one row per token, as
+Horovod/PyTorch DDP send them); these take --optimizer sgd (no momentum) or adam, applied
 lazily to the embedding rows a step touches.
 Optimisers: sgd (--momentum, --nesterov, --weight-decay), adam, adamw, lamb, onebit-lamb,
 onebit-adam (--freeze-step); schedules: --warmup N, --decay none|linear|cosine.
 
 Examples:
   # dense baseline on 4 ranks, metrics for gradreport
-  gradtrain --model mlp --data digits --ranks 4 --steps 300 --lr 0.1 --metrics dense.parquet
+  gradtrain --model mlp --data digits --ranks 4 --steps 300 --lr 0.1 \\
+      --run dense --metrics dense.parquet
 
   # Ok-Topk at 1 % density; compare bytes and accuracy with the baseline
   gradtrain --model mlp --ranks 4 --steps 300 --lr 0.1 --exchange oktopk --density 0.01 \\
-      --metrics oktopk.parquet && gradreport dense.parquet oktopk.parquet
+      --run oktopk --metrics oktopk.parquet
+  gradreport table dense.parquet oktopk.parquet --by run \\
+      --metric loss,eval_accuracy,bytes_sent --stat last
 
-  # 1-bit LAMB on the tiny GPT, with checkpoints every 100 steps, resumable
+  # 1-bit LAMB on the tiny GPT, with checkpoints every 100 steps
   gradtrain --model transformer-lm --data synthetic-lm --ranks 4 --steps 400 --lr 0.01 \\
-      --optimizer onebit-lamb --exchange onebit --freeze-step 80 --checkpoint ck --checkpoint-every 100
-  gradtrain ... --checkpoint ck --resume
+      --optimizer onebit-lamb --exchange onebit --freeze-step 80 \\
+      --checkpoint ck --checkpoint-every 100
+  # the same command with --resume continues from the last checkpoint (here: to step 600)
+  gradtrain --model transformer-lm --data synthetic-lm --ranks 4 --steps 600 --lr 0.01 \\
+      --optimizer onebit-lamb --exchange onebit --freeze-step 80 \\
+      --checkpoint ck --checkpoint-every 100 --resume
 
   # EmbRace vs its baselines on a 50k-token Zipf vocabulary (bytes per rank in the metrics)
   gradtrain --model transformer-lm --data synthetic-lm --vocab 50000 --ranks 4 --steps 20 \\
@@ -74,6 +82,7 @@ struct Cli {
     #[arg(long, default_value = "digits")]
     data: String,
     /// dense | topk | gaussiank | topkdsa | gtopk | oktopk | deft | onebit | embrace | allgather
+    /// (rows coalesced before sending) | allgather-raw (one row per token, Horovod/DDP style)
     #[arg(long, default_value = "dense")]
     exchange: String,
     /// --exchange embrace: fifo | embrace (2D scheduling: prior rows first, delayed rows
@@ -140,6 +149,18 @@ struct Cli {
     /// 1-bit LAMB/Adam: warm-up steps with uncompressed exchange before compression
     #[arg(long, default_value_t = 100)]
     freeze_step: u32,
+    /// 1-bit LAMB/Adam compressed stage: clip m/(√v_frozen+η) to Adam's bound (on, the
+    /// default: finite on digits with η = 1e-8) or not (off: Algorithm 1 / DeepSpeed)
+    #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+    onebit_clip: Option<String>,
+    /// 1-bit LAMB/Adam: zero the averaged momentum where the frozen variance is 0 (auto, the
+    /// default) or apply no mask (none: DeepSpeed without a user `exp_avg_mask`)
+    #[arg(long, value_name = "auto|none", value_parser = ["auto", "none"])]
+    onebit_mask: Option<String>,
+    /// 1-bit LAMB/Adam exactly as DeepSpeed's OnebitLamb/OnebitAdam compute the update:
+    /// --onebit-clip off --onebit-mask none
+    #[arg(long, conflicts_with_all = ["onebit_clip", "onebit_mask"])]
+    onebit_exact: bool,
     /// Seed of initialisation and batches
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -149,10 +170,12 @@ struct Cli {
     /// Compare parameter checksums across ranks every N steps (0: only at the end)
     #[arg(long, default_value_t = 50)]
     check_every: u32,
-    /// In-process ranks (ignored under mpirun, where MPI gives the count)
-    #[arg(long)]
+    /// Ranks P to run: in-process ranks (threads) when not started by mpirun, where MPI
+    /// gives the count
+    #[arg(long, value_name = "P")]
     ranks: Option<usize>,
-    /// Write metrics/1 rows (loss, accuracy, lr, bytes, times, nnz, thresholds) here
+    /// Write metrics/1 rows (loss, eval_accuracy, lr, bytes, times, nnz, thresholds) here
+    /// (`-`: stdout)
     #[arg(long, value_name = "RUN.parquet")]
     metrics: Option<PathBuf>,
     /// Rewrite --metrics (atomically) every N steps, so a killed run keeps the finished steps
@@ -241,6 +264,8 @@ fn config(a: &Cli) -> TrainConfig {
             lamb_min: a.lamb_min,
             lamb_max: a.lamb_max,
             freeze_step: a.freeze_step,
+            onebit_clip: !a.onebit_exact && a.onebit_clip.as_deref() != Some("off"),
+            onebit_mask: !a.onebit_exact && a.onebit_mask.as_deref() != Some("none"),
             ..OptConfig::default()
         },
         lr: a.lr,
@@ -340,6 +365,21 @@ fn check_flags(a: &Cli) -> anyhow::Result<()> {
             a.exchange
         );
     }
+    if (a.onebit_exact || a.onebit_clip.is_some() || a.onebit_mask.is_some())
+        && !a.optimizer.starts_with("onebit-")
+    {
+        let flag = if a.onebit_exact {
+            "--onebit-exact"
+        } else if a.onebit_clip.is_some() {
+            "--onebit-clip"
+        } else {
+            "--onebit-mask"
+        };
+        anyhow::bail!(
+            "{flag} applies to --optimizer onebit-lamb or onebit-adam only, not `{}` (flag {flag})",
+            a.optimizer
+        );
+    }
     if (a.momentum != 0.0 || a.nesterov) && a.optimizer != "sgd" {
         anyhow::bail!(
             "--momentum and --nesterov apply to --optimizer sgd only, not `{}` (it uses --beta1) (flag --momentum)",
@@ -375,12 +415,10 @@ fn main() -> std::process::ExitCode {
             return world.agree(Ok(()));
         }
         // An agreement point: a bad flag is reported once under mpirun, by rank 0.
-        let out = world.agree(gradkit_train::train::check_config(&cfg).and_then(|()| {
-            args.metrics
-                .as_deref()
-                .map(|p| Output::from_arg(Some(p)))
-                .transpose()
-        }))?;
+        let out = world.agree(
+            gradkit_train::train::check_config(&cfg)
+                .and_then(|()| cli::output_flag("--metrics", args.metrics.as_deref())),
+        )?;
         let Some(rep) = gradkit_train::train(&world, &cfg)? else {
             // A non-I/O MPI rank: wait at the last agreement point while rank 0 writes.
             return world.agree(Ok(()));
