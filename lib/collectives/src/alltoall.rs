@@ -264,19 +264,10 @@ pub fn embedding_forward(
 }
 
 /// The Horovod-AllGather baseline (embrace.md §1.3): every rank's rows (ids + full rows)
-/// are ring-allgathered and summed on every rank. Phase `allgather_sparse`.
+/// are ring-allgathered and summed on every rank, each rank's duplicates merged before
+/// sending. Phase `allgather_sparse`.
 pub fn sparse_allgather(comm: &dyn Comm, rows: &Rows) -> Result<Rows> {
-    let u = rows.coalesce();
-    let m = encode(&u.ids, u.values.iter().copied());
-    let all = {
-        let _ph = comm.phase("allgather_sparse");
-        comm.allgatherv(m)
-    };
-    let blocks = all
-        .into_iter()
-        .map(|m| decode(m, rows.width))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Rows::concat(blocks, rows.width).coalesce())
+    allgather_rows(comm, &rows.coalesce())
 }
 
 /// The raw AllGather baseline, as Horovod's and PyTorch DDP's sparse allreduce do it: every
@@ -284,6 +275,11 @@ pub fn sparse_allgather(comm: &dyn Comm, rows: &Rows) -> Result<Rows> {
 /// token, duplicates included), then summed on every rank. A rank's message is
 /// `rows.len()·(1 + width)` u32 words. Phase `allgather_sparse`.
 pub fn sparse_allgather_raw(comm: &dyn Comm, rows: &Rows) -> Result<Rows> {
+    allgather_rows(comm, rows)
+}
+
+/// Allgathers `rows` as they are and sums every rank's rows by id.
+fn allgather_rows(comm: &dyn Comm, rows: &Rows) -> Result<Rows> {
     let m = encode(&rows.ids, rows.values.iter().copied());
     let all = {
         let _ph = comm.phase("allgather_sparse");

@@ -220,24 +220,18 @@ pub fn unpack_scaled(bits: &[u8], s: f32, out: &mut [f32]) {
 /// `acc[i] += s·(2·bit_i − 1)` (the server's weighted sum of decompressed chunks);
 /// `acc.len() ≤ 8·bits` (a partial last byte uses its leading bits).
 pub fn unpack_accumulate(bits: &[u8], s: f32, acc: &mut [f32]) {
-    let sb = s.to_bits();
-    let full = acc.len() / 8;
-    let mut it = acc.chunks_exact_mut(8);
-    for (c, &b) in (&mut it).zip(bits) {
-        let c = lanes8_mut(c);
-        let v = unpack8(sb, b);
-        for j in 0..8 {
-            c[j] += v[j];
-        }
-    }
-    for (j, o) in it.into_remainder().iter_mut().enumerate() {
-        *o += signed(sb, bits[full], j);
-    }
+    unpack_with(bits, s, acc, |a, v| *a += v);
 }
 
 /// `acc[i] = 0.0 + s·(2·bit_i − 1)`: the first term of a sum that starts at zero, without
 /// zeroing `acc` first (`0.0 + v` is kept: it turns −0 into +0 exactly as the zeroed sum).
 pub fn unpack_first(bits: &[u8], s: f32, acc: &mut [f32]) {
+    unpack_with(bits, s, acc, |a, v| *a = 0.0 + v);
+}
+
+/// Applies `f(acc[i], s·(2·bit_i − 1))` over 8-lane chunks, then the remainder.
+#[inline(always)]
+fn unpack_with(bits: &[u8], s: f32, acc: &mut [f32], f: impl Fn(&mut f32, f32)) {
     let sb = s.to_bits();
     let full = acc.len() / 8;
     let mut it = acc.chunks_exact_mut(8);
@@ -245,11 +239,11 @@ pub fn unpack_first(bits: &[u8], s: f32, acc: &mut [f32]) {
         let c = lanes8_mut(c);
         let v = unpack8(sb, b);
         for j in 0..8 {
-            c[j] = 0.0 + v[j];
+            f(&mut c[j], v[j]);
         }
     }
     for (j, o) in it.into_remainder().iter_mut().enumerate() {
-        *o = 0.0 + signed(sb, bits[full], j);
+        f(o, signed(sb, bits[full], j));
     }
 }
 
