@@ -89,6 +89,18 @@ impl ReduceArgs {
     /// Checks made on the command line alone, before any rank starts: ranges, and flags given
     /// for an algorithm that does not read them (refused rather than silently ignored).
     pub fn check_flags(&self, m: &clap::ArgMatches) -> Result<()> {
+        // A typo in --algo is a usage error (exit 2), like every other flag's.
+        if !gradkit_collectives::ALGOS
+            .iter()
+            .any(|(name, _)| *name == self.algo)
+        {
+            let known: Vec<&str> = gradkit_collectives::ALGOS.iter().map(|a| a.0).collect();
+            bail!(
+                "unknown --algo `{}` (known: {})",
+                self.algo,
+                known.join(", ")
+            );
+        }
         if !(self.density > 0.0 && self.density <= 1.0) {
             bail!(
                 "--density must lie in (0, 1], got {} (flag --density)",

@@ -224,14 +224,16 @@ fn bad_input_fails_cleanly() {
     rows.retain(|r| !(r.rank == 3 && r.step == 1));
     write_trace(&inp, &rows);
     local_fails(&["--ranks", "4"], &inp, &out, "step 1: only 3 of 4 ranks");
-    // Unknown algorithm; bad density.
-    local_fails(
-        &["--ranks", "4", "--algo", "nope"],
-        &inp,
-        &out,
-        "unknown --algo `nope`",
-    );
-    // A flag out of range is a usage error (exit 2; tests/validation.rs has the others).
+    // An unknown algorithm and a flag out of range are usage errors (exit 2;
+    // tests/validation.rs has the others).
+    let o = run(Command::new(BIN)
+        .args(["--ranks", "4", "--algo", "nope"])
+        .arg(&inp)
+        .arg("-o")
+        .arg(&out));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).starts_with("error: unknown --algo `nope`"));
+    assert!(!out.exists());
     let o = run(Command::new(BIN)
         .args(["--ranks", "4", "--density", "1.5"])
         .arg(&inp)
