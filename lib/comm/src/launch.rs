@@ -47,7 +47,6 @@ impl World {
             // drop on an error path (a rank in MPI_Finalize waits for all the others).
             std::mem::forget(universe);
             cli::register_launcher(Launcher {
-                rank: comm.rank(),
                 size: comm.size(),
                 finalize: crate::mpi::finalize,
                 abort: crate::mpi::abort_world,

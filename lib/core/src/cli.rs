@@ -65,8 +65,7 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
 /// (gradkit-core knows nothing of MPI; these hooks are how [`run`] ends an MPI job).
 #[derive(Clone, Copy, Debug)]
 pub struct Launcher {
-    /// This process's rank and the job's size.
-    pub rank: usize,
+    /// The job's size (ranks).
     pub size: usize,
     /// Ends MPI on a path every rank takes (success, or an error all ranks agreed on).
     pub finalize: fn(),

@@ -477,20 +477,10 @@ pub fn dump_gradients(world: &World, cfg: &TrainConfig) -> Result<Vec<TensorRow>
     Ok(train(world, &c)?.map(|r| r.gradients).unwrap_or_default())
 }
 
-fn rank_main(comm: &dyn Comm, cfg: &TrainConfig, data: &Dataset) -> Result<Option<TrainReport>> {
-    let (rank, p) = (comm.rank(), comm.size());
-    let model = Model::new(&cfg.model, data, cfg.seed)?;
-    let layout = model.layout().clone();
-    let n = model.n_params();
-    let segments: Vec<(usize, usize)> = layout
-        .layers
-        .iter()
-        .map(|l| (l.offset as usize, l.numel as usize))
-        .collect();
-    let shard = Shard::new(data, rank, p, cfg.batch, cfg.model.seq_len)?;
-    let mut opt = Opt::new(&cfg.opt, segments)?;
+/// The exchange `cfg.exchange` names, with its state sized for `n` parameters on `p` ranks.
+fn make_exchange(cfg: &TrainConfig, p: usize, n: usize) -> Result<Exchange> {
     let algo = EXCHANGES.iter().find(|e| e.0 == cfg.exchange).unwrap().1;
-    let mut exchange = match cfg.exchange.as_str() {
+    Ok(match cfg.exchange.as_str() {
         "dense" => Exchange::Dense,
         "onebit" => Exchange::OneBit(OneBitState::new(Variant::Server, p, n)),
         _ => {
@@ -517,84 +507,118 @@ fn rank_main(comm: &dyn Comm, cfg: &TrainConfig, data: &Dataset) -> Result<Optio
                 fold_lr,
             }
         }
-    };
+    })
+}
+/// `--resume`: loads this rank's checkpoint (parameters, optimiser and exchange state) after
+/// checking it was written by the same configuration; returns the step to go on from.
+fn restore(
+    cfg: &TrainConfig,
+    rank: usize,
+    meta: &[(String, String)],
+    model: &Model,
+    opt: &mut Opt,
+    exchange: &mut Exchange,
+    params: &mut Vec<f32>,
+) -> Result<u32> {
+    let root = cfg.checkpoint.as_ref().unwrap();
+    let dir = checkpoint::latest(root)?.context("no checkpoint to resume")?;
+    let st = checkpoint::read_rank(&dir, rank)?;
+    for (k, v) in meta {
+        let have = st
+            .meta
+            .iter()
+            .find(|(a, _)| a == k)
+            .map(|(_, b)| b.as_str());
+        if have != Some(v.as_str()) {
+            bail!(
+                "checkpoint {} was written with {k} = {}, this run has {k} = {v} (flag --resume)",
+                dir.display(),
+                have.unwrap_or("(none)")
+            );
+        }
+    }
+    *params = st
+        .get("params")
+        .context("checkpoint lacks `params`")?
+        .clone();
+    if let Some(i) = params.iter().position(|x| !x.is_finite()) {
+        bail!(
+            "checkpoint file {} holds the non-finite parameter {i} = {}: the file is corrupt, or the run had diverged when it was written",
+            dir.join(format!("rank-{rank}.safetensors")).display(),
+            params[i]
+        );
+    }
+    let ost: Vec<(String, Vec<f32>)> = st
+        .tensors
+        .iter()
+        .filter_map(|(k, v)| k.strip_prefix("opt.").map(|s| (s.to_string(), v.clone())))
+        .collect();
+    opt.load_state(&ost)?;
+    match exchange {
+        Exchange::Sparse {
+            residual, fold_lr, ..
+        } => {
+            *residual = st
+                .get("residual")
+                .context("checkpoint lacks `residual`")?
+                .clone();
+            if let Some(s) = fold_lr {
+                s.buf = st
+                    .get("fold.momentum_buffer")
+                    .context("checkpoint lacks momentum")?
+                    .clone();
+            }
+        }
+        Exchange::OneBit(ob) => {
+            ob.worker_error = st
+                .get("onebit.worker_error")
+                .context("checkpoint lacks 1-bit worker error")?
+                .clone();
+            ob.server_error = st
+                .get("onebit.server_error")
+                .context("checkpoint lacks 1-bit server error")?
+                .clone();
+        }
+        Exchange::Dense => {}
+    }
+    model.set_flat(params)?;
+    Ok(st.step)
+}
+
+fn rank_main(comm: &dyn Comm, cfg: &TrainConfig, data: &Dataset) -> Result<Option<TrainReport>> {
+    let (rank, p) = (comm.rank(), comm.size());
+    let model = Model::new(&cfg.model, data, cfg.seed)?;
+    let layout = model.layout().clone();
+    let n = model.n_params();
+    let segments: Vec<(usize, usize)> = layout
+        .layers
+        .iter()
+        .map(|l| (l.offset as usize, l.numel as usize))
+        .collect();
+    let shard = Shard::new(data, rank, p, cfg.batch, cfg.model.seq_len)?;
+    let mut opt = Opt::new(&cfg.opt, segments)?;
+    let mut exchange = make_exchange(cfg, p, n)?;
     let mut params = model.get_flat()?;
     let meta = run_meta(cfg, p, n);
     let mut first = 0u32;
-    if cfg.resume {
-        let root = cfg.checkpoint.as_ref().unwrap();
-        let dir = checkpoint::latest(root)?.context("no checkpoint to resume")?;
-        let st = checkpoint::read_rank(&dir, rank)?;
-        for (k, v) in &meta {
-            let have = st
-                .meta
-                .iter()
-                .find(|(a, _)| a == k)
-                .map(|(_, b)| b.as_str());
-            if have != Some(v.as_str()) {
-                bail!(
-                    "checkpoint {} was written with {k} = {}, this run has {k} = {v} (flag --resume)",
-                    dir.display(),
-                    have.unwrap_or("(none)")
-                );
-            }
-        }
-        first = st.step;
-        params = st
-            .get("params")
-            .context("checkpoint lacks `params`")?
-            .clone();
-        if let Some(i) = params.iter().position(|x| !x.is_finite()) {
-            bail!(
-                "checkpoint file {} holds the non-finite parameter {i} = {}: the file is corrupt, or the run had diverged when it was written",
-                dir.join(format!("rank-{rank}.safetensors")).display(),
-                params[i]
-            );
-        }
-        let ost: Vec<(String, Vec<f32>)> = st
-            .tensors
-            .iter()
-            .filter_map(|(k, v)| k.strip_prefix("opt.").map(|s| (s.to_string(), v.clone())))
-            .collect();
-        opt.load_state(&ost)?;
-        match &mut exchange {
-            Exchange::Sparse {
-                residual, fold_lr, ..
-            } => {
-                *residual = st
-                    .get("residual")
-                    .context("checkpoint lacks `residual`")?
-                    .clone();
-                if let Some(s) = fold_lr {
-                    s.buf = st
-                        .get("fold.momentum_buffer")
-                        .context("checkpoint lacks momentum")?
-                        .clone();
-                }
-            }
-            Exchange::OneBit(ob) => {
-                ob.worker_error = st
-                    .get("onebit.worker_error")
-                    .context("checkpoint lacks 1-bit worker error")?
-                    .clone();
-                ob.server_error = st
-                    .get("onebit.server_error")
-                    .context("checkpoint lacks 1-bit server error")?
-                    .clone();
-            }
-            Exchange::Dense => {}
-        }
-        model.set_flat(&params)?;
-    }
     let mut log = MetricsLog::new(cfg, p, data);
-    if cfg.resume && rank == 0 {
-        let root = cfg.checkpoint.as_ref().unwrap();
-        let dir = checkpoint::latest(root)?.context("no checkpoint to resume")?;
-        log.resume(&dir, first, cfg.quiet)?;
-    }
-    if cfg.resume && rank == 0 {
-        if let Some(w) = oktopk_resume_warning(cfg, first) {
-            gradkit_core::cli::report_line(&w);
+    if cfg.resume {
+        first = restore(
+            cfg,
+            rank,
+            &meta,
+            &model,
+            &mut opt,
+            &mut exchange,
+            &mut params,
+        )?;
+        if rank == 0 {
+            let root = cfg.checkpoint.as_ref().unwrap();
+            let dir = checkpoint::latest(root)?.context("no checkpoint to resume")?;
+            log.resume(&dir, first, cfg.quiet)?;
+            if let Some(w) = oktopk_resume_warning(cfg, first) {
+                gradkit_core::cli::report_line(&w);
+            }
         }
     }
     let last = cfg.stop_after.map_or(cfg.steps, |s| s.min(cfg.steps));

@@ -140,34 +140,7 @@ fn names_of_run(id: &str) -> Vec<String> {
 
 /// A dense trace: `steps` × `p` ranks × two layers of sizes 3000 and 37.
 fn trace(p: u32, steps: u32) -> Vec<TensorRow> {
-    let mut rows = Vec::new();
-    for step in 0..steps {
-        for rank in 0..p {
-            for (layer_id, (name, n)) in [("fc1.weight", 3000u64), ("fc1.bias", 37)]
-                .into_iter()
-                .enumerate()
-            {
-                let values = (0..n)
-                    .map(|i| {
-                        (((i * 7919 + rank as u64 * 104729 + step as u64 * 31) % 2001) as f32
-                            - 1000.0)
-                            / 997.0
-                    })
-                    .collect();
-                rows.push(TensorRow {
-                    step,
-                    rank,
-                    layer_id: layer_id as u32,
-                    layer: name.into(),
-                    numel: n,
-                    shape: Some(vec![n as u32]),
-                    indices: None,
-                    values,
-                });
-            }
-        }
-    }
-    rows
+    gradkit_testkit::traces::dense(p, steps, &[("fc1.weight", 3000), ("fc1.bias", 37)])
 }
 
 /// (step, rank, metric, value) of the byte and message counters, sorted.
