@@ -40,9 +40,56 @@ awk -v l="$L" -v o="$O" -v f=$FREEZE -v s=$STEPS 'BEGIN {
   printf "| paper formula 1/(w + (1−w)/16), fp16 | %.2f× |\n", 1 / (w + (1 - w) / 16);
 }'
 echo
+# With an fp16 wire (mixed-precision training's allreduce) and the paper's warm-up fraction
+# w = 1/6 (16.7 %, BERT seq128: 1000 of 5993 steps): measured vs 1/(w + (1−w)/16) = 4.57×.
+F16=$((STEPS / 6))
+run $B/gradtrain $COMMON --optimizer lamb --wire fp16 --run lamb-fp16 --metrics lamb-fp16.parquet
+run $B/gradtrain $COMMON --optimizer onebit-lamb --exchange onebit --freeze-step $F16 --wire fp16 --run onebit-lamb-fp16 --metrics onebit-lamb-fp16.parquet
+L16=$(sum lamb-fp16.parquet); O16=$(sum onebit-lamb-fp16.parquet)
+echo "fp16 wire (\`--wire fp16\`), 1-bit LAMB with \`--freeze-step $F16\` of $STEPS:"
+echo
+awk -v l="$L16" -v o="$O16" -v f=$F16 -v s=$STEPS 'BEGIN {
+  w = f / s;
+  printf "| quantity | value |\n|---|---:|\n";
+  printf "| warm-up fraction w | %.3f |\n", w;
+  printf "| LAMB bytes (fp16 ring), all ranks and steps | %d |\n", l;
+  printf "| 1-bit LAMB bytes (fp16 warm-up, 1-bit after) | %d |\n", o;
+  printf "| measured volume reduction, fp16 | %.2f× |\n", l / o;
+  printf "| paper formula 1/(w + (1−w)/16) | %.2f× |\n", 1 / (w + (1 - w) / 16);
+}'
+echo
 run $B/gradreport plot loss lamb.parquet onebit-lamb.parquet onebit-adam.parquet -o loss.svg >&2
 echo "Figure: data/out/onebit-lamb/loss.svg."
+echo
+# The MLP parity question (issue 17) and the paper's "LAMB + basic 1-bit" ablation (§3.4):
+# LAMB's per-tensor scaling coefficients (Figs. 1-3) against 1-bit LAMB's r·c_avg and the
+# basic variant's frozen c_avg.
+if [ "$FAST" != 0 ]; then MSTEPS=60; MFREEZE=15; else MSTEPS=150; MFREEZE=30; fi
+MLP="--model mlp --ranks $P --steps $MSTEPS --seed 1 --lr 0.01 -q"
+run $B/gradtrain $MLP --optimizer lamb --run lamb --metrics mlp-lamb.parquet
+run $B/gradtrain $MLP --optimizer onebit-lamb --exchange onebit --freeze-step $MFREEZE --run onebit-lamb --metrics mlp-onebit-lamb.parquet
+run $B/gradtrain $MLP --optimizer onebit-lamb --exchange onebit --freeze-step $MFREEZE --onebit-basic --run onebit-lamb-basic --metrics mlp-onebit-basic.parquet
+echo "MLP (\`gradtrain $MLP\`, 1-bit runs with \`--freeze-step $MFREEZE\`): LAMB's scaling"
+echo "coefficient c = clip(‖x‖/‖u‖) per tensor (\`lamb_coeff:<tensor>\`) at the last step,"
+echo "against 1-bit LAMB's r·c_avg and the ablation's frozen c_avg, and the final loss:"
+echo
+COEFFS=lamb_coeff:fc1.weight,lamb_coeff:fc2.weight,lamb_coeff:fc3.weight
+run $B/gradreport table mlp-lamb.parquet mlp-onebit-lamb.parquet mlp-onebit-basic.parquet --by run --metric loss,$COEFFS --stat last
+echo
+echo "The same coefficients at the last warm-up step (step $((MFREEZE-1))), where all three runs are LAMB"
+echo "(the median over ranks; every rank holds the same value):"
+echo
+echo "| run | fc1.weight | fc2.weight | fc3.weight |"
+echo "|---|---:|---:|---:|"
+for f in mlp-lamb mlp-onebit-lamb mlp-onebit-basic; do
+  $B/gradreport table $f.parquet --by run,step --metric $COEFFS --format csv \
+    | awk -F, -v s=$((MFREEZE-1)) '$2 == s { printf "| %s | %s | %s | %s |\n", $1, $3, $6, $9 }'
+done
+echo
+run $B/gradreport plot loss mlp-lamb.parquet mlp-onebit-lamb.parquet mlp-onebit-basic.parquet --metric lamb_coeff:fc1.weight --title "fc1.weight scaling coefficient" -o coeff-fc1.svg >&2
+echo
+echo "Figure: data/out/onebit-lamb/coeff-fc1.svg (fc1.weight's coefficient per step)."
 } > section.md
 section onebit-lamb section.md
-expect section.md "^\| lamb +\| +[0-9]+ \|" "^\| onebit-lamb +\|" "^\| onebit-adam +\|" "measured volume reduction" "formula 1/\(w"
+expect section.md "^\| lamb +\| +[0-9]+ \|" "^\| onebit-lamb +\|" "^\| onebit-adam +\|" "measured volume reduction" "formula 1/\(w" "measured volume reduction, fp16" "lamb_coeff:fc1.weight"
 cat section.md

@@ -72,7 +72,7 @@ fn time_allreduce(
             let mut ring_scratch = Vec::new();
             for it in 0..=iters {
                 comm.traffic().reset();
-                comm.barrier();
+                comm.barrier()?;
                 let f0 = minor_faults();
                 let t = Instant::now();
                 match algo {
@@ -81,11 +81,11 @@ fn time_allreduce(
                         comm,
                         &mut data,
                         &mut ring_scratch,
-                    ),
-                    "native" => gradkit_collectives::dense::native(comm, &mut data),
+                    )?,
+                    "native" => gradkit_collectives::dense::native(comm, &mut data)?,
                     _ => unreachable!(),
                 }
-                comm.barrier();
+                comm.barrier()?;
                 if it > 0 {
                     times.push(t.elapsed().as_secs_f64());
                     faults += minor_faults() - f0;
@@ -577,7 +577,7 @@ fn main() {
             .collect();
         println!("\nonebit phases on rank 0 (median ms): {}", ph.join(", "));
     }
-    if world.backend() == "mpi" {
+    if !world.backend().in_process() {
         return;
     }
     bench_pack(n);

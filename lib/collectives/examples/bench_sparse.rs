@@ -111,7 +111,7 @@ fn main() -> anyhow::Result<()> {
                     cost::oktopk_worst(p, kf).words
                 ),
                 a => {
-                    cost::by_algo(a, p, nf, kf).map_or("–".into(), |c| format!("{:.0}", c.words))
+                    cost::by_name(a, p, nf, kf).map_or("–".into(), |c| format!("{:.0}", c.words))
                 }
             }
         };
@@ -131,7 +131,7 @@ fn main() -> anyhow::Result<()> {
                 let mut last = (0u64, 0f64, 0f64, 0usize, String::new());
                 for (t, st) in ins.iter().enumerate() {
                     let x = st[comm.rank()].clone();
-                    comm.barrier();
+                    comm.barrier()?;
                     comm.traffic().reset();
                     let t0 = Instant::now();
                     let o = red.reduce(comm, t as u32, &layout, x)?;

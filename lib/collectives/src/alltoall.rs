@@ -183,7 +183,7 @@ pub fn exchange(comm: &dyn Comm, split: Split, v: usize, rows: &Rows) -> Result<
         .collect();
     let got = {
         let _ph = comm.phase("alltoall");
-        comm.alltoallv(sends)
+        comm.alltoallv(sends)?
     };
     let w = owner_width(split, d, p, r);
     let blocks = got
@@ -244,7 +244,7 @@ pub fn embedding_forward(
     }
     let got = {
         let _ph = comm.phase("alltoall_forward");
-        comm.alltoallv(sends)
+        comm.alltoallv(sends)?
     };
     let t = ids_per_rank[r].len();
     let mut out = vec![0f32; t * d];
@@ -283,7 +283,7 @@ fn allgather_rows(comm: &dyn Comm, rows: &Rows) -> Result<Rows> {
     let m = encode(&rows.ids, rows.values.iter().copied());
     let all = {
         let _ph = comm.phase("allgather_sparse");
-        comm.allgatherv(m)
+        comm.allgatherv(m)?
     };
     let blocks = all
         .into_iter()
@@ -297,7 +297,7 @@ fn gather_owned(comm: &dyn Comm, split: Split, d: usize, owned: &Rows) -> Result
     let p = comm.size();
     let all = {
         let _ph = comm.phase("gather_result");
-        comm.allgatherv(encode(&owned.ids, owned.values.iter().copied()))
+        comm.allgatherv(encode(&owned.ids, owned.values.iter().copied()))?
     };
     let parts = all
         .into_iter()
@@ -430,7 +430,7 @@ impl Reducer for AllToAllReducer {
                         layout.total()
                     );
                 }
-                crate::dense::ring(comm, &mut v);
+                crate::dense::ring(comm, &mut v)?;
                 scale(&mut v);
                 return Ok(StepOutput::new(Flat::Dense(v)));
             }
@@ -477,7 +477,7 @@ impl Reducer for AllToAllReducer {
             }
         }
         if !fused.is_empty() {
-            crate::dense::ring(comm, &mut fused);
+            crate::dense::ring(comm, &mut fused)?;
             scale(&mut fused);
         }
         let mut metrics = Vec::new();

@@ -27,34 +27,36 @@ fn add_into(dst: &mut [f32], src: &[f32]) {
 /// sending one chunk to the right neighbour. Rank r sends `n − |c_{r+1}| − |c_{r+2}| + n`
 /// elements in 2(P−1) messages (chunks cut as `i·n/P`). Traffic is charged to the phases
 /// `reduce_scatter` and `allgather`.
-pub fn ring(comm: &dyn Comm, data: &mut [f32]) {
-    ring_with_scratch(comm, data, &mut Vec::new());
+pub fn ring(comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
+    ring_with_scratch(comm, data, &mut Vec::new())
 }
 
 /// [`ring`] that builds its first message in `scratch` and leaves its last received chunk
 /// there: a caller that keeps `scratch` between calls (as [`DenseReducer`] does) allocates
 /// and page-faults nothing per call once `scratch` has grown to a chunk. Same sums, same
 /// traffic.
-pub fn ring_with_scratch(comm: &dyn Comm, data: &mut [f32], scratch: &mut Vec<f32>) {
+pub fn ring_with_scratch(comm: &dyn Comm, data: &mut [f32], scratch: &mut Vec<f32>) -> Result<()> {
     if comm.size() == 1 {
-        return;
+        return Ok(());
     }
     let buf = {
         let _ph = comm.phase("reduce_scatter");
-        ring_reduce_scatter(comm, data, std::mem::take(scratch))
+        ring_reduce_scatter(comm, data, std::mem::take(scratch))?
     };
     let _ph = comm.phase("allgather");
-    *scratch = ring_allgather(comm, data, buf);
+    *scratch = ring_allgather(comm, data, buf)?;
+    Ok(())
 }
 
 /// [`ring`] with its traffic charged to the caller's phase (for algorithms that ring-reduce
 /// one of their own stages, e.g. DEFT's values or EmbRace's dense layers).
-pub fn ring_in_caller_phase(comm: &dyn Comm, data: &mut [f32]) {
+pub fn ring_in_caller_phase(comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
     if comm.size() == 1 {
-        return;
+        return Ok(());
     }
-    let buf = ring_reduce_scatter(comm, data, Vec::new());
-    ring_allgather(comm, data, buf);
+    let buf = ring_reduce_scatter(comm, data, Vec::new())?;
+    ring_allgather(comm, data, buf)?;
+    Ok(())
 }
 
 /// Ring reduce-scatter: afterwards rank r holds the full sum of chunk r+1, which it also
@@ -65,7 +67,7 @@ pub fn ring_in_caller_phase(comm: &dyn Comm, data: &mut [f32]) {
 /// buffer, once it holds the sum, is sent on as it is: one copy of a chunk per call (the
 /// first message) and no allocation per step; the sum `data + got` is written to both
 /// `data` and `got` in one pass.
-fn ring_reduce_scatter(comm: &dyn Comm, data: &mut [f32], first: Vec<f32>) -> Vec<f32> {
+fn ring_reduce_scatter(comm: &dyn Comm, data: &mut [f32], first: Vec<f32>) -> Result<Vec<f32>> {
     let (p, r, n) = (comm.size(), comm.rank(), data.len());
     let (right, left) = ((r + 1) % p, (r + p - 1) % p);
     let mut buf = first;
@@ -73,7 +75,7 @@ fn ring_reduce_scatter(comm: &dyn Comm, data: &mut [f32], first: Vec<f32>) -> Ve
     buf.extend_from_slice(&data[chunk(n, p, r)]);
     for s in 0..p - 1 {
         let recv_c = (r + 2 * p - s - 1) % p;
-        let mut got: Vec<f32> = comm.sendrecv(right, buf, left);
+        let mut got: Vec<f32> = comm.sendrecv(right, buf, left)?;
         let dst = &mut data[chunk(n, p, recv_c)];
         assert_eq!(got.len(), dst.len(), "ring chunk of the wrong length");
         for (d, g) in dst.iter_mut().zip(got.iter_mut()) {
@@ -83,32 +85,102 @@ fn ring_reduce_scatter(comm: &dyn Comm, data: &mut [f32], first: Vec<f32>) -> Ve
         }
         buf = got;
     }
-    buf
+    Ok(buf)
 }
 
 /// Ring allgather of the reduced chunks: rank r starts with chunk r+1 in `buf` (as
 /// [`ring_reduce_scatter`] leaves it) and forwards each received chunk as it came, after
 /// copying it into place; no allocation per step. Returns the last chunk received.
-fn ring_allgather(comm: &dyn Comm, data: &mut [f32], mut buf: Vec<f32>) -> Vec<f32> {
+fn ring_allgather(comm: &dyn Comm, data: &mut [f32], mut buf: Vec<f32>) -> Result<Vec<f32>> {
     let (p, r, n) = (comm.size(), comm.rank(), data.len());
     let (right, left) = ((r + 1) % p, (r + p - 1) % p);
     for s in 0..p - 1 {
         let recv_c = (r + p - s) % p;
-        let got: Vec<f32> = comm.sendrecv(right, buf, left);
+        let got: Vec<f32> = comm.sendrecv(right, buf, left)?;
         data[chunk(n, p, recv_c)].copy_from_slice(&got);
         buf = got;
     }
-    buf
+    Ok(buf)
+}
+
+/// The fp16 wire format: IEEE binary16, little-endian, two bytes per element.
+fn to_f16_bytes(x: &[f32], out: &mut Vec<u8>) {
+    out.clear();
+    out.reserve(2 * x.len());
+    for v in x {
+        out.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes());
+    }
+}
+
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    half::f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32()
+}
+
+/// [`ring`] with an fp16 wire format, as mixed-precision training communicates (the 1-bit
+/// LAMB paper's baseline, §6.3: "FP16 ring allreduce costs 2(n−1)/n·2d bytes"): every message
+/// carries binary16 values (2 bytes per element, half of [`ring`]'s bytes in the same
+/// messages). Each hop adds the received fp16 partial sum to the local f32 chunk and rounds
+/// the result to fp16 before sending it on; the owner rounds the finished chunk the same way,
+/// so every rank ends with the same values, each exactly representable in fp16. Phases
+/// `reduce_scatter` and `allgather`.
+pub fn ring_fp16(comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
+    let (p, r, n) = (comm.size(), comm.rank(), data.len());
+    if p == 1 {
+        data.iter_mut()
+            .for_each(|v| *v = half::f16::from_f32(*v).to_f32());
+        return Ok(());
+    }
+    let (right, left) = ((r + 1) % p, (r + p - 1) % p);
+    let mut buf = Vec::new();
+    {
+        let _ph = comm.phase("reduce_scatter");
+        to_f16_bytes(&data[chunk(n, p, r)], &mut buf);
+        for s in 0..p - 1 {
+            let recv_c = (r + 2 * p - s - 1) % p;
+            let got: Vec<u8> = comm.sendrecv(right, buf, left)?;
+            let dst = &mut data[chunk(n, p, recv_c)];
+            if got.len() != 2 * dst.len() {
+                bail!(
+                    "fp16 ring: a chunk of {} bytes, expected {}",
+                    got.len(),
+                    2 * dst.len()
+                );
+            }
+            for (i, d) in dst.iter_mut().enumerate() {
+                *d = half::f16::from_f32(*d + f16_at(&got, i)).to_f32();
+            }
+            buf = got;
+            to_f16_bytes(dst, &mut buf);
+        }
+    }
+    let _ph = comm.phase("allgather");
+    for s in 0..p - 1 {
+        let recv_c = (r + p - s) % p;
+        let got: Vec<u8> = comm.sendrecv(right, buf, left)?;
+        let dst = &mut data[chunk(n, p, recv_c)];
+        if got.len() != 2 * dst.len() {
+            bail!(
+                "fp16 ring: a chunk of {} bytes, expected {}",
+                got.len(),
+                2 * dst.len()
+            );
+        }
+        for (i, d) in dst.iter_mut().enumerate() {
+            *d = f16_at(&got, i);
+        }
+        buf = got;
+    }
+    Ok(())
 }
 
 /// Rabenseifner's allreduce (sum) in place, for any P: with p' the largest power of two
 /// ≤ P and q = P − p', ranks 0..2q first fold pairwise (even → odd), the p' remaining ranks
 /// run recursive-halving reduce-scatter and recursive-doubling allgather, and the folded
 /// ranks get the result back.
-pub fn rabenseifner(comm: &dyn Comm, data: &mut [f32]) {
+pub fn rabenseifner(comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
     let (p, r, n) = (comm.size(), comm.rank(), data.len());
     if p == 1 {
-        return;
+        return Ok(());
     }
     let pp = 1usize << (usize::BITS - 1 - p.leading_zeros());
     let q = p - pp;
@@ -117,10 +189,10 @@ pub fn rabenseifner(comm: &dyn Comm, data: &mut [f32]) {
         let _ph = comm.phase("fold");
         if r < 2 * q {
             if r % 2 == 0 {
-                comm.send(r + 1, data.to_vec());
+                comm.send(r + 1, data.to_vec())?;
                 None
             } else {
-                let got: Vec<f32> = comm.recv(r - 1);
+                let got: Vec<f32> = comm.recv(r - 1)?;
                 add_into(data, &got);
                 Some(r / 2)
             }
@@ -144,7 +216,8 @@ pub fn rabenseifner(comm: &dyn Comm, data: &mut [f32]) {
                 } else {
                     ((mid, hi), (lo, mid))
                 };
-                let got: Vec<f32> = comm.sendrecv(partner, data[give.0..give.1].to_vec(), partner);
+                let got: Vec<f32> =
+                    comm.sendrecv(partner, data[give.0..give.1].to_vec(), partner)?;
                 add_into(&mut data[keep.0..keep.1], &got);
                 ranges.push((lo, hi));
                 (lo, hi) = keep;
@@ -163,7 +236,7 @@ pub fn rabenseifner(comm: &dyn Comm, data: &mut [f32]) {
             } else {
                 (plo, mid)
             };
-            let got: Vec<f32> = comm.sendrecv(partner, data[lo..hi].to_vec(), partner);
+            let got: Vec<f32> = comm.sendrecv(partner, data[lo..hi].to_vec(), partner)?;
             data[other.0..other.1].copy_from_slice(&got);
             (lo, hi) = (plo, phi);
             mask <<= 1;
@@ -172,20 +245,21 @@ pub fn rabenseifner(comm: &dyn Comm, data: &mut [f32]) {
     let _ph = comm.phase("unfold");
     if r < 2 * q {
         if r % 2 == 1 {
-            comm.send(r - 1, data.to_vec());
+            comm.send(r - 1, data.to_vec())?;
         } else {
-            let got: Vec<f32> = comm.recv(r + 1);
+            let got: Vec<f32> = comm.recv(r + 1)?;
             data.copy_from_slice(&got);
         }
     }
+    Ok(())
 }
 
 /// Binomial-tree allreduce (sum) in place: reduce to rank 0 (each rank adds its children's
 /// vectors, then sends the sum to its parent), then a binomial broadcast.
-pub fn tree(comm: &dyn Comm, data: &mut [f32]) {
+pub fn tree(comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
     let (p, r) = (comm.size(), comm.rank());
     if p == 1 {
-        return;
+        return Ok(());
     }
     {
         let _ph = comm.phase("reduce");
@@ -198,34 +272,40 @@ pub fn tree(comm: &dyn Comm, data: &mut [f32]) {
         let mut bit = 1usize << start;
         while bit < p {
             if r + bit < p {
-                let got: Vec<f32> = comm.recv(r + bit);
+                let got: Vec<f32> = comm.recv(r + bit)?;
                 add_into(data, &got);
             }
             bit <<= 1;
         }
         if r != 0 {
             let hb = usize::BITS - 1 - r.leading_zeros();
-            comm.send(r - (1 << hb), data.to_vec());
+            comm.send(r - (1 << hb), data.to_vec())?;
         }
     }
     let _ph = comm.phase("broadcast");
-    let res = comm.broadcast(0, (r == 0).then(|| data.to_vec()));
+    let res = comm.broadcast(0, (r == 0).then(|| data.to_vec()))?;
     data.copy_from_slice(&res);
+    Ok(())
 }
 
 /// The backend's own allreduce (MPI_Allreduce under MPI, shared memory on Local ranks).
-pub fn native(comm: &dyn Comm, data: &mut [f32]) {
+pub fn native(comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
     let _ph = comm.phase("native");
-    comm.allreduce_native_f32(data);
+    comm.allreduce_native_f32(data)?;
+    Ok(())
 }
 
+/// A dense allreduce (sum) in place.
+pub type DenseFn = fn(&dyn Comm, &mut [f32]) -> Result<()>;
+
 /// The dense algorithms by `--algo` name.
-pub fn by_name(name: &str) -> Option<fn(&dyn Comm, &mut [f32])> {
+pub fn by_name(name: &str) -> Option<DenseFn> {
     Some(match name {
         "ring" => ring,
         "rabenseifner" => rabenseifner,
         "tree" => tree,
         "native" => native,
+        "ring-fp16" => ring_fp16,
         _ => return None,
     })
 }
@@ -235,7 +315,7 @@ pub fn allreduce(comm: &dyn Comm, name: &str, op: Op, data: &mut [f32]) -> Resul
     let Some(f) = by_name(name) else {
         bail!("unknown dense algorithm `{name}`")
     };
-    f(comm, data);
+    f(comm, data)?;
     if op == Op::Mean {
         let inv = 1.0 / comm.size() as f32;
         data.iter_mut().for_each(|v| *v *= inv);
@@ -281,7 +361,7 @@ impl Reducer for DenseReducer {
     ) -> Result<StepOutput> {
         let mut data = input.to_dense(layout.total() as usize);
         if self.name == "ring" {
-            ring_with_scratch(comm, &mut data, &mut self.scratch);
+            ring_with_scratch(comm, &mut data, &mut self.scratch)?;
             if self.op == Op::Mean {
                 let inv = 1.0 / comm.size() as f32;
                 data.iter_mut().for_each(|v| *v *= inv);

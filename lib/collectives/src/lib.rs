@@ -4,13 +4,16 @@
 //! Dense: [`dense`] (ring, Rabenseifner, binomial tree, the backend's native one).
 //! Sparse (Ok-Topk Table 1): TopkA, TopkDSA, gTopk, Gaussiank, Ok-Topk, DEFT's exchange.
 //! Compressed: DeepSpeed's 1-bit allreduce. Embedding: EmbRace's AlltoAll exchange.
-//! [`cost`] holds the formulas. Each algorithm is a [`Reducer`]: state that lives across the
-//! steps of a run (residuals, thresholds, error buffers) and reduces one step at a time.
+//! [`cost`] holds the formulas and the one list of algorithms, [`Algo`] (it is the
+//! gradkit-cost crate, re-exported). Each algorithm is a [`Reducer`]: state that lives across
+//! the steps of a run (residuals, thresholds, error buffers) and reduces one step at a time;
+//! that state goes in and out as values ([`Reducer::state`], [`Reducer::load_state`]).
 //!
-//! Not here: reading files, choosing ranks (see gradkit-comm), training (gradkit-train).
+//! Not here: reading or writing files (the tools do the I/O), command lines (the tools build
+//! their value lists from [`Algo::ALL`], [`Op::ALL`], …), choosing ranks (see gradkit-comm),
+//! training (gradkit-train).
 
 pub mod alltoall;
-pub mod cost;
 pub mod dense;
 pub mod onebit;
 pub mod registry;
@@ -20,10 +23,13 @@ use anyhow::Result;
 use gradkit_comm::Comm;
 use gradkit_core::trace::{Layout, Sparse};
 
+/// The α-β cost model and the algorithm list (crate gradkit-cost, which links no MPI).
+pub use gradkit_cost as cost;
+pub use gradkit_cost::{Algo, Family};
 /// The `plan/1` validator every plan consumer shares (gradkit-partition's), for the callers
 /// that hand a plan to [`Params::plan`].
 pub use gradkit_partition::plan;
-pub use registry::{make_reducer, Params, ALGOS};
+pub use registry::{make_reducer, reducer_for, Params, ALGOS};
 
 /// One rank's data for one step, in the flat index space (layers concatenated by
 /// `layer_id`, see [`Layout`]).
@@ -79,16 +85,75 @@ pub trait Reducer: Send {
         layout: &Layout,
         input: Flat,
     ) -> Result<StepOutput>;
-    /// Called once after the last step (e.g. to save error buffers with `--state`).
+    /// Called once after the last step.
     fn finish(&mut self, _comm: &dyn Comm) -> Result<()> {
         Ok(())
+    }
+    /// The state this rank keeps across steps (error-feedback residual, 1-bit error buffers,
+    /// reused thresholds) as named `f32` tensors, so that a caller can checkpoint it. The
+    /// reducer does no I/O: the tools and the trainer write and read these values.
+    fn state(&self) -> Vec<(String, Vec<f32>)> {
+        Vec::new()
+    }
+    /// Restores what [`Reducer::state`] returned (same rank count and layout); a name the
+    /// reducer does not know, or a length that does not fit, is an error naming it.
+    fn load_state(&mut self, state: &[(String, Vec<f32>)]) -> Result<()> {
+        match state.first() {
+            None => Ok(()),
+            Some((k, _)) => anyhow::bail!("{}: keeps no state, but was given `{k}`", self.name()),
+        }
     }
 }
 
 /// Reduction operator of the dense algorithms.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Op {
     #[default]
     Sum,
     Mean,
+}
+
+impl Op {
+    /// Every operator, in the order `--help` lists them.
+    pub const ALL: &'static [Op] = &[Op::Sum, Op::Mean];
+
+    /// The `--op` name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Op::Sum => "sum",
+            Op::Mean => "mean",
+        }
+    }
+
+    /// One line for `--help`, where there is more to say than the name.
+    pub const fn help(self) -> Option<&'static str> {
+        None
+    }
+}
+
+/// Parses a name of an enum with an `ALL` list and a `name()` (exact match); the error
+/// lists the known names.
+fn parse_named<T: Copy>(
+    what: &str,
+    s: &str,
+    all: &[T],
+    name: impl Fn(T) -> &'static str,
+) -> std::result::Result<T, String> {
+    all.iter().copied().find(|v| name(*v) == s).ok_or_else(|| {
+        let known: Vec<&str> = all.iter().map(|v| name(*v)).collect();
+        format!("unknown {what} `{s}` (known: {})", known.join(", "))
+    })
+}
+
+impl std::str::FromStr for Op {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        parse_named("--op", s, Op::ALL, Op::name)
+    }
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }

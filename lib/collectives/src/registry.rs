@@ -1,71 +1,28 @@
 //! The `--algo` names and the parameters every algorithm may read.
 
-use std::path::PathBuf;
-
-use anyhow::{bail, Result};
+use anyhow::Result;
 use gradkit_core::PlanRow;
 
-use crate::{Op, Reducer};
+use crate::{parse_named, Algo, Op, Reducer};
 
 /// Ok-Topk's threshold-reuse policy (`--adjust`), from the one implementation in
 /// `gradkit_sparsify::oktopk`.
 pub use gradkit_sparsify::oktopk::{Adjust, Bands};
 
-/// `(name, one-line description)` of every algorithm, in the order `--help` lists them.
-pub const ALGOS: &[(&str, &str)] = &[
-    (
-        "ring",
-        "dense: reduce-scatter + allgather ring (bandwidth-optimal)",
-    ),
-    (
-        "rabenseifner",
-        "dense: recursive halving reduce-scatter + doubling allgather, any P",
-    ),
-    ("tree", "dense: binomial-tree reduce + broadcast"),
-    (
-        "native",
-        "dense: the backend's own allreduce (MPI_Allreduce under mpirun)",
-    ),
-    (
-        "topka",
-        "sparse: allgatherv of every rank's COO, then sum (TopkA)",
-    ),
-    (
-        "topkdsa",
-        "sparse: SparCML's static regions, reduce, sparse/dense allgatherv (TopkDSA)",
-    ),
-    (
-        "gtopk",
-        "sparse: gTop-k reduction tree keeping top-k per level, then broadcast",
-    ),
-    (
-        "gaussiank",
-        "sparse: Gaussian-threshold selection + TopkA communication",
-    ),
-    (
-        "oktopk",
-        "sparse: Ok-Topk (split_and_reduce + balance_and_allgatherv), O(k) volume",
-    ),
-    (
-        "deft",
-        "sparse: DEFT's exchange of disjoint per-worker selections",
-    ),
-    (
-        "onebit",
-        "compressed: DeepSpeed's error-compensated 1-bit allreduce (average)",
-    ),
-    (
-        "onebit-naive",
-        "compressed: allgather of every rank's signs and scale (baseline)",
-    ),
-    (
-        "alltoall",
-        "embedding: EmbRace's AlltoAll of row-sparse embedding gradients + ring",
-    ),
-];
+/// `(name, one-line description)` of every algorithm, in the order `--help` lists them:
+/// derived from [`Algo::ALL`] (kept for callers that want plain pairs).
+pub const ALGOS: &[(&str, &str)] = &{
+    let mut out = [("", ""); Algo::ALL.len()];
+    let mut i = 0;
+    while i < out.len() {
+        out[i] = (Algo::ALL[i].name(), Algo::ALL[i].description());
+        i += 1;
+    }
+    out
+};
 
 /// Balancing in Ok-Topk's `balance_and_allgatherv`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Balance {
     /// Balance when the largest buffer exceeds 4x the average (the paper's rule)
     #[default]
@@ -74,14 +31,85 @@ pub enum Balance {
     Never,
 }
 
+impl Balance {
+    /// Every policy, in the order `--help` lists them.
+    pub const ALL: &'static [Balance] = &[Balance::Auto, Balance::Always, Balance::Never];
+
+    /// The `--balance` name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Balance::Auto => "auto",
+            Balance::Always => "always",
+            Balance::Never => "never",
+        }
+    }
+
+    /// One line for `--help`, where there is more to say than the name.
+    pub const fn help(self) -> Option<&'static str> {
+        match self {
+            Balance::Auto => {
+                Some("Balance when the largest buffer exceeds 4x the average (the paper's rule)")
+            }
+            Balance::Always | Balance::Never => None,
+        }
+    }
+}
+
+impl std::str::FromStr for Balance {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        parse_named("--balance", s, Balance::ALL, Balance::name)
+    }
+}
+
+impl std::fmt::Display for Balance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// How EmbRace splits an embedding table across ranks.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Split {
     /// Near-equal contiguous column slices (the paper's choice)
     #[default]
     Columns,
     /// Near-equal contiguous row slices (for comparison)
     Rows,
+}
+
+impl Split {
+    /// Every split, in the order `--help` lists them.
+    pub const ALL: &'static [Split] = &[Split::Columns, Split::Rows];
+
+    /// The `--split` name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Split::Columns => "columns",
+            Split::Rows => "rows",
+        }
+    }
+
+    /// One line for `--help`.
+    pub const fn help(self) -> Option<&'static str> {
+        match self {
+            Split::Columns => Some("Near-equal contiguous column slices (the paper's choice)"),
+            Split::Rows => Some("Near-equal contiguous row slices (for comparison)"),
+        }
+    }
+}
+
+impl std::str::FromStr for Split {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        parse_named("--split", s, Split::ALL, Split::name)
+    }
+}
+
+impl std::fmt::Display for Split {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// Every knob an algorithm may read; each algorithm documents which it uses.
@@ -103,10 +131,11 @@ pub struct Params {
     pub plan: Option<Vec<PlanRow>>,
     /// Error feedback for the algorithms' own selection of dense input.
     pub residual: bool,
-    /// 1-bit: file to load/save the worker and server error buffers.
-    pub state: Option<PathBuf>,
     pub split: Split,
     pub seed: u64,
+    /// The selection and compression kernels (top-k, thresholds, 1-bit pack/unpack):
+    /// gradkit-sparsify's CPU reference unless a device implementation is given.
+    pub kernels: &'static dyn gradkit_sparsify::kernels::Kernels,
 }
 
 impl Default for Params {
@@ -121,9 +150,9 @@ impl Default for Params {
             balance: Balance::Auto,
             plan: None,
             residual: true,
-            state: None,
             split: Split::Columns,
             seed: 0,
+            kernels: gradkit_sparsify::kernels::cpu(),
         }
     }
 }
@@ -138,36 +167,36 @@ impl Params {
     }
 }
 
-/// The reducer for `--algo name`.
+/// The reducer for `--algo name`; an unknown name is an error listing the known ones.
 pub fn make_reducer(name: &str, params: &Params) -> Result<Box<dyn Reducer>> {
-    let _ = params;
-    Ok(match name {
-        "ring" | "rabenseifner" | "tree" | "native" => {
-            Box::new(crate::dense::DenseReducer::new(name, params.op)?)
+    let algo: Algo = name.parse()?;
+    reducer_for(algo, params)
+}
+
+/// The reducer for `algo`. The 1-bit reducers start with zero error buffers: a caller
+/// restores saved ones with [`Reducer::load_state`].
+pub fn reducer_for(algo: Algo, params: &Params) -> Result<Box<dyn Reducer>> {
+    use crate::onebit::{OneBitReducer, Variant};
+    use crate::sparse;
+    Ok(match algo {
+        Algo::Ring | Algo::Rabenseifner | Algo::Tree | Algo::Native => {
+            Box::new(crate::dense::DenseReducer::new(algo.name(), params.op)?)
         }
-        // sparse algorithms (Ok-Topk Table 1) — filled in by the sparse collectives
-        "topka" => Box::new(crate::sparse::topka::TopkA::new(params)?),
-        "topkdsa" => Box::new(crate::sparse::topkdsa::TopkDsa::new(params)?),
-        "gtopk" => Box::new(crate::sparse::gtopk::GTopk::new(params)?),
-        "gaussiank" => Box::new(crate::sparse::gaussiank::GaussianK::new(params)?),
-        "oktopk" => Box::new(crate::sparse::oktopk::OkTopk::new(params)?),
-        "deft" => Box::new(crate::sparse::deft::Deft::new(params)?),
+        // sparse algorithms (Ok-Topk Table 1) and DEFT
+        Algo::TopkA => Box::new(sparse::topka::TopkA::new(params)?),
+        Algo::TopkDsa => Box::new(sparse::topkdsa::TopkDsa::new(params)?),
+        Algo::GTopk => Box::new(sparse::gtopk::GTopk::new(params)?),
+        Algo::GaussianK => Box::new(sparse::gaussiank::GaussianK::new(params)?),
+        Algo::OkTopk => Box::new(sparse::oktopk::OkTopk::new(params)?),
+        Algo::Deft => Box::new(sparse::deft::Deft::new(params)?),
         // compressed and embedding collectives
-        "onebit" => Box::new(crate::onebit::OneBitReducer::new(
-            crate::onebit::Variant::Server,
-            params.state.clone(),
-        )),
-        "onebit-naive" => Box::new(crate::onebit::OneBitReducer::new(
-            crate::onebit::Variant::Naive,
-            params.state.clone(),
-        )),
-        "alltoall" => Box::new(crate::alltoall::AllToAllReducer::new(
+        Algo::OneBit => Box::new(OneBitReducer::new(Variant::Server).with_kernels(params.kernels)),
+        Algo::OneBitNaive => {
+            Box::new(OneBitReducer::new(Variant::Naive).with_kernels(params.kernels))
+        }
+        Algo::AllToAll => Box::new(crate::alltoall::AllToAllReducer::new(
             params.split,
             params.op,
         )),
-        other => {
-            let names: Vec<&str> = ALGOS.iter().map(|a| a.0).collect();
-            bail!("unknown --algo `{other}` (known: {})", names.join(", "))
-        }
     })
 }

@@ -12,17 +12,14 @@ use gradkit_comm::run_local;
 use gradkit_core::trace::{Layout, Sparse};
 use gradkit_core::TensorRow;
 
-struct Rng(u64);
+/// gradkit-testkit's seeded generator (SplitMix64) with this file's helpers.
+struct Rng(gradkit_testkit::rng::Rng);
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
-        z ^ (z >> 31)
+    fn new(seed: u64) -> Self {
+        Rng(gradkit_testkit::rng::Rng::new(seed))
     }
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        self.0.below(n as u64) as usize
     }
     /// Small integers as f32, so sums are exact in any order.
     fn val(&mut self) -> f32 {
@@ -48,7 +45,7 @@ fn layout() -> Layout {
 /// One rank's flat sparse input: random rows (duplicates included, any order) of the two
 /// embeddings, random entries of the dense layers.
 fn input(seed: u64, rank: usize) -> Sparse {
-    let mut g = Rng(seed * 1000 + rank as u64);
+    let mut g = Rng::new(seed * 1000 + rank as u64);
     let l = layout();
     let mut s = Sparse::default();
     for (li, (v, d)) in [(0usize, (50usize, 7usize)), (2, (20, 3))] {
@@ -135,13 +132,13 @@ fn backward_coalesces_duplicates_and_sends_the_formula_bytes() {
         // Rank r's token ids, with duplicates.
         let ids: Vec<Vec<u32>> = (0..p)
             .map(|r| {
-                let mut g = Rng(77 + r as u64);
+                let mut g = Rng::new(77 + r as u64);
                 (0..15).map(|_| g.below(v / 2) as u32 * 2).collect()
             })
             .collect();
         let grads: Vec<Vec<f32>> = (0..p)
             .map(|r| {
-                let mut g = Rng(99 + r as u64);
+                let mut g = Rng::new(99 + r as u64);
                 (0..15 * d).map(|_| g.val()).collect()
             })
             .collect();
@@ -193,7 +190,7 @@ fn backward_coalesces_duplicates_and_sends_the_formula_bytes() {
 #[test]
 fn forward_returns_the_rows_of_the_full_table_and_formula_bytes() {
     let (v, d) = (30usize, 10usize);
-    let mut g = Rng(5);
+    let mut g = Rng::new(5);
     let table: Vec<f32> = (0..v * d).map(|_| g.val()).collect();
     for p in [1usize, 2, 3, 4] {
         let ids: Vec<Vec<u32>> = (0..p)
@@ -228,7 +225,7 @@ fn allgather_baseline_sum_and_volume_beside_alltoall() {
     let (v, d, p) = (64usize, 16usize, 4usize);
     let rows: Vec<Rows> = (0..p)
         .map(|r| {
-            let mut g = Rng(200 + r as u64);
+            let mut g = Rng::new(200 + r as u64);
             let ids: Vec<u32> = (0..10).map(|_| g.below(v) as u32).collect();
             let vals = (0..10 * d).map(|_| g.val()).collect();
             Rows::new(ids, d, vals).unwrap()

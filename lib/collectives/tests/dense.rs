@@ -3,17 +3,11 @@
 use gradkit_collectives::{cost, dense, Op};
 use gradkit_comm::{run_local, Comm};
 
-/// Rank r's input: a deterministic pseudo-random vector (xorshift), different per rank.
+/// Rank r's input: a deterministic pseudo-random vector, uniform in [−1, 1), different per
+/// rank (gradkit-testkit's seeded generator).
 fn input(r: usize, n: usize) -> Vec<f32> {
-    let mut s = 0x9E3779B97F4A7C15u64 ^ (r as u64 + 1).wrapping_mul(0xD1B54A32D192ED03);
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
+    let mut g = gradkit_testkit::rng::Rng::new(r as u64 + 1);
+    (0..n).map(|_| g.unit_f32() * 2.0 - 1.0).collect()
 }
 
 fn reference(p: usize, n: usize) -> Vec<f64> {
@@ -135,6 +129,40 @@ fn rabenseifner_and_tree_traffic_are_exact() {
                 ((up + children) * n * 4) as u64,
                 "tree P={p} r={r}"
             );
+        }
+    }
+}
+
+/// The fp16-wire ring: every rank ends with the same fp16-representable values, within the
+/// rounding of P − 1 fp16 partial sums of the f64 reference, in exactly half the bytes of the
+/// f32 ring's messages (same message count).
+#[test]
+fn ring_fp16_sums_within_fp16_rounding_in_half_the_bytes() {
+    for p in 1..=5usize {
+        for n in [0usize, 1, 3, 7, 1000, 4099] {
+            let want = reference(p, n);
+            let run = |name: &'static str| {
+                run_local(p, move |c: &dyn Comm| {
+                    let mut x = input(c.rank(), n);
+                    dense::allreduce(c, name, Op::Sum, &mut x)?;
+                    Ok((x, c.traffic().total()))
+                })
+                .unwrap()
+            };
+            let (half, full) = (run("ring-fp16"), run("ring"));
+            for (r, ((x, t), (_, tf))) in half.iter().zip(&full).enumerate() {
+                assert_eq!(x, &half[0].0, "P={p} n={n}: rank {r} differs from rank 0");
+                assert_eq!(t.msgs_sent, tf.msgs_sent, "P={p} n={n}: message count");
+                assert_eq!(2 * t.bytes_sent, tf.bytes_sent, "P={p} n={n}: fp16 bytes");
+                for (i, (&g, &w)) in x.iter().zip(&want).enumerate() {
+                    let h = half::f16::from_f32(g).to_f32();
+                    assert_eq!(h, g, "P={p} n={n} i={i}: {g} is not an fp16 value");
+                    // Each of the P roundings (inputs and partial sums, |·| ≤ P) errs by at
+                    // most half an fp16 ulp relative: 2^-11.
+                    let tol = p as f64 * p as f64 * 2f64.powi(-11) + 1e-7;
+                    assert!((g as f64 - w).abs() <= tol, "P={p} n={n} i={i}: {g} vs {w}");
+                }
+            }
         }
     }
 }

@@ -9,17 +9,14 @@ use gradkit_collectives::{make_reducer, Flat, Params};
 use gradkit_comm::run_local;
 use gradkit_core::trace::Layout;
 
-struct Rng(u64);
+/// gradkit-testkit's seeded generator (SplitMix64) with this file's helpers.
+struct Rng(gradkit_testkit::rng::Rng);
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
-        z ^ (z >> 31)
+    fn new(seed: u64) -> Self {
+        Rng(gradkit_testkit::rng::Rng::new(seed))
     }
     fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+        self.0.unit_f32()
     }
     /// Roughly normal: sum of 4 uniforms, centred.
     fn normal(&mut self) -> f32 {
@@ -30,7 +27,7 @@ impl Rng {
 fn data(seed: u64, p: usize, n: usize, step: usize) -> Vec<Vec<f32>> {
     (0..p)
         .map(|r| {
-            let mut g = Rng(seed ^ ((r as u64) << 32) ^ ((step as u64) << 48));
+            let mut g = Rng::new(seed ^ ((r as u64) << 32) ^ ((step as u64) << 48));
             (0..n).map(|_| g.normal() + 0.1 * r as f32).collect()
         })
         .collect()
@@ -212,7 +209,7 @@ fn identical_inputs_give_compressed_input_and_zero_server_error() {
 
 #[test]
 fn compressor_preserves_norm_and_error_feedback_identity() {
-    let mut g = Rng(3);
+    let mut g = Rng::new(3);
     for &n in &[8usize, 64, 4096] {
         let x: Vec<f32> = (0..n).map(|_| g.normal()).collect();
         let e: Vec<f32> = (0..n).map(|_| 0.1 * g.normal()).collect();
@@ -335,20 +332,27 @@ fn pack_is_msb_first_and_zero_counts_positive() {
     assert_eq!(b[0], 0b1101_0000);
 }
 
+/// `(name, values)` of one rank's 1-bit state, as `Reducer::state` names them.
+fn named(w: &[f32], s: &[f32]) -> Vec<(String, Vec<f32>)> {
+    vec![
+        ("worker_error".to_string(), w.to_vec()),
+        ("server_error".to_string(), s.to_vec()),
+    ]
+}
+
 #[test]
-fn state_file_round_trip_continues_the_run() {
+fn state_round_trip_continues_the_run() {
     let (p, n) = (3usize, 501usize);
     let layout = layout_of(n);
     let inputs: Vec<Vec<Vec<f32>>> = (0..5).map(|s| data(21, p, n, s)).collect();
-    let path = std::env::temp_dir().join(format!("gk-onebit-{}.state", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let run = |range: std::ops::Range<usize>, state: Option<std::path::PathBuf>| {
+    type Run = (Vec<Flat>, Vec<(String, Vec<f32>)>);
+    let run = |range: std::ops::Range<usize>, saved: Option<&Vec<Run>>| {
         run_local(p, |comm| {
-            let params = Params {
-                state: state.clone(),
-                ..Params::default()
-            };
-            let mut red = make_reducer("onebit", &params)?;
+            let mut red = make_reducer("onebit", &Params::default())?;
+            assert!(red.state().is_empty(), "no state before the first step");
+            if let Some(saved) = saved {
+                red.load_state(&saved[comm.rank()].1)?;
+            }
             let mut outs = Vec::new();
             for s in range.clone() {
                 let o = red.reduce(
@@ -360,32 +364,139 @@ fn state_file_round_trip_continues_the_run() {
                 outs.push(o.result);
             }
             red.finish(comm)?;
-            Ok(outs)
+            Ok((outs, red.state()))
         })
     };
     let straight = run(0..5, None).unwrap();
-    let first = run(0..3, Some(path.clone())).unwrap();
-    assert!(path.exists());
-    let second = run(3..5, Some(path.clone())).unwrap();
+    let first = run(0..3, None).unwrap();
+    let second = run(3..5, Some(&first)).unwrap();
+    // The saved state is the simulation's worker error of the rank and server error of its
+    // chunk after three steps.
+    let mut sim = Sim::new(p, n);
+    for x in &inputs[..3] {
+        sim.step(x);
+    }
     for r in 0..p {
-        assert_eq!(&straight[r][..3], &first[r][..]);
+        assert_eq!(&straight[r].0[..3], &first[r].0[..]);
         assert_eq!(
-            &straight[r][3..],
-            &second[r][..],
+            &straight[r].0[3..],
+            &second[r].0[..],
             "rank {r}: resumed run differs"
         );
+        assert_eq!(straight[r].1, second[r].1, "rank {r}: final state differs");
+        let st = &first[r].1;
+        let names: Vec<&str> = st.iter().map(|e| e.0.as_str()).collect();
+        assert_eq!(names, ["worker_error", "server_error"]);
+        for (got, want) in [(&st[0].1, &sim.werr[r]), (&st[1].1, &sim.serr[r])] {
+            assert_eq!(got.len(), want.len());
+            for (k, (g, w)) in got.iter().zip(want.iter()).enumerate() {
+                assert!(
+                    (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                    "rank {r} elem {k}: {g} vs {w}"
+                );
+            }
+        }
     }
-    // A state saved for 3 ranks does not load on 2.
-    let err = run_local(2, |comm| {
-        let params = Params {
-            state: Some(path.clone()),
-            ..Params::default()
-        };
-        let mut red = make_reducer("onebit", &params)?;
+}
+
+#[test]
+fn loaded_errors_act_as_the_simulations_starting_errors() {
+    let (p, n) = (4usize, 300usize);
+    let layout = layout_of(n);
+    let mut sim = Sim::new(p, n);
+    let start_w = data(31, p, sim.npad, 0);
+    let start_s = data(32, p, sim.npad / p, 0);
+    sim.werr = start_w
+        .iter()
+        .map(|v| v.iter().map(|x| 0.3 * x).collect())
+        .collect();
+    sim.serr = start_s
+        .iter()
+        .map(|v| v.iter().map(|x| 0.2 * x).collect())
+        .collect();
+    let (w0, s0) = (sim.werr.clone(), sim.serr.clone());
+    let inputs: Vec<Vec<Vec<f32>>> = (0..2).map(|s| data(33, p, n, s)).collect();
+    let want: Vec<(Vec<f32>, Vec<f32>)> = inputs.iter().map(|x| sim.step(x)).collect();
+    let got = run_local(p, |comm| {
+        let r = comm.rank();
+        let mut red = make_reducer("onebit", &Params::default())?;
+        red.load_state(&named(&w0[r], &s0[r]))?;
+        // Before the first step the reducer hands back what it was given.
+        assert_eq!(red.state(), named(&w0[r], &s0[r]));
+        let mut outs = Vec::new();
+        for (s, x) in inputs.iter().enumerate() {
+            outs.push(
+                red.reduce(comm, s as u32, &layout, Flat::Dense(x[r].clone()))?
+                    .result,
+            );
+        }
+        Ok(outs)
+    })
+    .unwrap();
+    for (s, (w, mag)) in want.iter().enumerate() {
+        for outs in &got {
+            let Flat::Dense(o) = &outs[s] else {
+                panic!("dense output")
+            };
+            for k in 0..n {
+                if mag[k] < 1e-6 {
+                    continue;
+                }
+                assert!(
+                    (o[k] - w[k]).abs() <= 1e-6 * w[k].abs().max(1e-30),
+                    "step {s} elem {k}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn load_state_refuses_what_does_not_fit() {
+    let n = 501usize;
+    let layout = layout_of(n);
+    let err = |r: anyhow::Result<()>| format!("{:#}", r.unwrap_err());
+    // Names: unknown, missing, given twice.
+    let mut red = make_reducer("onebit", &Params::default()).unwrap();
+    let e = err(red.load_state(&[("residual".to_string(), vec![0.0])]));
+    assert!(e.contains("unknown state `residual`"), "{e}");
+    let e = err(red.load_state(&named(&[0.0], &[0.0])[..1]));
+    assert!(
+        e.contains("needs both `worker_error` and `server_error`"),
+        "{e}"
+    );
+    let mut twice = named(&[0.0], &[0.0]);
+    twice.push(("worker_error".to_string(), vec![0.0]));
+    assert!(err(red.load_state(&twice)).contains("given twice"));
+    // A state sized for 3 ranks does not load on 2: refused at the first step.
+    let s3 = OneBitState::new(Variant::Server, 3, n);
+    let e = run_local(2, |comm| {
+        let mut red = make_reducer("onebit", &Params::default())?;
+        red.load_state(&named(&s3.worker_error, &s3.server_error))?;
         red.reduce(comm, 0, &layout, Flat::Dense(vec![0.0; n]))?;
         Ok(())
     })
     .unwrap_err();
-    assert!(format!("{err:#}").contains("ranks"), "{err:#}");
-    let _ = std::fs::remove_file(&path);
+    let e = format!("{e:#}");
+    // padded_len(2, 501) = 512 (unit 2·8 = 16); server chunks 256. 3 ranks: unit 3·24 = 72,
+    // 504 values, server chunks 168.
+    assert!(e.contains("onebit: loaded state `worker_error` holds 504 values, but 2 ranks with 501 elements need 512"), "{e}");
+    // After a step, lengths are checked at once, and the running state is kept.
+    let e = run_local(2, |comm| {
+        let mut red = make_reducer("onebit-naive", &Params::default())?;
+        red.reduce(comm, 0, &layout, Flat::Dense(vec![1.0; n]))?;
+        let before = red.state();
+        // Naive: padded to a multiple of 8 (504), no server error.
+        assert_eq!(before[0].1.len(), 504);
+        assert!(before[1].1.is_empty());
+        let r = red.load_state(&named(&[0.0; 8], &[]));
+        assert_eq!(red.state(), before);
+        r
+    })
+    .unwrap_err();
+    let e = format!("{e:#}");
+    assert!(
+        e.contains("onebit-naive: loaded state `worker_error` holds 8 values"),
+        "{e}"
+    );
 }

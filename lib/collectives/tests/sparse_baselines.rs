@@ -336,6 +336,19 @@ fn dense_input_error_feedback_conserves_the_gradient() {
         Ok(v)
     })
     .unwrap();
+    // Σ_t u_t (every rank holds the same result) and Σ_r Σ_t g_t, in f64 (exact: dyadics).
+    let mut lhs = vec![0f64; n];
+    let mut fed = vec![0f64; n];
+    for t in 0..steps {
+        for (a, b) in lhs.iter_mut().zip(as_f64(sparse_of(&outs[0][t]), n)) {
+            *a += b;
+        }
+        for gr in &g[t] {
+            for (a, b) in fed.iter_mut().zip(gr) {
+                *a += *b as f64;
+            }
+        }
+    }
     for r in 0..p {
         // Reference error feedback: acc = res + g; select = contributed; res = acc − acc[sel].
         let mut res = vec![0f32; n];
@@ -362,7 +375,15 @@ fn dense_input_error_feedback_conserves_the_gradient() {
                 res[i as usize] = 0.0;
             }
         }
+        for (a, b) in lhs.iter_mut().zip(&res) {
+            *a += *b as f64;
+        }
     }
+    // Conservation: Σ_r Σ_t g = Σ_t u_t + Σ_r residual_T, element by element.
+    assert_eq!(
+        lhs, fed,
+        "results plus residuals account for every gradient"
+    );
 }
 
 #[test]

@@ -416,7 +416,7 @@ fn balancing_keeps_the_concatenation_and_evens_the_blocks() {
             (Balance::Never, false),
         ] {
             let outs = run_local(p, |comm| {
-                let (s, b) = balance_and_allgatherv(comm, parts[comm.rank()].clone(), bal);
+                let (s, b) = balance_and_allgatherv(comm, parts[comm.rank()].clone(), bal)?;
                 Ok((s, b, comm.traffic().total()))
             })
             .unwrap();
@@ -453,7 +453,7 @@ fn balancing_keeps_the_concatenation_and_evens_the_blocks() {
             indices: vec![2 * r, 2 * r + 1],
             values: vec![1.0, 2.0],
         };
-        Ok(balance_and_allgatherv(comm, s, Balance::Auto).1)
+        Ok(balance_and_allgatherv(comm, s, Balance::Auto)?.1)
     })
     .unwrap();
     assert!(outs.iter().all(|b| !b));

@@ -5,7 +5,7 @@
 use anyhow::{Context, Result};
 use gradkit_core::Table;
 
-use crate::{Comm, CommExt};
+use crate::{Buf, Comm, CommExt, Kind};
 
 /// The phase that file-related traffic is charged to.
 pub const IO_PHASE: &str = "io";
@@ -35,14 +35,14 @@ pub fn decode<T: Table>(bytes: &[u8]) -> Result<Vec<T>> {
 }
 
 /// This rank's rows of a table held by the I/O rank (`owner` says which rank a row goes to).
-/// Local ranks share memory and just filter; under MPI rank 0 sends each rank its rows.
+/// In-process ranks share memory and just filter; otherwise rank 0 sends each rank its rows.
 pub fn scatter<T: Table + Clone>(
     comm: &dyn Comm,
     all: Option<&[T]>,
     owner: impl Fn(&T) -> usize,
 ) -> Result<Vec<T>> {
     let me = comm.rank();
-    if comm.backend() == "local" || comm.size() == 1 {
+    if comm.backend().in_process() || comm.size() == 1 {
         let all = all.context("input table missing on a local rank")?;
         return Ok(all.iter().filter(|r| owner(r) == me).cloned().collect());
     }
@@ -59,16 +59,18 @@ pub fn scatter<T: Table + Clone>(
             .iter()
             .enumerate()
             .skip(1)
-            .map(|(d, rows)| Ok((d, crate::Buf::U8(encode(rows)?))))
+            .map(|(d, rows)| Ok((d, Buf::from_vec(encode(rows)?))))
             .collect::<Result<Vec<_>>>()?;
-        comm.exchange(1, sends, &[]);
+        comm.exchange(1, sends, &[])?;
         Ok(mine)
     } else {
-        let b = comm.exchange(1, vec![], &[(0, crate::Kind::U8)]);
-        let crate::Buf::U8(bytes) = &b[0] else {
-            unreachable!()
-        };
-        decode(bytes)
+        let b = comm.exchange(1, vec![], &[(0, Kind::U8)])?;
+        let bytes: Vec<u8> = b
+            .into_iter()
+            .next()
+            .context("no rows from rank 0")?
+            .into_vec()?;
+        decode(&bytes)
     }
 }
 
@@ -80,18 +82,16 @@ pub fn gather<T: Table>(comm: &dyn Comm, mine: Vec<T>) -> Result<Option<Vec<T>>>
     let _io = comm.phase(IO_PHASE);
     let me = comm.rank();
     if me == 0 {
-        let srcs: Vec<_> = (1..comm.size()).map(|s| (s, crate::Kind::U8)).collect();
-        let got = comm.exchange(2, vec![], &srcs);
+        let srcs: Vec<_> = (1..comm.size()).map(|s| (s, Kind::U8)).collect();
+        let got = comm.exchange(2, vec![], &srcs)?;
         let mut all = mine;
         for b in got {
-            let crate::Buf::U8(bytes) = b else {
-                unreachable!()
-            };
+            let bytes: Vec<u8> = b.into_vec()?;
             all.extend(decode::<T>(&bytes)?);
         }
         Ok(Some(all))
     } else {
-        comm.exchange(2, vec![(0, crate::Buf::U8(encode(&mine)?))], &[]);
+        comm.exchange(2, vec![(0, Buf::from_vec(encode(&mine)?))], &[])?;
         Ok(None)
     }
 }

@@ -14,23 +14,105 @@
 //! kind. A receive that waits longer than `GRADKIT_COMM_TIMEOUT` seconds (default 1800; 0 =
 //! never) reports which rank it waited for and ends the job, so no rank waits forever.
 
-use anyhow::{bail, Result};
+use std::ops::Range;
+use std::sync::Mutex;
+
+use anyhow::{bail, Context, Result};
 use gradkit_core::cli::{self, Launcher, Silent};
 
 use crate::local::run_local;
 use crate::mpi::MpiComm;
-use crate::{Comm, CommExt};
+use crate::{Backend, Comm, CommExt};
 
 pub use gradkit_core::cli::under_mpi_launcher;
 
-enum Backend {
-    Local(usize),
-    Mpi(MpiComm),
+/// How a backend starts its ranks: the other half of a backend, next to its [`Comm`]. To add
+/// a backend, give it a [`Backend`] value, implement [`Comm`] for its communicator and
+/// `Launch` for its world, hand a `Box<dyn Launch>` to [`World::from_launch`], and run
+/// [`crate::conformance`] on it.
+pub trait Launch {
+    fn backend(&self) -> Backend;
+    /// The number of ranks in the world.
+    fn size(&self) -> usize;
+    /// The ranks that run in this process: all of them for an in-process backend, this
+    /// process's own rank for one rank per process.
+    fn ranks_here(&self) -> Range<usize>;
+    /// Runs `f` once on every rank of this process and returns when all have, with the first
+    /// error. A backend whose ranks live in separate processes ends the whole job when `f`
+    /// fails or panics on one of them (its peers may be waiting for it), after printing
+    /// `error: rank R: …` once.
+    fn run(&self, f: &(dyn Fn(&dyn Comm) -> Result<()> + Sync)) -> Result<()>;
+    /// The communicator [`World::agree`] uses when ranks live in separate processes; `None`
+    /// when every rank of the world shares this process's outcome.
+    fn agreement(&self) -> Option<&dyn Comm> {
+        None
+    }
 }
 
-/// The set of ranks a tool runs on.
+/// P ranks as threads of this process.
+struct LocalLaunch(usize);
+
+impl Launch for LocalLaunch {
+    fn backend(&self) -> Backend {
+        Backend::LOCAL
+    }
+    fn size(&self) -> usize {
+        self.0
+    }
+    fn ranks_here(&self) -> Range<usize> {
+        0..self.0
+    }
+    fn run(&self, f: &(dyn Fn(&dyn Comm) -> Result<()> + Sync)) -> Result<()> {
+        run_local(self.0, f).map(drop)
+    }
+}
+
+/// This process's rank of an MPI job.
+struct MpiLaunch(MpiComm);
+
+impl Launch for MpiLaunch {
+    fn backend(&self) -> Backend {
+        Backend::MPI
+    }
+    fn size(&self) -> usize {
+        self.0.size()
+    }
+    fn ranks_here(&self) -> Range<usize> {
+        let r = self.0.rank();
+        r..r + 1
+    }
+    fn run(&self, f: &(dyn Fn(&dyn Comm) -> Result<()> + Sync)) -> Result<()> {
+        let comm = &self.0;
+        comm.traffic().reset();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            injected_fault(comm.rank())?;
+            f(comm)
+        }));
+        match r {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) if comm.size() == 1 => Err(e),
+            Ok(Err(e)) => {
+                cli::report(&e.context(format!("rank {}", comm.rank())));
+                comm.abort(1)
+            }
+            Err(_) => {
+                cli::report_line(&format!(
+                    "error: rank {}: internal error (a bug in gradkit; please report it): {}",
+                    comm.rank(),
+                    cli::last_panic().unwrap_or_else(|| "a panic".into())
+                ));
+                comm.abort(1)
+            }
+        }
+    }
+    fn agreement(&self) -> Option<&dyn Comm> {
+        (self.0.size() > 1).then_some(&self.0 as &dyn Comm)
+    }
+}
+
+/// The set of ranks a tool runs on, on one backend ([`Launch`]).
 pub struct World {
-    backend: Backend,
+    launch: Box<dyn Launch>,
 }
 
 impl World {
@@ -52,9 +134,7 @@ impl World {
                 abort: crate::mpi::abort_world,
             });
             let size = comm.size();
-            let world = World {
-                backend: Backend::Mpi(comm),
-            };
+            let world = World::from_launch(Box::new(MpiLaunch(comm)));
             let check = match ranks {
                 Some(r) if r != size => Err(anyhow::anyhow!(
                     "--ranks {r} disagrees with the {size} ranks mpirun started (flag --ranks; drop it under mpirun)"
@@ -68,69 +148,59 @@ impl World {
         if p == 0 {
             bail!("--ranks must be at least 1 (flag --ranks)");
         }
-        Ok(World {
-            backend: Backend::Local(p),
-        })
+        Ok(World::local(p))
     }
     /// A Local world of `p` ranks (tests, benchmarks).
     pub fn local(p: usize) -> World {
-        World {
-            backend: Backend::Local(p),
-        }
+        World::from_launch(Box::new(LocalLaunch(p)))
+    }
+    /// A world on any backend.
+    pub fn from_launch(launch: Box<dyn Launch>) -> World {
+        World { launch }
     }
     pub fn size(&self) -> usize {
-        match &self.backend {
-            Backend::Local(p) => *p,
-            Backend::Mpi(comm) => comm.size(),
-        }
+        self.launch.size()
     }
-    /// Whether this process does the file I/O: always for Local, rank 0 under MPI.
+    /// The ranks that run in this process (all of them in-process; one under MPI).
+    pub fn ranks_here(&self) -> Range<usize> {
+        self.launch.ranks_here()
+    }
+    /// Whether this process does the file I/O: the one that runs rank 0 (always, in-process).
     pub fn is_io_rank(&self) -> bool {
-        match &self.backend {
-            Backend::Local(_) => true,
-            Backend::Mpi(comm) => comm.rank() == 0,
-        }
+        self.launch.ranks_here().contains(&0)
     }
-    pub fn backend(&self) -> &'static str {
-        match &self.backend {
-            Backend::Local(_) => "local",
-            Backend::Mpi(_) => "mpi",
-        }
+    /// The backend: ask it capabilities ([`Backend::in_process`]…); its name is for metadata.
+    pub fn backend(&self) -> Backend {
+        self.launch.backend()
     }
-    /// Runs `f` on every rank. Local: all ranks' results in rank order (the first error, if
-    /// any). MPI: this process's result only; an error or a panic on any rank is reported by
-    /// that rank and ends the whole job (`MPI_Abort`), so no rank waits for it forever.
+    /// Runs `f` on every rank. In-process: all ranks' results in rank order (the first error,
+    /// if any). MPI: this process's result only; an error or a panic on any rank is reported
+    /// by that rank and ends the whole job (`MPI_Abort`), so no rank waits for it forever.
     pub fn run<R, F>(&self, f: F) -> Result<Vec<R>>
     where
         R: Send,
         F: Fn(&dyn Comm) -> Result<R> + Sync,
     {
-        match &self.backend {
-            Backend::Local(p) => run_local(*p, f),
-            Backend::Mpi(comm) => {
-                comm.traffic().reset();
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    injected_fault(comm.rank())?;
-                    f(comm)
-                }));
-                match r {
-                    Ok(Ok(v)) => Ok(vec![v]),
-                    Ok(Err(e)) if comm.size() == 1 => Err(e),
-                    Ok(Err(e)) => {
-                        cli::report(&e.context(format!("rank {}", comm.rank())));
-                        comm.abort(1)
-                    }
-                    Err(_) => {
-                        cli::report_line(&format!(
-                            "error: rank {}: internal error (a bug in gradkit; please report it): {}",
-                            comm.rank(),
-                            cli::last_panic().unwrap_or_else(|| "a panic".into())
-                        ));
-                        comm.abort(1)
-                    }
-                }
-            }
-        }
+        let here = self.launch.ranks_here();
+        let slots: Vec<Mutex<Option<R>>> = here.clone().map(|_| Mutex::new(None)).collect();
+        self.launch.run(&|comm: &dyn Comm| {
+            let v = f(comm)?;
+            let slot = comm
+                .rank()
+                .checked_sub(here.start)
+                .and_then(|i| slots.get(i))
+                .context("a rank ran outside this process's ranks (backend bug)")?;
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(v);
+            Ok(())
+        })?;
+        slots
+            .into_iter()
+            .map(|m| {
+                m.into_inner()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .context("a rank returned no result (backend bug)")
+            })
+            .collect()
     }
 
     /// An agreement point: every rank brings the outcome of its own checks (ranks with nothing
@@ -139,18 +209,17 @@ impl World {
     /// message once (`error: rank R: …` when R is not 0), every rank waits until it is written,
     /// and every rank gets [`Silent`] (exit 1, nothing more printed).
     pub fn agree<T>(&self, ok: Result<T>) -> Result<T> {
-        let comm = match &self.backend {
-            Backend::Mpi(comm) if comm.size() > 1 => comm,
-            _ => return ok,
+        let Some(comm) = self.launch.agreement() else {
+            return ok;
         };
         let _io = comm.phase(crate::dist::IO_PHASE);
         // 0: fine; otherwise the exit status this rank's error asks for.
         let mine = ok.as_ref().err().map_or(0, cli::exit_code);
-        let flags = comm.allgatherv(vec![mine]);
-        let Some(reporter) = flags.iter().position(|f| f[0] != 0) else {
+        let flags = comm.allgatherv(vec![mine])?;
+        let Some(reporter) = flags.iter().position(|f| f.first() != Some(&0)) else {
             return ok;
         };
-        let code = flags[reporter][0];
+        let code = flags[reporter].first().copied().unwrap_or(1);
         if reporter == comm.rank() {
             if let Err(e) = &ok {
                 if reporter == 0 {
@@ -161,7 +230,7 @@ impl World {
             }
         }
         // Nobody exits before the reporter's line is out.
-        comm.barrier();
+        comm.barrier()?;
         Err(anyhow::Error::new(Silent { code }))
     }
 }

@@ -3,201 +3,209 @@
 //! [`Comm`] is a small, object-safe trait (rank, size, a bucket of point-to-point messages,
 //! barrier, a native allreduce); [`CommExt`] builds typed send/recv, sendrecv, allgather(v),
 //! alltoall(v) and broadcast on top of it, so those collectives move exactly the bytes their
-//! algorithm says on every backend. Backends: [`local`] (P threads in one process, the
-//! embedded default and the test harness) and [`mpi`] (rsmpi on the system MPI, under
-//! `mpirun`). Every backend counts bytes and messages per rank and per phase ([`Traffic`]).
+//! algorithm says on every backend. Payloads are [`Buf`]s, in host memory or on a device
+//! ([`Location`], [`DeviceMemory`]); every call returns `Result<_, CommError>`.
+//!
+//! Backends: [`local`] (P threads in one process, the embedded default and the test harness)
+//! and [`mpi`] (rsmpi on the system MPI, under `mpirun`). The set is open: a backend is a
+//! [`Backend`] value (name and capabilities), a [`Comm`] implementation and a [`Launch`]
+//! implementation that [`World::from_launch`] accepts; [`conformance`] is the suite every
+//! backend must pass. Every backend counts bytes and messages per rank and per phase
+//! ([`Traffic`]).
 //!
 //! Not here: any reduction algorithm (see gradkit-collectives) or file I/O.
 
+mod backend;
+mod buf;
+pub mod conformance;
 pub mod dist;
+mod error;
 pub mod launch;
 pub mod local;
 pub mod mpi;
 mod traffic;
 
-pub use launch::World;
+pub use backend::Backend;
+pub use buf::{Buf, DeviceMemory, Elem, Kind, Location};
+pub use error::{is_peer_failure, CommError, Waiting};
+pub use launch::{Launch, World};
 pub use local::run_local;
 pub use traffic::{PhaseCounts, PhaseGuard, Traffic};
 
-/// The element kinds that travel in messages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    F32,
-    F64,
-    U32,
-    U64,
-    U8,
-}
-
-impl Kind {
-    pub fn bytes(self) -> usize {
-        match self {
-            Kind::F32 | Kind::U32 => 4,
-            Kind::F64 | Kind::U64 => 8,
-            Kind::U8 => 1,
-        }
-    }
-}
-
-/// An owned, typed message payload. The Local backend moves it between threads as it is.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Buf {
-    F32(Vec<f32>),
-    F64(Vec<f64>),
-    U32(Vec<u32>),
-    U64(Vec<u64>),
-    U8(Vec<u8>),
-}
-
-impl Buf {
-    pub fn kind(&self) -> Kind {
-        match self {
-            Buf::F32(_) => Kind::F32,
-            Buf::F64(_) => Kind::F64,
-            Buf::U32(_) => Kind::U32,
-            Buf::U64(_) => Kind::U64,
-            Buf::U8(_) => Kind::U8,
-        }
-    }
-    pub fn len(&self) -> usize {
-        match self {
-            Buf::F32(v) => v.len(),
-            Buf::F64(v) => v.len(),
-            Buf::U32(v) => v.len(),
-            Buf::U64(v) => v.len(),
-            Buf::U8(v) => v.len(),
-        }
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// Payload size in bytes (what the traffic counters add up).
-    pub fn bytes(&self) -> usize {
-        self.len() * self.kind().bytes()
-    }
-}
-
-/// A Rust type that can travel in a [`Buf`].
-pub trait Elem: Copy + Send + Default + 'static {
-    const KIND: Kind;
-    fn wrap(v: Vec<Self>) -> Buf;
-    fn unwrap(b: Buf) -> Vec<Self>;
-}
-
-macro_rules! elem {
-    ($t:ty, $k:ident) => {
-        impl Elem for $t {
-            const KIND: Kind = Kind::$k;
-            fn wrap(v: Vec<Self>) -> Buf {
-                Buf::$k(v)
-            }
-            fn unwrap(b: Buf) -> Vec<Self> {
-                match b {
-                    Buf::$k(v) => v,
-                    other => panic!(
-                        "message type mismatch: expected {:?}, got {:?} (algorithm bug)",
-                        Kind::$k,
-                        other.kind()
-                    ),
-                }
-            }
-        }
-    };
-}
-elem!(f32, F32);
-elem!(f64, F64);
-elem!(u32, U32);
-elem!(u64, U64);
-elem!(u8, U8);
+/// The result of a communication call.
+pub type CommResult<T> = Result<T, CommError>;
 
 /// The communication interface. Object-safe: algorithms take `&dyn Comm`.
 ///
 /// A backend implements [`Comm::exchange_raw`]; [`Comm::exchange`] adds the traffic counts.
 /// Messages between one pair of ranks with one tag arrive in the order they were posted.
-/// A failed peer makes blocked calls panic with "peer rank failed" (Local) or aborts the job
-/// (MPI), so no rank waits forever.
+/// Every call returns `Err` instead of waiting forever: [`CommError::PeerFailed`] when
+/// another rank failed (Local), [`CommError::Timeout`] after `GRADKIT_COMM_TIMEOUT` (MPI).
+/// After an error the world is broken: the caller should return the error, and
+/// [`World::run`] ends the run (under MPI, the job).
 pub trait Comm {
     fn rank(&self) -> usize;
     fn size(&self) -> usize;
-    /// `local` or `mpi`.
-    fn backend(&self) -> &'static str;
+    /// What this backend is and can do.
+    fn backend(&self) -> Backend;
     /// Posts every send without blocking, then completes the receives in the order given,
-    /// then waits for the sends: one bucket of overlapping messages.
-    fn exchange_raw(&self, tag: u32, sends: Vec<(usize, Buf)>, recvs: &[(usize, Kind)])
-        -> Vec<Buf>;
-    fn barrier(&self);
-    /// The backend's own sum-allreduce (MPI_Allreduce under MPI).
-    fn allreduce_native_f32(&self, data: &mut [f32]);
+    /// then waits for the sends: one bucket of overlapping messages. Received buffers are in
+    /// host memory on host-only backends. A send buffer in a location the backend cannot
+    /// move ([`Backend::moves`]) is refused with [`CommError::UnsupportedLocation`] before
+    /// anything is posted, a rank outside the world with [`CommError::NoSuchRank`]. Sender and
+    /// receiver must agree on each message's kind; a backend that can tell (Local) reports a
+    /// disagreement as [`CommError::KindMismatch`] (MPI messages carry no kind).
+    fn exchange_raw(
+        &self,
+        tag: u32,
+        sends: Vec<(usize, Buf)>,
+        recvs: &[(usize, Kind)],
+    ) -> CommResult<Vec<Buf>>;
+    fn barrier(&self) -> CommResult<()>;
+    /// The backend's own sum-allreduce (MPI_Allreduce under MPI). Every rank passes the
+    /// same length.
+    fn allreduce_native_f32(&self, data: &mut [f32]) -> CommResult<()>;
     /// The backend's own sum-allreduce on f64 (checksums, metrics).
-    fn allreduce_native_f64(&self, data: &mut [f64]);
+    fn allreduce_native_f64(&self, data: &mut [f64]) -> CommResult<()>;
     /// This rank's traffic counters.
     fn traffic(&self) -> &Traffic;
 
     /// [`Comm::exchange_raw`] with traffic counted (messages to oneself are not counted).
-    fn exchange(&self, tag: u32, sends: Vec<(usize, Buf)>, recvs: &[(usize, Kind)]) -> Vec<Buf> {
+    fn exchange(
+        &self,
+        tag: u32,
+        sends: Vec<(usize, Buf)>,
+        recvs: &[(usize, Kind)],
+    ) -> CommResult<Vec<Buf>> {
         let me = self.rank();
-        for (d, b) in &sends {
-            if *d != me {
-                self.traffic().add_sent(b.bytes());
-            }
+        let sent: Vec<usize> = sends
+            .iter()
+            .filter(|(d, _)| *d != me)
+            .map(|(_, b)| b.bytes())
+            .collect();
+        let got = self.exchange_raw(tag, sends, recvs)?;
+        for b in sent {
+            self.traffic().add_sent(b);
         }
-        let got = self.exchange_raw(tag, sends, recvs);
         for ((s, _), b) in recvs.iter().zip(&got) {
             if *s != me {
                 self.traffic().add_recv(b.bytes());
             }
         }
-        got
+        Ok(got)
     }
 }
 
+/// Checks what every backend's `exchange_raw` must check before it posts anything: ranks in
+/// range, and send buffers in memory the backend can move.
+pub fn check_exchange(
+    backend: Backend,
+    size: usize,
+    sends: &[(usize, Buf)],
+    recvs: &[(usize, Kind)],
+) -> CommResult<()> {
+    for &rank in sends
+        .iter()
+        .map(|(d, _)| d)
+        .chain(recvs.iter().map(|(s, _)| s))
+    {
+        if rank >= size {
+            return Err(CommError::NoSuchRank { rank, size });
+        }
+    }
+    for (_, b) in sends {
+        if !backend.moves(b.location()) {
+            return Err(CommError::UnsupportedLocation {
+                backend: backend.name(),
+                location: b.location(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The one buffer a single receive returns, as `T`.
+fn one<T: Elem>(v: Vec<Buf>, from: usize) -> CommResult<Vec<T>> {
+    let b = v.into_iter().next().ok_or_else(|| CommError::Transport {
+        backend: "comm",
+        message: "a receive returned no message".into(),
+    })?;
+    T::try_unwrap(b).map_err(|e| match e {
+        CommError::KindMismatch { expected, got, .. } => CommError::KindMismatch {
+            from: Some(from),
+            expected,
+            got,
+        },
+        e => e,
+    })
+}
+
 /// Typed point-to-point helpers and the collectives built on them, for every [`Comm`].
+/// Every collective is called by every rank of the world, with the same arguments where the
+/// arguments are not per-rank data.
 pub trait CommExt: Comm {
     /// Sets the phase the traffic counters charge until the guard drops.
     fn phase(&self, name: &str) -> PhaseGuard<'_> {
         self.traffic().enter(name)
     }
-    fn send<T: Elem>(&self, dest: usize, data: Vec<T>) {
-        self.exchange(0, vec![(dest, T::wrap(data))], &[]);
+    fn send<T: Elem>(&self, dest: usize, data: Vec<T>) -> CommResult<()> {
+        self.exchange(0, vec![(dest, T::wrap(data))], &[])?;
+        Ok(())
     }
-    fn recv<T: Elem>(&self, src: usize) -> Vec<T> {
-        let mut v = self.exchange(0, vec![], &[(src, T::KIND)]);
-        T::unwrap(v.pop().expect("one message"))
+    fn recv<T: Elem>(&self, src: usize) -> CommResult<Vec<T>> {
+        one(self.exchange(0, vec![], &[(src, T::KIND)])?, src)
     }
     /// Sends to `dest` and receives from `src` in one step.
-    fn sendrecv<T: Elem>(&self, dest: usize, data: Vec<T>, src: usize) -> Vec<T> {
-        let mut v = self.exchange(0, vec![(dest, T::wrap(data))], &[(src, T::KIND)]);
-        T::unwrap(v.pop().expect("one message"))
+    fn sendrecv<T: Elem>(&self, dest: usize, data: Vec<T>, src: usize) -> CommResult<Vec<T>> {
+        one(
+            self.exchange(0, vec![(dest, T::wrap(data))], &[(src, T::KIND)])?,
+            src,
+        )
     }
 
     /// Ring allgather of variable-size blocks: P−1 steps; in step s every rank forwards the
     /// block that originated at rank r−s. Rank r sends every block but rank r+1's, and
     /// receives every block but its own; no counts travel (messages carry their length).
-    fn allgatherv<T: Elem>(&self, mine: Vec<T>) -> Vec<Vec<T>> {
+    fn allgatherv<T: Elem>(&self, mine: Vec<T>) -> CommResult<Vec<Vec<T>>> {
         let (p, r) = (self.size(), self.rank());
         let mut blocks: Vec<Option<Vec<T>>> = (0..p).map(|_| None).collect();
         let right = (r + 1) % p;
         let left = (r + p - 1) % p;
         let mut carry = mine;
         for s in 0..p.saturating_sub(1) {
-            let recv = self.sendrecv(right, carry.clone(), left);
+            let recv = self.sendrecv(right, carry.clone(), left)?;
             blocks[(r + p - s) % p] = Some(std::mem::replace(&mut carry, recv));
         }
         // After P−1 steps the carried block is the one that started at rank r+1.
         blocks[(r + 1) % p] = Some(carry);
-        blocks.into_iter().map(|b| b.unwrap_or_default()).collect()
+        Ok(blocks.into_iter().map(|b| b.unwrap_or_default()).collect())
     }
 
     /// Allgather of one value per rank.
-    fn allgather_one<T: Elem>(&self, v: T) -> Vec<T> {
-        self.allgatherv(vec![v]).into_iter().map(|b| b[0]).collect()
+    fn allgather_one<T: Elem>(&self, v: T) -> CommResult<Vec<T>> {
+        self.allgatherv(vec![v])?
+            .into_iter()
+            .enumerate()
+            .map(|(q, b)| match b[..] {
+                [x] => Ok(x),
+                _ => Err(CommError::SizeMismatch(format!(
+                    "allgather_one: rank {q} sent {} values, not 1",
+                    b.len()
+                ))),
+            })
+            .collect()
     }
 
     /// Personalised all-to-all: `sends[d]` goes to rank d; returns what each rank sent here.
     /// All P−1 messages are posted at once with rotated destinations (step s: r+s).
-    fn alltoallv<T: Elem>(&self, mut sends: Vec<Vec<T>>) -> Vec<Vec<T>> {
+    fn alltoallv<T: Elem>(&self, mut sends: Vec<Vec<T>>) -> CommResult<Vec<Vec<T>>> {
         let (p, r) = (self.size(), self.rank());
-        assert_eq!(sends.len(), p, "alltoallv needs one block per rank");
+        if sends.len() != p {
+            return Err(CommError::SizeMismatch(format!(
+                "alltoallv needs one block per rank: {} blocks for {p} ranks",
+                sends.len()
+            )));
+        }
         let own = std::mem::take(&mut sends[r]);
         let mut out: Vec<(usize, Buf)> = Vec::with_capacity(p - 1);
         for s in 1..p {
@@ -205,21 +213,30 @@ pub trait CommExt: Comm {
             out.push((d, T::wrap(std::mem::take(&mut sends[d]))));
         }
         let srcs: Vec<(usize, Kind)> = (1..p).map(|s| ((r + p - s) % p, T::KIND)).collect();
-        let got = self.exchange(0, out, &srcs);
+        let got = self.exchange(0, out, &srcs)?;
         let mut res: Vec<Vec<T>> = (0..p).map(|_| Vec::new()).collect();
         res[r] = own;
         for ((src, _), b) in srcs.iter().zip(got) {
-            res[*src] = T::unwrap(b);
+            res[*src] = one(vec![b], *src)?;
         }
-        res
+        Ok(res)
     }
 
-    /// Binomial-tree broadcast from `root` (⌈log2 P⌉ rounds).
-    fn broadcast<T: Elem>(&self, root: usize, data: Option<Vec<T>>) -> Vec<T> {
+    /// Binomial-tree broadcast from `root` (⌈log2 P⌉ rounds). The root passes `Some(data)`,
+    /// the others `None`.
+    fn broadcast<T: Elem>(&self, root: usize, data: Option<Vec<T>>) -> CommResult<Vec<T>> {
         let (p, r) = (self.size(), self.rank());
+        if root >= p {
+            return Err(CommError::NoSuchRank {
+                rank: root,
+                size: p,
+            });
+        }
         let vr = (r + p - root) % p;
         let mut buf = if vr == 0 {
-            data.expect("root must supply the broadcast data")
+            data.ok_or_else(|| {
+                CommError::InvalidArgument("the broadcast root must supply the data".into())
+            })?
         } else {
             Vec::new()
         };
@@ -227,7 +244,7 @@ pub trait CommExt: Comm {
         if vr != 0 {
             let hb = usize::BITS - 1 - vr.leading_zeros();
             let parent = ((vr - (1 << hb)) + root) % p;
-            buf = self.recv(parent);
+            buf = self.recv(parent)?;
         }
         let start = if vr == 0 {
             0
@@ -244,26 +261,41 @@ pub trait CommExt: Comm {
             bit <<= 1;
         }
         if !sends.is_empty() {
-            self.exchange(0, sends, &[]);
+            self.exchange(0, sends, &[])?;
         }
-        buf
+        Ok(buf)
     }
 
     /// Sum-allreduce of a few f64 values (control data: counts, norms, checksums), counted.
-    fn allreduce_small_f64(&self, vals: &[f64]) -> Vec<f64> {
-        let all = self.allgatherv(vals.to_vec());
-        (0..vals.len())
+    /// Every rank passes the same number of values.
+    fn allreduce_small_f64(&self, vals: &[f64]) -> CommResult<Vec<f64>> {
+        let all = gather_equal(self, vals)?;
+        Ok((0..vals.len())
             .map(|i| all.iter().map(|b| b[i]).sum())
-            .collect()
+            .collect())
     }
 
     /// Max over ranks of a few f64 values.
-    fn allreduce_max_f64(&self, vals: &[f64]) -> Vec<f64> {
-        let all = self.allgatherv(vals.to_vec());
-        (0..vals.len())
+    fn allreduce_max_f64(&self, vals: &[f64]) -> CommResult<Vec<f64>> {
+        let all = gather_equal(self, vals)?;
+        Ok((0..vals.len())
             .map(|i| all.iter().map(|b| b[i]).fold(f64::NEG_INFINITY, f64::max))
-            .collect()
+            .collect())
     }
 }
 
 impl<C: Comm + ?Sized> CommExt for C {}
+
+/// Every rank's `vals`, checked to be of one length.
+fn gather_equal<C: CommExt + ?Sized>(c: &C, vals: &[f64]) -> CommResult<Vec<Vec<f64>>> {
+    let all = c.allgatherv(vals.to_vec())?;
+    if let Some(q) = all.iter().position(|b| b.len() != vals.len()) {
+        return Err(CommError::SizeMismatch(format!(
+            "rank {q} reduces {} values, rank {} reduces {}",
+            all[q].len(),
+            c.rank(),
+            vals.len()
+        )));
+    }
+    Ok(all)
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 
-use crate::{Buf, Comm, Kind, Traffic};
+use crate::{check_exchange, Backend, Buf, Comm, CommError, CommResult, Kind, Traffic};
 
 struct Msg {
     src: usize,
@@ -31,9 +31,6 @@ struct Shared {
     slots: Mutex<Vec<Option<Arc<dyn Any + Send + Sync>>>>,
 }
 
-/// Unwinds a rank whose peer failed, without running the panic hook (no noise on stderr).
-struct PeerFailed;
-
 impl Shared {
     fn fail(&self) {
         self.failed.store(true, Ordering::SeqCst);
@@ -44,10 +41,11 @@ impl Shared {
         let _g = self.barrier.lock().unwrap_or_else(|e| e.into_inner());
         self.barrier_cv.notify_all();
     }
-    fn check(&self) {
+    fn check(&self) -> CommResult<()> {
         if self.failed.load(Ordering::SeqCst) {
-            std::panic::resume_unwind(Box::new(PeerFailed));
+            return Err(CommError::PeerFailed);
         }
+        Ok(())
     }
 }
 
@@ -59,14 +57,14 @@ pub struct LocalComm {
 }
 
 impl LocalComm {
-    fn take(&self, src: usize, tag: u32) -> Buf {
+    fn take(&self, src: usize, tag: u32) -> CommResult<Buf> {
         let mb = &self.shared.boxes[self.rank];
         let mut q = mb.queue.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(i) = q.iter().position(|m| m.src == src && m.tag == tag) {
-                return q.remove(i).buf;
+                return Ok(q.remove(i).buf);
             }
-            self.shared.check();
+            self.shared.check()?;
             q = mb
                 .cv
                 .wait_timeout(q, Duration::from_millis(200))
@@ -76,30 +74,25 @@ impl LocalComm {
     }
 
     /// Generic shared-memory allreduce: deposit, each rank sums its chunk, gather chunks.
-    fn native_sum<T>(&self, data: &mut [T])
+    fn native_sum<T>(&self, data: &mut [T]) -> CommResult<()>
     where
         T: Copy + Default + std::ops::AddAssign + Send + Sync + 'static,
     {
         let p = self.shared.size;
         let n = data.len();
         if p == 1 {
-            return;
+            return Ok(());
         }
         let mine: Arc<Vec<T>> = Arc::new(data.to_vec());
         self.shared.slots.lock().unwrap_or_else(|e| e.into_inner())[self.rank] = Some(mine);
-        self.barrier();
+        self.barrier()?;
         let all: Vec<Arc<Vec<T>>> = {
             let s = self.shared.slots.lock().unwrap_or_else(|e| e.into_inner());
             s.iter()
-                .map(|x| {
-                    x.clone()
-                        .expect("slot filled")
-                        .downcast::<Vec<T>>()
-                        .expect("same element type on every rank")
-                })
-                .collect()
+                .map(|x| slot_vec::<T>(x, n))
+                .collect::<CommResult<_>>()?
         };
-        self.barrier();
+        self.barrier()?;
         let (lo, hi) = (n * self.rank / p, n * (self.rank + 1) / p);
         let mut chunk = vec![T::default(); hi - lo];
         for v in &all {
@@ -110,16 +103,16 @@ impl LocalComm {
         drop(all);
         self.shared.slots.lock().unwrap_or_else(|e| e.into_inner())[self.rank] =
             Some(Arc::new(chunk));
-        self.barrier();
+        self.barrier()?;
         {
             let s = self.shared.slots.lock().unwrap_or_else(|e| e.into_inner());
             for (q, x) in s.iter().enumerate() {
-                let c = x.clone().expect("slot").downcast::<Vec<T>>().expect("type");
                 let (lo, hi) = (n * q / p, n * (q + 1) / p);
+                let c = slot_vec::<T>(x, hi - lo)?;
                 data[lo..hi].copy_from_slice(&c);
             }
         }
-        self.barrier();
+        self.barrier()
     }
 }
 
@@ -130,22 +123,18 @@ impl Comm for LocalComm {
     fn size(&self) -> usize {
         self.shared.size
     }
-    fn backend(&self) -> &'static str {
-        "local"
+    fn backend(&self) -> Backend {
+        Backend::LOCAL
     }
     fn exchange_raw(
         &self,
         tag: u32,
         sends: Vec<(usize, Buf)>,
         recvs: &[(usize, Kind)],
-    ) -> Vec<Buf> {
-        self.shared.check();
+    ) -> CommResult<Vec<Buf>> {
+        self.shared.check()?;
+        check_exchange(Backend::LOCAL, self.shared.size, &sends, recvs)?;
         for (d, buf) in sends {
-            assert!(
-                d < self.shared.size,
-                "send to rank {d} of {}",
-                self.shared.size
-            );
             let mb = &self.shared.boxes[d];
             mb.queue
                 .lock()
@@ -160,17 +149,19 @@ impl Comm for LocalComm {
         recvs
             .iter()
             .map(|&(s, k)| {
-                let b = self.take(s, tag);
-                assert_eq!(
-                    b.kind(),
-                    k,
-                    "message kind mismatch from rank {s} (algorithm bug)"
-                );
-                b
+                let b = self.take(s, tag)?;
+                if b.kind() != k {
+                    return Err(CommError::KindMismatch {
+                        from: Some(s),
+                        expected: k,
+                        got: b.kind(),
+                    });
+                }
+                Ok(b)
             })
             .collect()
     }
-    fn barrier(&self) {
+    fn barrier(&self) -> CommResult<()> {
         let sh = &self.shared;
         let mut g = sh.barrier.lock().unwrap_or_else(|e| e.into_inner());
         let gen = g.1;
@@ -179,11 +170,11 @@ impl Comm for LocalComm {
             g.0 = 0;
             g.1 += 1;
             sh.barrier_cv.notify_all();
-            return;
+            return Ok(());
         }
         while g.1 == gen {
             drop(g);
-            sh.check();
+            sh.check()?;
             g = sh.barrier.lock().unwrap_or_else(|e| e.into_inner());
             if g.1 != gen {
                 break;
@@ -194,18 +185,39 @@ impl Comm for LocalComm {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+        Ok(())
     }
-    fn allreduce_native_f32(&self, data: &mut [f32]) {
+    fn allreduce_native_f32(&self, data: &mut [f32]) -> CommResult<()> {
         self.traffic.add_opaque(data.len() * 4);
-        self.native_sum(data);
+        self.native_sum(data)
     }
-    fn allreduce_native_f64(&self, data: &mut [f64]) {
+    fn allreduce_native_f64(&self, data: &mut [f64]) -> CommResult<()> {
         self.traffic.add_opaque(data.len() * 8);
-        self.native_sum(data);
+        self.native_sum(data)
     }
     fn traffic(&self) -> &Traffic {
         &self.traffic
     }
+}
+
+/// A native allreduce slot as a `Vec<T>` of `n` elements: another element type or length
+/// on another rank is an error (every rank must call the same allreduce).
+fn slot_vec<T: Send + Sync + 'static>(
+    x: &Option<Arc<dyn Any + Send + Sync>>,
+    n: usize,
+) -> CommResult<Arc<Vec<T>>> {
+    let v = x
+        .clone()
+        .ok_or(CommError::PeerFailed)?
+        .downcast::<Vec<T>>()
+        .map_err(|_| CommError::SizeMismatch("ranks called different native allreduces".into()))?;
+    if v.len() != n {
+        return Err(CommError::SizeMismatch(format!(
+            "native allreduce of {} values on one rank, {n} on another",
+            v.len()
+        )));
+    }
+    Ok(v)
 }
 
 fn panic_text(p: &(dyn Any + Send)) -> String {
@@ -219,7 +231,8 @@ fn panic_text(p: &(dyn Any + Send)) -> String {
 }
 
 /// Runs `f` on `p` in-process ranks and returns every rank's result, in rank order.
-/// The first rank's error (or panic) is returned; the other ranks are woken and stopped.
+/// The first rank's error (or panic) is returned; the other ranks' calls are woken and
+/// return [`CommError::PeerFailed`], which is not reported when a rank's own error is.
 pub fn run_local<R, F>(p: usize, f: F) -> Result<Vec<R>>
 where
     R: Send,
@@ -270,10 +283,10 @@ where
     for (rank, r) in results.into_iter().enumerate() {
         match r {
             Ok(Ok(v)) => out.push(v),
+            Ok(Err(e)) if crate::is_peer_failure(&e) => peer_failed = true,
             Ok(Err(e)) => {
                 first_err.get_or_insert(e);
             }
-            Err(p) if p.is::<PeerFailed>() => peer_failed = true,
             Err(p) => {
                 first_err
                     .get_or_insert(anyhow!("rank {rank} panicked: {}", panic_text(p.as_ref())));

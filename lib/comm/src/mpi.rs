@@ -1,11 +1,14 @@
 //! The MPI backend: one rank per process under `mpirun`, on the `mpi` crate (rsmpi) and the
 //! system MPI library. Messages are typed MPI messages; a receive probes for the length.
+//! Host memory only: a device buffer is refused with [`CommError::UnsupportedLocation`].
 
 use mpi::point_to_point::{Destination, MatchedReceiveVec, Source};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::CommunicatorCollectives;
 
-use crate::{Buf, Comm, Kind, Traffic};
+use crate::{
+    check_exchange, Backend, Buf, Comm, CommError, CommResult, Elem, Kind, Traffic, Waiting,
+};
 
 /// `MPI_Finalize`, once (registered with `gradkit_core::cli::run`, which calls it on the paths
 /// every rank takes). A watchdog ends the process if it has not returned after
@@ -73,14 +76,14 @@ impl MpiComm {
         &self,
         src: usize,
         t: i32,
-    ) -> (mpi::point_to_point::Message, mpi::point_to_point::Status) {
+    ) -> CommResult<(mpi::point_to_point::Message, mpi::point_to_point::Status)> {
         let proc = self.world.process_at_rank(src as i32);
         let mut poll = Poll::new(self);
         loop {
             if let Some(m) = proc.immediate_matched_probe_with_tag(t) {
-                return m;
+                return Ok(m);
             }
-            poll.tick(|| format!("no message from rank {src}"));
+            poll.tick(src, Waiting::Recv)?;
         }
     }
 }
@@ -95,6 +98,26 @@ enum AnyReq<'a, S: mpi::request::Scope<'a>> {
 }
 
 impl<'a, S: mpi::request::Scope<'a>> AnyReq<'a, S> {
+    /// Gives up on a pending send: MPI keeps the request until it completes (or the job
+    /// ends), so its buffer must outlive this process's use of it — the caller leaks it.
+    fn abandon(self) {
+        fn free<'a, D: ?Sized, S: mpi::request::Scope<'a>>(r: mpi::request::Request<'a, D, S>) {
+            // SAFETY: `into_raw` unregisters the live request from its scope; MPI_Request_free
+            // marks it for deallocation once the send completes. The buffer it reads is never
+            // freed afterwards (`exchange_raw` forgets the send buffers on this path).
+            unsafe {
+                let (mut raw, _, _) = r.into_raw();
+                mpi::ffi::MPI_Request_free(&mut raw);
+            }
+        }
+        match self {
+            AnyReq::F32(r) => free(r),
+            AnyReq::F64(r) => free(r),
+            AnyReq::U32(r) => free(r),
+            AnyReq::U64(r) => free(r),
+            AnyReq::U8(r) => free(r),
+        }
+    }
     /// Whether the send has completed; an unfinished request is handed back.
     fn test(self) -> Result<(), Self> {
         match self {
@@ -107,8 +130,8 @@ impl<'a, S: mpi::request::Scope<'a>> AnyReq<'a, S> {
     }
 }
 
-/// Polls a wait (driving MPI's progress), yielding the core once it is not short, and ends
-/// the job with `what` after the watchdog's limit.
+/// Polls a wait (driving MPI's progress), yielding the core once it is not short, and fails
+/// with [`CommError::Timeout`] after the watchdog's limit.
 struct Poll<'c> {
     comm: &'c MpiComm,
     polls: u64,
@@ -123,27 +146,26 @@ impl<'c> Poll<'c> {
             start: None,
         }
     }
-    fn tick(&mut self, what: impl FnOnce() -> String) {
+    fn tick(&mut self, peer: usize, waiting: Waiting) -> CommResult<()> {
         self.polls += 1;
         if self.polls < 1024 {
             std::hint::spin_loop();
-            return;
+            return Ok(());
         }
         std::thread::yield_now();
         if self.polls.is_multiple_of(1024) {
             if let Some(limit) = self.comm.timeout {
                 let t0 = *self.start.get_or_insert_with(std::time::Instant::now);
                 if t0.elapsed() > limit {
-                    gradkit_core::cli::report_line(&format!(
-                        "error: rank {}: {} for {} s (GRADKIT_COMM_TIMEOUT); ending the job",
-                        self.comm.rank(),
-                        what(),
-                        limit.as_secs()
-                    ));
-                    self.comm.abort(1);
+                    return Err(CommError::Timeout {
+                        peer,
+                        waiting,
+                        secs: limit.as_secs(),
+                    });
                 }
             }
         }
+        Ok(())
     }
 }
 
@@ -158,67 +180,105 @@ impl Comm for MpiComm {
     fn size(&self) -> usize {
         self.world.size() as usize
     }
-    fn backend(&self) -> &'static str {
-        "mpi"
+    fn backend(&self) -> Backend {
+        Backend::MPI
     }
     fn exchange_raw(
         &self,
         tag: u32,
         sends: Vec<(usize, Buf)>,
         recvs: &[(usize, Kind)],
-    ) -> Vec<Buf> {
+    ) -> CommResult<Vec<Buf>> {
+        check_exchange(Backend::MPI, self.size(), &sends, recvs)?;
         let t = tag_of(tag);
         let world = &self.world;
-        mpi::request::scope(|scope| {
+        let mut abandoned = false;
+        let res = mpi::request::scope(|scope| {
             let mut reqs = Vec::with_capacity(sends.len());
             for (d, b) in &sends {
                 let proc = world.process_at_rank(*d as i32);
-                let r = match b {
-                    Buf::F32(v) => AnyReq::F32(proc.immediate_send_with_tag(scope, &v[..], t)),
-                    Buf::F64(v) => AnyReq::F64(proc.immediate_send_with_tag(scope, &v[..], t)),
-                    Buf::U32(v) => AnyReq::U32(proc.immediate_send_with_tag(scope, &v[..], t)),
-                    Buf::U64(v) => AnyReq::U64(proc.immediate_send_with_tag(scope, &v[..], t)),
-                    Buf::U8(v) => AnyReq::U8(proc.immediate_send_with_tag(scope, &v[..], t)),
+                // Host buffers only (checked above): exactly one slice matches.
+                let r = if let Some(v) = b.as_slice::<f32>() {
+                    AnyReq::F32(proc.immediate_send_with_tag(scope, v, t))
+                } else if let Some(v) = b.as_slice::<f64>() {
+                    AnyReq::F64(proc.immediate_send_with_tag(scope, v, t))
+                } else if let Some(v) = b.as_slice::<u32>() {
+                    AnyReq::U32(proc.immediate_send_with_tag(scope, v, t))
+                } else if let Some(v) = b.as_slice::<u64>() {
+                    AnyReq::U64(proc.immediate_send_with_tag(scope, v, t))
+                } else if let Some(v) = b.as_slice::<u8>() {
+                    AnyReq::U8(proc.immediate_send_with_tag(scope, v, t))
+                } else {
+                    unreachable!("check_exchange admits host buffers only")
                 };
                 reqs.push(r);
             }
-            let got: Vec<Buf> = recvs
-                .iter()
-                .map(|&(s, k)| {
-                    let m = self.probe(s, t);
-                    match k {
-                        Kind::F32 => Buf::F32(m.matched_receive_vec().0),
-                        Kind::F64 => Buf::F64(m.matched_receive_vec().0),
-                        Kind::U32 => Buf::U32(m.matched_receive_vec().0),
-                        Kind::U64 => Buf::U64(m.matched_receive_vec().0),
-                        Kind::U8 => Buf::U8(m.matched_receive_vec().0),
+            let mut got: Vec<Buf> = Vec::with_capacity(recvs.len());
+            let mut failed = None;
+            for &(s, k) in recvs {
+                match self.probe(s, t) {
+                    Ok(m) => got.push(match k {
+                        Kind::F32 => f32::wrap(m.matched_receive_vec().0),
+                        Kind::F64 => f64::wrap(m.matched_receive_vec().0),
+                        Kind::U32 => u32::wrap(m.matched_receive_vec().0),
+                        Kind::U64 => u64::wrap(m.matched_receive_vec().0),
+                        Kind::U8 => u8::wrap(m.matched_receive_vec().0),
+                    }),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
                     }
-                })
-                .collect();
-            for (mut r, (d, _)) in reqs.into_iter().zip(&sends) {
-                let mut poll = Poll::new(self);
-                while let Err(pending) = r.test() {
-                    r = pending;
-                    poll.tick(|| format!("a message to rank {d} was not taken"));
                 }
             }
-            got
-        })
+            let mut pending = reqs.into_iter().zip(&sends);
+            if failed.is_none() {
+                'sends: for (mut r, (d, _)) in pending.by_ref() {
+                    let mut poll = Poll::new(self);
+                    while let Err(p) = r.test() {
+                        if let Err(e) = poll.tick(*d, Waiting::Send) {
+                            p.abandon();
+                            failed = Some(e);
+                            break 'sends;
+                        }
+                        r = p;
+                    }
+                }
+            }
+            if let Some(e) = failed {
+                for (r, _) in pending {
+                    // A send that has completed needs no more than its test.
+                    if let Err(r) = r.test() {
+                        r.abandon();
+                    }
+                }
+                abandoned = true;
+                return Err(e);
+            }
+            Ok(got)
+        });
+        if abandoned {
+            // MPI may still read the abandoned sends' buffers: they must never be freed.
+            std::mem::forget(sends);
+        }
+        res
     }
-    fn barrier(&self) {
+    fn barrier(&self) -> CommResult<()> {
         self.world.barrier();
+        Ok(())
     }
-    fn allreduce_native_f32(&self, data: &mut [f32]) {
+    fn allreduce_native_f32(&self, data: &mut [f32]) -> CommResult<()> {
         self.traffic.add_opaque(data.len() * 4);
         if self.size() > 1 {
             allreduce_sum_in_place(&self.world, data);
         }
+        Ok(())
     }
-    fn allreduce_native_f64(&self, data: &mut [f64]) {
+    fn allreduce_native_f64(&self, data: &mut [f64]) -> CommResult<()> {
         self.traffic.add_opaque(data.len() * 8);
         if self.size() > 1 {
             allreduce_sum_in_place(&self.world, data);
         }
+        Ok(())
     }
     fn traffic(&self) -> &Traffic {
         &self.traffic

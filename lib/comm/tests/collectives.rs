@@ -11,28 +11,28 @@ fn allgatherv_alltoallv_broadcast_for_many_p() {
     for p in 1..=8usize {
         let res = run_local(p, |c: &dyn Comm| {
             let r = c.rank();
-            let g = c.allgatherv(block(r, r + 1));
+            let g = c.allgatherv(block(r, r + 1))?;
             for (q, b) in g.iter().enumerate() {
                 assert_eq!(b, &block(q, q + 1));
             }
             let sends: Vec<Vec<u32>> = (0..c.size())
                 .map(|d| vec![(r * 10 + d) as u32; d + r])
                 .collect();
-            let got = c.alltoallv(sends);
+            let got = c.alltoallv(sends)?;
             for (s, b) in got.iter().enumerate() {
                 assert_eq!(b, &vec![(s * 10 + r) as u32; r + s]);
             }
             for root in 0..c.size() {
-                let b = c.broadcast(root, (r == root).then(|| vec![root as f32, 2.5]));
+                let b = c.broadcast(root, (r == root).then(|| vec![root as f32, 2.5]))?;
                 assert_eq!(b, vec![root as f32, 2.5]);
             }
             let mut x: Vec<f32> = (0..37).map(|i| (i * (r + 1)) as f32).collect();
-            c.allreduce_native_f32(&mut x);
+            c.allreduce_native_f32(&mut x)?;
             let tri = (c.size() * (c.size() + 1) / 2) as f32;
             for (i, v) in x.iter().enumerate() {
                 assert_eq!(*v, i as f32 * tri);
             }
-            c.barrier();
+            c.barrier()?;
             Ok(c.traffic().total())
         })
         .unwrap();
@@ -56,10 +56,25 @@ fn a_failing_rank_stops_the_others() {
         if c.rank() == 2 {
             anyhow::bail!("rank two gives up");
         }
-        // Would wait forever for rank 2 without failure propagation.
-        let _ = c.recv::<f32>(2);
+        // Would wait forever for rank 2 without failure propagation; returns an error.
+        let got = c.recv::<f32>(2);
+        assert_eq!(got, Err(gradkit_comm::CommError::PeerFailed));
+        got?;
         Ok(())
     });
     let e = r.unwrap_err().to_string();
     assert!(e.contains("rank two gives up"), "{e}");
+    // A rank that swallows the error still gets errors, never a hang, and the run fails.
+    let r = run_local(3, |c: &dyn Comm| {
+        if c.rank() == 0 {
+            anyhow::bail!("rank zero gives up");
+        }
+        assert!(c.barrier().is_err());
+        assert!(c.recv::<u8>(0).is_err());
+        let mut x = [1.0f64; 4];
+        assert!(c.allreduce_native_f64(&mut x).is_err());
+        Ok(())
+    });
+    let e = format!("{:#}", r.unwrap_err());
+    assert!(e.contains("rank zero gives up"), "{e}");
 }

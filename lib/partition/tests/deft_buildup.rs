@@ -135,11 +135,11 @@ fn ref_step(
 /// layers 0 and 1 and small in 2 and 3; rank 1 is large in `big1` only.
 fn two_ranks(big1: &[usize]) -> (Layout, Vec<Vec<f32>>) {
     let lay = layout(&[100, 100, 100, 100]);
-    let mut rng = Rng(7);
+    let mut rng = Rng::xorshift64star(7);
     let mut g = vec![Vec::new(), Vec::new()];
     for l in 0..4 {
         for _ in 0..100 {
-            let z = (rng.unit() + 0.5) as f32;
+            let z = (rng.unit_f64() + 0.5) as f32;
             g[0].push(if l < 2 { 10.0 * z } else { 0.1 * z });
             g[1].push(if big1.contains(&l) { 10.0 * z } else { 0.1 * z });
         }
@@ -196,7 +196,7 @@ fn buildup_falls_below_one_when_a_worker_is_small_in_its_own_pieces() {
 #[test]
 fn buildup_matches_brute_force_union_over_steps_with_error_feedback() {
     for (seed, p, ranks) in [(1u64, 3usize, 3usize), (2, 4, 3), (3, 2, 2), (4, 5, 5)] {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::xorshift64star(seed);
         let sizes: Vec<u64> = (0..6).map(|_| 20 + rng.below(400)).collect();
         let lay = layout(&sizes);
         let n: u64 = sizes.iter().sum();
@@ -206,7 +206,7 @@ fn buildup_matches_brute_force_union_over_steps_with_error_feedback() {
             .map(|_| {
                 sizes
                     .iter()
-                    .map(|_| 10f64.powf(rng.unit() * 2.0 - 1.0))
+                    .map(|_| 10f64.powf(rng.unit_f64() * 2.0 - 1.0))
                     .collect()
             })
             .collect();
@@ -220,7 +220,7 @@ fn buildup_matches_brute_force_union_over_steps_with_error_feedback() {
                     let mut v = Vec::new();
                     for (l, &s) in sizes.iter().enumerate() {
                         for _ in 0..s {
-                            v.push((sc[l] * rng.normal()) as f32);
+                            v.push((sc[l] * rng.normal_f64()) as f32);
                         }
                     }
                     v

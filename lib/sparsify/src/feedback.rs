@@ -1,10 +1,31 @@
 //! Error feedback (Alistarh et al. 2018; Ok-Topk Alg. 2; DEFT Alg. 1): per rank, steps in
 //! order, `acc_t = residual_{t−1} + g_t`, select from `acc_t`, send the selected `acc_t`
-//! values, and keep `residual_t = acc_t` with the selected entries set to zero.
+//! values, and keep `residual_t = acc_t` with the entries that left set to zero.
+//!
+//! This is the one implementation: `gradselect` (selection alone), every sparse reducer of
+//! gradkit-collectives (`gradallreduce` on dense input) and `gradtrain`'s sparse exchanges
+//! (which run those same reducers) all keep a [`Residual`] and settle it with the
+//! [`Leaves`] rule of their exchange.
 
 use rayon::prelude::*;
 
-/// The residual of one rank (the error-feedback memory).
+/// Which entries of the accumulator leave the residual after a step: Ok-Topk Algorithm 2
+/// (lines 6–8: `ε = acc − acc(local ∩ global)`) and its per-exchange readings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Leaves {
+    /// Every entry this rank sent: selection alone (gradselect), and the exchanges that sum
+    /// every sent entry (TopkA, TopkDSA, Gaussiank): a sum that cancels to 0 was still sent.
+    Sent,
+    /// The sent entries that are in the result's support: exchanges that drop entries on the
+    /// way (gTopk's per-level top-k, Ok-Topk's global threshold).
+    SentInResult,
+    /// Every entry in the result's support, sent or not: each rank sends its values at all
+    /// gathered indices (DEFT Algorithm 1, §3.5).
+    Result,
+}
+
+/// The residual of one rank (the error-feedback memory). Empty until the first step: an
+/// empty residual is zero.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Residual {
     pub values: Vec<f32>,
@@ -30,10 +51,35 @@ impl Residual {
             });
     }
 
+    /// `acc = residual + g` (`g` itself while the residual is empty), reusing `g`'s buffer.
+    pub fn accumulate(&self, mut g: Vec<f32>) -> Vec<f32> {
+        if !self.values.is_empty() {
+            self.compensate(&mut g);
+        }
+        g
+    }
+
     /// `residual = acc` with `selected` set to zero; takes `acc` by value (no copy).
-    pub fn update(&mut self, mut acc: Vec<f32>, selected: &[u32]) {
-        for &i in selected {
-            acc[i as usize] = 0.0;
+    pub fn update(&mut self, acc: Vec<f32>, selected: &[u32]) {
+        self.settle(acc, Leaves::Sent, selected, &[]);
+    }
+
+    /// After an exchange: `residual = acc` with the entries `rule` names set to zero. `sent`
+    /// (this rank's selection) and `result` (the result's support) are ascending flat indices.
+    pub fn settle(&mut self, mut acc: Vec<f32>, rule: Leaves, sent: &[u32], result: &[u32]) {
+        let mut zero = |i: u32| acc[i as usize] = 0.0;
+        match rule {
+            Leaves::Sent => sent.iter().for_each(|&i| zero(i)),
+            Leaves::Result => result.iter().for_each(|&i| zero(i)),
+            Leaves::SentInResult => {
+                let mut r = result.iter().peekable();
+                for &i in sent {
+                    while r.next_if(|&&j| j < i).is_some() {}
+                    if r.peek() == Some(&&i) {
+                        zero(i);
+                    }
+                }
+            }
         }
         self.values = acc;
     }

@@ -20,12 +20,15 @@ pub mod deft;
 pub mod dgc;
 pub mod feedback;
 pub mod gaussiank;
+pub mod kernels;
 pub mod oktopk;
+pub mod onebit;
 pub mod randomk;
 pub mod threshold;
 pub mod topk;
 
-pub use feedback::Residual;
+pub use feedback::{Leaves, Residual};
+pub use kernels::Kernels;
 pub use oktopk::{Adjust, Bands};
 
 /// A selection method and its parameters (DEFT is range-based: see [`deft`]).
@@ -88,15 +91,33 @@ pub struct Selector {
     /// Separates index spaces for random-k (the layer id with `--scope layer`, else 0).
     stream: u64,
     ok: Option<oktopk::OkTopk>,
+    /// The kernels the top-k and threshold methods run on ([`kernels::cpu`] by default).
+    kernels: &'static dyn Kernels,
 }
 
 impl Selector {
+    /// A selector on the CPU kernels.
     pub fn new(method: Method, stream: u64) -> Self {
+        Self::with_kernels(method, stream, kernels::cpu())
+    }
+
+    /// A selector whose top-k and threshold methods run on `kernels`.
+    pub fn with_kernels(method: Method, stream: u64, kernels: &'static dyn Kernels) -> Self {
         let ok = match &method {
             Method::OkTopk { reeval, adjust } => Some(oktopk::OkTopk::new(*reeval, *adjust)),
             _ => None,
         };
-        Selector { method, stream, ok }
+        Selector {
+            method,
+            stream,
+            ok,
+            kernels,
+        }
+    }
+
+    /// The kernels this selector runs on.
+    pub fn kernels(&self) -> &'static dyn Kernels {
+        self.kernels
     }
 
     pub fn method(&self) -> &Method {
@@ -108,11 +129,11 @@ impl Selector {
         let k = k.min(acc.len());
         let (indices, values, threshold, exact_topk) = match &self.method {
             Method::Topk => {
-                let (i, v, th) = topk::topk_with_values(acc, k);
+                let (i, v, th) = self.kernels.topk_with_values(acc, k);
                 (i, v, th, true)
             }
             Method::Threshold(th) => {
-                let (i, v) = threshold::above_with_values(acc, *th);
+                let (i, v) = self.kernels.select_above_with_values(acc, *th);
                 (i, v, Some(*th), false)
             }
             Method::OkTopk { .. } => {

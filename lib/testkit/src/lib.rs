@@ -4,4 +4,5 @@
 
 pub mod cli;
 pub mod plans;
+pub mod rng;
 pub mod traces;

@@ -54,12 +54,12 @@ use gradkit_collectives::alltoall::{
 };
 use gradkit_collectives::{dense, Op};
 use gradkit_comm::{Comm, CommExt};
-use gradkit_core::trace::MetricSink;
 
 use crate::data::{Batch, Dataset, Shard};
+use crate::exchange::{Exchange, StepIo};
 use crate::model::Model;
-use crate::optim::{lr_at, Opt};
-use crate::train::{checksum, summarize, TrainConfig, TrainReport};
+use crate::optim::Opt;
+use crate::train::TrainConfig;
 
 /// `--schedule` values.
 pub const SCHEDULES: &[(&str, &str)] = &[
@@ -267,344 +267,420 @@ struct Pending {
     step: u32,
 }
 
-/// The per-rank loop of `--exchange embrace|allgather|allgather-raw`.
-pub fn rank_main(
-    comm: &dyn Comm,
-    cfg: &TrainConfig,
-    data: &Dataset,
-) -> Result<Option<TrainReport>> {
-    check_config(cfg)?;
-    let (rank, p) = (comm.rank(), comm.size());
-    let allgather = cfg.exchange.starts_with("allgather");
-    let raw = cfg.exchange == "allgather-raw";
-    let embrace_sched = !allgather && cfg.schedule == "embrace";
-    let model = Model::new(&cfg.model, data, cfg.seed)?;
-    let layout = model.layout().clone();
-    let n = model.n_params();
-    let e = embedding_layer(&model)?;
-    let (eoff, enumel) = (
-        layout.layers[e].offset as usize,
-        layout.layers[e].numel as usize,
-    );
-    let shape = layout.layers[e].shape.clone().unwrap_or_default();
-    let (v, d) = (shape[0] as usize, shape[1] as usize);
-    // Dense part: every other layer, concatenated in layout order.
-    let mut dsegs = Vec::new();
-    let mut dsrc = Vec::new();
-    let mut nd = 0usize;
-    for (i, l) in layout.layers.iter().enumerate() {
-        if i != e {
-            dsegs.push((nd, l.numel as usize));
-            dsrc.push((l.offset as usize, l.numel as usize));
-            nd += l.numel as usize;
+/// `--exchange embrace|allgather|allgather-raw` as an [`Exchange`] of the one training loop:
+/// the embedding table of record (a column shard, or the full replica for the AllGather
+/// baselines) with its row-wise optimiser, and every other layer replicated and allreduced.
+pub struct Embrace {
+    allgather: bool,
+    raw: bool,
+    /// `--schedule embrace` (prior rows first, delayed rows overlapped with compute).
+    embrace_sched: bool,
+    method: String,
+    rank: usize,
+    p: usize,
+    /// Offset and size of the embedding in the flat layout; its rows and width.
+    eoff: usize,
+    enumel: usize,
+    v: usize,
+    d: usize,
+    /// The dense part: every other layer, (offset, numel) in layout order.
+    dsrc: Vec<(usize, usize)>,
+    /// Every rank's shard (batches are deterministic, so no id exchange is needed).
+    shards: Vec<Shard>,
+    seed: u64,
+    batch: usize,
+    /// The full flat vector the candle model reads (embedding rows filled per batch).
+    params: Vec<f32>,
+    dparams: Vec<f32>,
+    dopt: Opt,
+    table: Vec<f32>,
+    row_opt: RowOpt,
+    pending: Option<Pending>,
+    /// The dense part's allreduce (`ring` or `ring-fp16`).
+    dense_algo: &'static str,
+    /// Token ids of every rank for the step being trained, and for the next one.
+    ids_now: Vec<Vec<u32>>,
+    ids_next: Option<Vec<Vec<u32>>>,
+    /// Per-step accounting carried from `compute` to `update`.
+    t_step: Option<Instant>,
+    wait_s: f64,
+    overlap_s: f64,
+    bytes: [u64; 3],
+}
+
+/// Indices into [`Embrace::bytes`].
+const FWD: usize = 0;
+const GRAD: usize = 1;
+const DENSE: usize = 2;
+
+impl Embrace {
+    /// Rank `rank` of `p`: its column shard of the model's embedding (or the full replica),
+    /// the dense part, and every rank's data shard.
+    pub fn new(
+        cfg: &TrainConfig,
+        rank: usize,
+        p: usize,
+        model: &Model,
+        data: &Dataset,
+    ) -> Result<Self> {
+        check_config(cfg)?;
+        let allgather = cfg.exchange.starts_with("allgather");
+        let layout = model.layout();
+        let e = embedding_layer(model)?;
+        let (eoff, enumel) = (
+            layout.layers[e].offset as usize,
+            layout.layers[e].numel as usize,
+        );
+        let shape = layout.layers[e].shape.clone().unwrap_or_default();
+        let (v, d) = (shape[0] as usize, shape[1] as usize);
+        let (mut dsegs, mut dsrc, mut nd) = (Vec::new(), Vec::new(), 0usize);
+        for (i, l) in layout.layers.iter().enumerate() {
+            if i != e {
+                dsegs.push((nd, l.numel as usize));
+                dsrc.push((l.offset as usize, l.numel as usize));
+                nd += l.numel as usize;
+            }
         }
+        let shards: Vec<Shard> = (0..p)
+            .map(|j| Shard::new(data, j, p, cfg.batch, cfg.model.seq_len))
+            .collect::<Result<_>>()?;
+        let params = model.get_flat()?;
+        let full = &params[eoff..eoff + enumel];
+        // The table of record: this rank's column shard (embrace) or the full replica.
+        let table: Vec<f32> = if allgather {
+            full.to_vec()
+        } else {
+            let cols = slice(d, p, rank);
+            full.chunks_exact(d)
+                .flat_map(|row| row[cols.clone()].iter().copied())
+                .collect()
+        };
+        let twidth = if allgather {
+            d
+        } else {
+            slice(d, p, rank).len()
+        };
+        let adam = (cfg.opt.name == "adam").then_some((cfg.opt.beta1, cfg.opt.beta2, cfg.opt.eps));
+        let mut ex = Embrace {
+            allgather,
+            raw: cfg.exchange == "allgather-raw",
+            embrace_sched: !allgather && cfg.schedule == "embrace",
+            method: format!(
+                "{}-{}",
+                cfg.exchange,
+                if allgather { "fifo" } else { &cfg.schedule }
+            ),
+            rank,
+            p,
+            eoff,
+            enumel,
+            v,
+            d,
+            dsrc,
+            shards,
+            seed: cfg.seed,
+            batch: cfg.batch,
+            dparams: Vec::new(),
+            dopt: Opt::new(&cfg.opt, dsegs)?,
+            table,
+            row_opt: RowOpt::new(adam, v, twidth),
+            params,
+            pending: None,
+            dense_algo: crate::exchange::dense_algo(cfg),
+            ids_now: Vec::new(),
+            ids_next: None,
+            t_step: None,
+            wait_s: 0.0,
+            overlap_s: 0.0,
+            bytes: [0; 3],
+        };
+        ex.dparams = ex.gather_dense(&ex.params);
+        Ok(ex)
     }
-    let gather_dense = |flat: &[f32]| -> Vec<f32> {
-        let mut out = Vec::with_capacity(nd);
-        for &(o, len) in &dsrc {
+
+    /// The dense part of a flat vector, layers concatenated in layout order.
+    fn gather_dense(&self, flat: &[f32]) -> Vec<f32> {
+        let mut out = Vec::with_capacity(self.dparams.len());
+        for &(o, len) in &self.dsrc {
             out.extend_from_slice(&flat[o..o + len]);
         }
         out
-    };
-    let scatter_dense = |flat: &mut [f32], dv: &[f32]| {
+    }
+
+    /// Writes the dense part into `self.params`.
+    fn scatter_dense(&mut self) {
         let mut at = 0;
-        for &(o, len) in &dsrc {
-            flat[o..o + len].copy_from_slice(&dv[at..at + len]);
+        for &(o, len) in &self.dsrc {
+            self.params[o..o + len].copy_from_slice(&self.dparams[at..at + len]);
             at += len;
         }
-    };
-    let shards: Vec<Shard> = (0..p)
-        .map(|j| Shard::new(data, j, p, cfg.batch, cfg.model.seq_len))
-        .collect::<Result<_>>()?;
-    let mut params = model.get_flat()?;
-    let mut dparams = gather_dense(&params);
-    let cols = slice(d, p, rank);
-    let w = cols.len();
-    // The table of record: this rank's column shard (embrace) or the full replica (allgather).
-    let mut table: Vec<f32> = if allgather {
-        params[eoff..eoff + enumel].to_vec()
-    } else {
-        let mut t = Vec::with_capacity(v * w);
-        for row in params[eoff..eoff + enumel].chunks_exact(d) {
-            t.extend_from_slice(&row[cols.clone()]);
+    }
+
+    /// Every rank's token ids at `step`.
+    fn ids_at(&self, step: u32) -> Result<Vec<Vec<u32>>> {
+        self.shards
+            .iter()
+            .map(|s| lm_ids(&s.batch(self.seed, step, self.batch)).map(<[u32]>::to_vec))
+            .collect()
+    }
+
+    /// One exchange of gradient rows; the bytes it sent are counted as embedding gradient.
+    fn grad_exchange(&mut self, comm: &dyn Comm, ids: &[u32], grads: &[f32]) -> Result<Rows> {
+        let s0 = comm.traffic().total().bytes_sent;
+        let got = grad_exchange(comm, self.allgather, self.v, self.d, ids, grads);
+        self.bytes[GRAD] += comm.traffic().total().bytes_sent - s0;
+        got
+    }
+
+    /// Applies summed rows to the table with the row-wise optimiser (mean over ranks).
+    fn apply(&mut self, got: &Rows, lr: f32, step: u32) {
+        let inv_p = 1.0 / self.p as f32;
+        self.row_opt
+            .apply(&mut self.table, &got.ids, &got.values, inv_p, lr, step);
+    }
+
+    /// Exchanges and applies the delayed rows still waiting (before evaluation or the end).
+    fn flush(&mut self, comm: &dyn Comm) -> Result<()> {
+        if let Some(pd) = self.pending.take() {
+            let got = grad_exchange(comm, false, self.v, self.d, &pd.ids, &pd.grads)?;
+            self.apply(&got, pd.lr, pd.step);
         }
-        t
-    };
-    let twidth = if allgather { d } else { w };
-    let adam = (cfg.opt.name == "adam").then_some((cfg.opt.beta1, cfg.opt.beta2, cfg.opt.eps));
-    let mut row_opt = RowOpt::new(adam, v, twidth);
-    let mut dopt = Opt::new(&cfg.opt, dsegs)?;
-    let inv_p = 1.0 / p as f32;
-    let method = format!(
-        "{}-{}",
-        cfg.exchange,
-        if allgather { "fifo" } else { &cfg.schedule }
-    );
-    let mut sink = MetricSink::new(&cfg.run_name, "gradtrain", &method, p as u32);
-    let mut log = crate::metrics_log::MetricsLog::new(cfg, p, data);
-    let eval_set = if rank == 0 {
-        crate::data::eval_batches(data, cfg.model.seq_len, 256, 512)
-    } else {
-        Vec::new()
-    };
-    let mut pending: Option<Pending> = None;
-    let mut last_eval = None;
-    let last = cfg.stop_after.map_or(cfg.steps, |s| s.min(cfg.steps));
-    let apply = |table: &mut Vec<f32>, row_opt: &mut RowOpt, got: &Rows, lr: f32, step: u32| {
-        row_opt.apply(table, &got.ids, &got.values, inv_p, lr, step)
-    };
-    let mut batches: Vec<Batch> = shards
-        .iter()
-        .map(|s| s.batch(cfg.seed, 0, cfg.batch))
-        .collect();
-    for step in 0..last {
-        let t_step = Instant::now();
-        let r = rank as u32;
-        let lr = lr_at(cfg.lr, step, cfg.warmup, cfg.steps, cfg.decay);
-        let ids_all: Vec<Vec<u32>> = batches
-            .iter()
-            .map(|b| lm_ids(b).map(<[u32]>::to_vec))
-            .collect::<Result<_>>()?;
-        // Prefetch: the next step's gathered batch (deterministic sharded loading, so no id
-        // exchange is needed).
-        let next: Vec<Batch> = shards
-            .iter()
-            .map(|s| s.batch(cfg.seed, step + 1, cfg.batch))
-            .collect();
-        let tot0 = comm.traffic().total();
-        let sent = || comm.traffic().total().bytes_sent;
-        let (mut b_fwd, mut b_grad, mut b_dense) = (0u64, 0u64, 0u64);
-        // 1. Embedding forward: full rows of this rank's tokens.
-        let mut wait_s = 0.0;
+        Ok(())
+    }
+
+    /// Forward lookup: the full rows of this rank's tokens, written into the model's buffer.
+    fn lookup(&mut self, comm: &dyn Comm) -> Result<()> {
         let t = Instant::now();
-        let my_ids = &ids_all[rank];
-        let rows: Vec<f32> = if allgather {
-            rows_of(&table, 0, d, my_ids)
+        let my_ids = &self.ids_now[self.rank];
+        let rows: Vec<f32> = if self.allgather {
+            rows_of(&self.table, 0, self.d, my_ids)
         } else {
-            let s0 = sent();
-            let r = embedding_forward(comm, &table, v, d, &ids_all)?;
-            b_fwd += sent() - s0;
+            let s0 = comm.traffic().total().bytes_sent;
+            let r = embedding_forward(comm, &self.table, self.v, self.d, &self.ids_now)?;
+            self.bytes[FWD] += comm.traffic().total().bytes_sent - s0;
             r
         };
-        wait_s += t.elapsed().as_secs_f64();
-        for (k, &id) in my_ids.iter().enumerate() {
-            let a = eoff + id as usize * d;
-            params[a..a + d].copy_from_slice(&rows[k * d..(k + 1) * d]);
+        self.wait_s += t.elapsed().as_secs_f64();
+        let d = self.d;
+        for (k, &id) in self.ids_now[self.rank].iter().enumerate() {
+            let a = self.eoff + id as usize * d;
+            self.params[a..a + d].copy_from_slice(&rows[k * d..(k + 1) * d]);
         }
-        scatter_dense(&mut params, &dparams);
-        model.set_flat(&params)?;
-        // 2. Forward/backward; the delayed rows of the previous step travel meanwhile.
-        let batch = &batches[rank];
-        let (res, compute_s, overlap_s) = match pending.take() {
-            Some(pd) => {
-                let (res, compute_s, dl) = std::thread::scope(|s| {
-                    let h = s.spawn(|| {
-                        let t = Instant::now();
-                        let r = model.loss_and_grad(batch);
-                        (r, t.elapsed().as_secs_f64())
-                    });
-                    let t = Instant::now();
-                    let s0 = sent();
-                    let got = grad_exchange(comm, false, v, d, &pd.ids, &pd.grads);
-                    b_grad += sent() - s0;
-                    let ex = t.elapsed().as_secs_f64();
-                    let (r, c) = h.join().expect("compute thread panicked");
-                    (r, c, got.map(|g| (g, ex)))
-                });
-                let (got, ex) = dl?;
-                apply(&mut table, &mut row_opt, &got, pd.lr, pd.step);
-                (res, compute_s, ex)
-            }
-            None => {
-                let t = Instant::now();
-                let r = model.loss_and_grad(batch);
-                (r, t.elapsed().as_secs_f64(), 0.0)
-            }
+        self.scatter_dense();
+        Ok(())
+    }
+
+    /// The embedding rows of this step: prior rows now and delayed rows pending
+    /// (`--schedule embrace`), or all rows now (fifo), with the dense allreduce between
+    /// or before them.
+    fn exchange_rows(
+        &mut self,
+        comm: &dyn Comm,
+        io: &mut StepIo,
+        u: Vec<u32>,
+        gu: Vec<f32>,
+        gd: &mut [f32],
+    ) -> Result<(usize, usize)> {
+        let d = self.d;
+        let dense = |me: &mut Self, gd: &mut [f32]| -> Result<()> {
+            let t = Instant::now();
+            let s0 = comm.traffic().total().bytes_sent;
+            dense::allreduce(comm, me.dense_algo, Op::Mean, gd)?;
+            me.bytes[DENSE] += comm.traffic().total().bytes_sent - s0;
+            me.wait_s += t.elapsed().as_secs_f64();
+            Ok(())
         };
-        let t_after_compute = Instant::now();
-        let (loss, g) = res?;
-        if !loss.is_finite() {
-            bail!("training diverged: loss is {loss} at step {step} on rank {rank} (try a smaller --lr)");
-        }
-        let u = unique(my_ids);
-        let gu = rows_of(&g, eoff, d, &u);
-        let mut gd = gather_dense(&g);
-        drop(g);
-        let next_ids: Vec<Vec<u32>> = next
-            .iter()
-            .map(|b| lm_ids(b).map(<[u32]>::to_vec))
-            .collect::<Result<_>>()?;
-        let mut update_s = 0.0;
-        let (mut n_prior, mut n_delayed) = (u.len(), 0usize);
-        if embrace_sched {
-            // Prior rows first (highest priority), then dense, delayed rows next step.
-            let (prior, delayed) = split_prior(&u, &next_ids);
-            n_prior = prior.len();
-            n_delayed = delayed.len();
-            let pos = |set: &[u32]| -> Vec<f32> {
-                let mut out = Vec::with_capacity(set.len() * d);
-                for &i in set {
-                    let k = u.binary_search(&i).expect("subset");
-                    out.extend_from_slice(&gu[k * d..(k + 1) * d]);
-                }
-                out
-            };
-            let pg = pos(&prior);
-            let t = Instant::now();
-            let s0 = sent();
-            let got = grad_exchange(comm, false, v, d, &prior, &pg)?;
-            b_grad += sent() - s0;
-            wait_s += t.elapsed().as_secs_f64();
-            let tu = Instant::now();
-            apply(&mut table, &mut row_opt, &got, lr, step);
-            update_s += tu.elapsed().as_secs_f64();
-            let t = Instant::now();
-            let s0 = sent();
-            dense::allreduce(comm, "ring", Op::Mean, &mut gd)?;
-            b_dense += sent() - s0;
-            wait_s += t.elapsed().as_secs_f64();
-            let dg = pos(&delayed);
-            pending = Some(Pending {
-                ids: delayed,
-                grads: dg,
-                lr,
-                step,
-            });
-        } else {
+        if !self.embrace_sched {
             // FIFO: gradient-generation order (dense blocks, then the embedding).
+            dense(self, gd)?;
             let t = Instant::now();
-            let s0 = sent();
-            dense::allreduce(comm, "ring", Op::Mean, &mut gd)?;
-            b_dense += sent() - s0;
-            let s0 = sent();
-            let got = if raw {
-                sparse_allgather_raw(comm, &per_token_rows(my_ids, &u, &gu, d)?)?
+            let got = if self.raw {
+                let s0 = comm.traffic().total().bytes_sent;
+                let msg = per_token_rows(&self.ids_now[self.rank], &u, &gu, d)?;
+                let got = sparse_allgather_raw(comm, &msg)?;
+                self.bytes[GRAD] += comm.traffic().total().bytes_sent - s0;
+                got
             } else {
-                grad_exchange(comm, allgather, v, d, &u, &gu)?
+                self.grad_exchange(comm, &u, &gu)?
             };
-            b_grad += sent() - s0;
-            wait_s += t.elapsed().as_secs_f64();
+            self.wait_s += t.elapsed().as_secs_f64();
             let tu = Instant::now();
-            apply(&mut table, &mut row_opt, &got, lr, step);
-            update_s += tu.elapsed().as_secs_f64();
+            self.apply(&got, io.lr, io.step);
+            io.update_s += tu.elapsed().as_secs_f64();
+            return Ok((u.len(), 0));
         }
+        // Prior rows first (highest priority), then dense, delayed rows next step.
+        let next = self.ids_next.as_ref().context("the next step's ids")?;
+        let (prior, delayed) = split_prior(&u, next);
+        let pos = |set: &[u32]| -> Vec<f32> {
+            let mut out = Vec::with_capacity(set.len() * d);
+            for &i in set {
+                let k = u.binary_search(&i).expect("subset");
+                out.extend_from_slice(&gu[k * d..(k + 1) * d]);
+            }
+            out
+        };
+        let (pg, dg) = (pos(&prior), pos(&delayed));
+        let t = Instant::now();
+        let got = self.grad_exchange(comm, &prior, &pg)?;
+        self.wait_s += t.elapsed().as_secs_f64();
         let tu = Instant::now();
-        dopt.step(&mut dparams, &gd, lr, step);
-        update_s += tu.elapsed().as_secs_f64();
-        let _ = t_after_compute;
-        let step_s = t_step.elapsed().as_secs_f64();
-        let tot1 = comm.traffic().total();
-        // Metrics.
-        sink.push(step, r, "loss", loss as f64);
-        sink.push(step, r, "lr", lr as f64);
-        sink.push(
-            step,
-            r,
-            "bytes_sent",
-            (tot1.bytes_sent - tot0.bytes_sent) as f64,
-        );
-        sink.push(
-            step,
-            r,
-            "bytes_recv",
-            (tot1.bytes_recv - tot0.bytes_recv) as f64,
-        );
-        sink.push(
-            step,
-            r,
-            "messages",
-            (tot1.msgs_sent - tot0.msgs_sent) as f64,
-        );
-        let (fwd, grad) = (b_fwd as f64, b_grad as f64);
-        sink.push(step, r, "bytes_emb_forward", fwd);
-        sink.push(step, r, "bytes_emb_grad", grad);
-        sink.push(step, r, "bytes_emb", fwd + grad);
-        sink.push(step, r, "bytes_dense", b_dense as f64);
-        sink.push(step, r, "time_compute_s", compute_s);
-        sink.push(step, r, "time_comm_s", wait_s + overlap_s);
-        sink.push(step, r, "time_overlapped_s", overlap_s);
-        sink.push(step, r, "time_update_s", update_s);
-        sink.push(step, r, "time_step_s", step_s);
-        // Communication stall: the step's wall time not spent computing or updating.
-        sink.push(step, r, "stall_s", (step_s - compute_s - update_s).max(0.0));
-        sink.push(step, r, "tokens", my_ids.len() as f64);
-        sink.push(step, r, "rows_coalesced", u.len() as f64);
-        sink.push(step, r, "rows_prior", n_prior as f64);
-        sink.push(step, r, "rows_delayed", n_delayed as f64);
-        sink.push(step, r, "nnz", (nd + u.len() * d) as f64);
+        self.apply(&got, io.lr, io.step);
+        io.update_s += tu.elapsed().as_secs_f64();
+        dense(self, gd)?;
+        let counts = (prior.len(), delayed.len());
+        self.pending = Some(Pending {
+            ids: delayed,
+            grads: dg,
+            lr: io.lr,
+            step: io.step,
+        });
+        Ok(counts)
+    }
+
+    /// EmbRace's own per-step metrics (bytes by kind, overlap, rows, owner load, memory).
+    fn metrics(&self, io: &mut StepIo, step_s: f64, rows: (usize, usize, usize)) {
+        let (u, n_prior, n_delayed) = rows;
+        let (v, d, p, rank) = (self.v, self.d, self.p, self.rank);
+        let [fwd, grad, dn] = self.bytes.map(|b| b as f64);
+        let my_ids = &self.ids_now[rank];
+        let w = slice(d, p, rank).len();
         // Load of this rank as owner (values it serves: forward lookups + gradient rows)
         // under the column split and under a row split of the same table.
         let rr = slice(v, p, rank);
         let (mut lc, mut lr_) = (0f64, 0f64);
-        for ids in &ids_all {
+        for ids in &self.ids_now {
             let uj = unique(ids);
             lc += (ids.len() * w + uj.len() * w) as f64;
             let fw = ids.iter().filter(|&&i| rr.contains(&(i as usize))).count();
             let bw = uj.iter().filter(|&&i| rr.contains(&(i as usize))).count();
             lr_ += ((fw + bw) * d) as f64;
         }
-        sink.push(step, r, "load_col", lc);
-        sink.push(step, r, "load_row", lr_);
-        if step == 0 {
-            sink.push(step, r, "emb_width", twidth as f64);
-            sink.push(step, r, "mem_emb_table_bytes", (4 * table.len()) as f64);
-            sink.push(step, r, "mem_emb_state_bytes", row_opt.state_bytes() as f64);
-            sink.push(step, r, "mem_emb_dense_equiv_bytes", (4 * v * d) as f64);
+        let mut m = vec![
+            ("bytes_emb_forward", fwd),
+            ("bytes_emb_grad", grad),
+            ("bytes_emb", fwd + grad),
+            ("bytes_dense", dn),
+            ("time_overlapped_s", self.overlap_s),
+            ("time_step_s", step_s),
+            // Communication stall: the step's wall time not spent computing or updating.
+            ("stall_s", (step_s - io.compute_s - io.update_s).max(0.0)),
+            ("tokens", my_ids.len() as f64),
+            ("rows_coalesced", u as f64),
+            ("rows_prior", n_prior as f64),
+            ("rows_delayed", n_delayed as f64),
+            ("load_col", lc),
+            ("load_row", lr_),
+        ];
+        if io.step == 0 {
+            m.extend([
+                ("emb_width", self.row_opt.width as f64),
+                ("mem_emb_table_bytes", (4 * self.table.len()) as f64),
+                ("mem_emb_state_bytes", self.row_opt.state_bytes() as f64),
+                ("mem_emb_dense_equiv_bytes", (4 * v * d) as f64),
+            ]);
         }
-        let done = step + 1;
-        if (cfg.check_every > 0 && done % cfg.check_every == 0) || done == last {
-            let _ph = comm.phase("check");
-            let sums = comm.allgather_one::<u64>(checksum(&dparams));
-            if let Some((bad, x)) = sums.iter().enumerate().find(|(_, x)| **x != sums[0]) {
-                bail!(
-                    "dense parameters differ across ranks after step {step}: rank {bad} has checksum {x:016x}, rank 0 has {:016x} (flag --check-every)",
-                    sums[0]
-                );
-            }
-        }
-        let eval_now = (cfg.eval_every > 0 && done % cfg.eval_every == 0) || done == last;
-        if eval_now {
-            // Evaluation needs the whole current table: flush delayed rows, gather the shards.
-            if let Some(pd) = pending.take() {
-                let got = grad_exchange(comm, false, v, d, &pd.ids, &pd.grads)?;
-                apply(&mut table, &mut row_opt, &got, pd.lr, pd.step);
-            }
-            let full = full_table(comm, allgather, &table, v, d)?;
-            params[eoff..eoff + enumel].copy_from_slice(&full);
-            scatter_dense(&mut params, &dparams);
-            if rank == 0 {
-                model.set_flat(&params)?;
-                let ev = model.evaluate(&eval_set)?;
-                sink.push(step, 0, "eval_loss", ev.loss);
-                sink.push(step, 0, "eval_accuracy", ev.accuracy);
-                sink.push(step, 0, "eval_perplexity", ev.loss.exp());
-                last_eval = Some(ev);
-            }
-        }
-        if done < last {
-            log.after_step(comm, &mut sink, done, false)?;
-        }
-        batches = next;
+        io.extra
+            .extend(m.into_iter().map(|(k, x)| (k.to_string(), x)));
+        io.nnz = Some((self.dparams.len() + u * d) as f64);
+        io.comm_s = Some(self.wait_s + self.overlap_s);
     }
-    if let Some(pd) = pending.take() {
-        let got = grad_exchange(comm, false, v, d, &pd.ids, &pd.grads)?;
-        apply(&mut table, &mut row_opt, &got, pd.lr, pd.step);
+}
+
+impl Exchange for Embrace {
+    fn method(&self) -> String {
+        self.method.clone()
     }
-    let full = full_table(comm, allgather, &table, v, d)?;
-    params[eoff..eoff + enumel].copy_from_slice(&full);
-    scatter_dense(&mut params, &dparams);
-    let rows = log.finish(comm, &mut sink)?;
-    let Some(rows) = rows else {
-        return Ok(None);
-    };
-    let mut rep = summarize(rows, 0, last, p, data);
-    rep.params = params;
-    rep.n_params = n;
-    if let Some(ev) = last_eval {
-        rep.eval_loss = ev.loss;
-        rep.eval_accuracy = ev.accuracy;
+
+    fn compute(
+        &mut self,
+        comm: &dyn Comm,
+        io: &mut StepIo,
+        model: &Model,
+        batch: &Batch,
+    ) -> Result<(f32, Vec<f32>)> {
+        self.t_step = Some(Instant::now());
+        (self.wait_s, self.overlap_s, self.bytes) = (0.0, 0.0, [0; 3]);
+        self.ids_now = match self.ids_next.take() {
+            Some(ids) => ids,
+            None => self.ids_at(io.step)?,
+        };
+        // Prefetch: the next step's gathered batch.
+        self.ids_next = Some(self.ids_at(io.step + 1)?);
+        // 1. Embedding forward: full rows of this rank's tokens.
+        self.lookup(comm)?;
+        model.set_flat(&self.params)?;
+        // 2. Forward/backward; the delayed rows of the previous step travel meanwhile.
+        let Some(pd) = self.pending.take() else {
+            let t = Instant::now();
+            let r = model.loss_and_grad(batch);
+            io.compute_s = t.elapsed().as_secs_f64();
+            return r;
+        };
+        let (res, compute_s, got) = std::thread::scope(|s| {
+            let h = s.spawn(|| {
+                let t = Instant::now();
+                let r = model.loss_and_grad(batch);
+                (r, t.elapsed().as_secs_f64())
+            });
+            let t = Instant::now();
+            let got = self.grad_exchange(comm, &pd.ids, &pd.grads);
+            let ex = t.elapsed().as_secs_f64();
+            let (r, c) = h.join().expect("compute thread panicked");
+            (r, c, got.map(|g| (g, ex)))
+        });
+        let (got, ex) = got?;
+        self.apply(&got, pd.lr, pd.step);
+        self.overlap_s = ex;
+        io.compute_s = compute_s;
+        res
     }
-    Ok(Some(rep))
+
+    fn update(&mut self, comm: &dyn Comm, io: &mut StepIo, g: Vec<f32>) -> Result<()> {
+        let d = self.d;
+        let u = unique(&self.ids_now[self.rank]);
+        let gu = rows_of(&g, self.eoff, d, &u);
+        let mut gd = self.gather_dense(&g);
+        drop(g);
+        let n_u = u.len();
+        let (n_prior, n_delayed) = self.exchange_rows(comm, io, u, gu, &mut gd)?;
+        let tu = Instant::now();
+        self.dopt.step(&mut self.dparams, &gd, io.lr, io.step);
+        io.update_s += tu.elapsed().as_secs_f64();
+        let step_s = self.t_step.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        self.metrics(io, step_s, (n_u, n_prior, n_delayed));
+        Ok(())
+    }
+
+    fn replicated(&self) -> &[f32] {
+        &self.dparams
+    }
+    fn replicated_mut(&mut self) -> &mut [f32] {
+        &mut self.dparams
+    }
+    fn replicated_label(&self) -> &'static str {
+        "dense parameters"
+    }
+
+    /// Evaluation and the report need the whole current table: the delayed rows are
+    /// flushed and the column shards gathered.
+    fn full_params(&mut self, comm: &dyn Comm) -> Result<Vec<f32>> {
+        self.flush(comm)?;
+        let full = full_table(comm, self.allgather, &self.table, self.v, self.d)?;
+        self.params[self.eoff..self.eoff + self.enumel].copy_from_slice(&full);
+        self.scatter_dense();
+        Ok(self.params.clone())
+    }
+
+    fn state(&self) -> Vec<(String, Vec<f32>)> {
+        Vec::new() // refused by `check_config` (no --checkpoint with these exchanges)
+    }
+    fn load_state(&mut self, _tensors: &[(String, Vec<f32>)]) -> Result<()> {
+        bail!(
+            "--exchange {} does not resume from checkpoints yet",
+            self.method
+        )
+    }
 }
 
 /// The whole V × d table on every rank (allgather of the column shards; phase `final_gather`,
@@ -622,7 +698,7 @@ fn full_table(
     let p = comm.size();
     let parts = {
         let _ph = comm.phase("final_gather");
-        comm.allgatherv(table.iter().map(|x| x.to_bits()).collect::<Vec<u32>>())
+        comm.allgatherv(table.iter().map(|x| x.to_bits()).collect::<Vec<u32>>())?
     };
     let mut full = vec![0f32; v * d];
     for (k, part) in parts.iter().enumerate() {

@@ -18,6 +18,7 @@
 pub mod checkpoint;
 pub mod data;
 pub mod embrace;
+pub mod exchange;
 pub mod metrics_log;
 pub mod model;
 pub mod optim;

@@ -55,6 +55,10 @@ pub struct OptConfig {
     /// (`--onebit-mask auto`, the default). DeepSpeed applies only a user-given
     /// `exp_avg_mask` and none by default; `false` is that default (`--onebit-mask none`).
     pub onebit_mask: bool,
+    /// 1-bit LAMB: the "LAMB + basic 1-bit" ablation of the paper's §3.4
+    /// (`--onebit-basic`): in the compression stage the coefficient stays frozen at c_avg
+    /// (no variance ratio r), the failure the paper's reconstruction fixes.
+    pub onebit_basic: bool,
 }
 
 impl Default for OptConfig {
@@ -76,6 +80,7 @@ impl Default for OptConfig {
             freeze_step: 100,
             onebit_clip: true,
             onebit_mask: true,
+            onebit_basic: false,
         }
     }
 }
@@ -97,6 +102,10 @@ pub trait Optimizer: Send {
     fn step(&mut self, params: &mut [f32], grad: &[f32], lr: f32, step: u32);
     fn state(&self) -> State;
     fn load_state(&mut self, st: &State) -> Result<()>;
+    /// Per-tensor trust-ratio coefficients of the last step (LAMB), for the metrics.
+    fn coefficients(&self) -> Option<&[f32]> {
+        None
+    }
 }
 
 fn take(st: &State, name: &str, n: usize) -> Result<Vec<f32>> {
@@ -228,6 +237,9 @@ impl Lamb {
 impl Optimizer for Lamb {
     fn name(&self) -> &'static str {
         "lamb"
+    }
+    fn coefficients(&self) -> Option<&[f32]> {
+        Some(&self.last_coeff)
     }
     fn step(&mut self, w: &mut [f32], g: &[f32], lr: f32, _step: u32) {
         let c = &self.cfg;
@@ -416,6 +428,18 @@ impl OnebitLamb {
         for (li, &(o, n)) in self.lamb.segments.iter().enumerate() {
             let k = self.scale[li];
             m[o..o + n].iter_mut().for_each(|x| *x /= k);
+            if c.onebit_basic {
+                // §3.4's "LAMB + basic 1-bit": v and c both frozen.
+                let coeff = self.c_avg[li];
+                for j in 0..n {
+                    let i = o + j;
+                    let den = self.lamb.v[i].sqrt() + c.eps;
+                    let u = clipped_ratio(m[i], den, bound) + c.weight_decay * w[i];
+                    w[i] -= lr * coeff * u;
+                }
+                self.lamb.last_coeff[li] = coeff;
+                continue;
+            }
             let mut u_pre = vec![0.0f32; n];
             let mut u = vec![0.0f32; n];
             let mut r = f32::NEG_INFINITY;
@@ -445,6 +469,8 @@ impl OnebitLamb {
             );
             self.r_prev[li] = r;
             let coeff = r * self.c_avg[li];
+            // What the scaling-ratio curves plot (nothing reads it after the warm-up).
+            self.lamb.last_coeff[li] = coeff;
             for j in 0..n {
                 w[o + j] -= lr * coeff * u[j];
             }
@@ -591,6 +617,15 @@ impl Opt {
             Opt::Plain(o) => o.step(w, g, lr, step),
             Opt::OnebitLamb(o) => o.warmup_step(w, g, lr, step),
             Opt::OnebitAdam(o) => o.warmup_step(w, g, lr),
+        }
+    }
+    /// LAMB's per-tensor coefficients c_ℓ of the last step (1-bit LAMB: r·c_avg in the
+    /// compression stage), for the scaling-ratio curves; `None` for other optimisers.
+    pub fn coefficients(&self) -> Option<&[f32]> {
+        match self {
+            Opt::Plain(o) => o.coefficients(),
+            Opt::OnebitLamb(o) => Some(&o.lamb.last_coeff),
+            Opt::OnebitAdam(_) => None,
         }
     }
     pub fn state(&self) -> State {

@@ -6,19 +6,18 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use gradkit_collectives::onebit::{OneBitState, Variant};
 /// Ok-Topk's threshold-reuse policy (`gradtrain --adjust`).
 pub use gradkit_collectives::registry::Adjust;
-use gradkit_collectives::{dense, make_reducer, Flat, Op, Params, Reducer};
 use gradkit_comm::{dist, Comm, CommExt, World};
 use gradkit_core::trace::{unflatten_dense, MetricSink};
 use gradkit_core::{MetricRow, TensorRow};
 
 use crate::checkpoint::{self, RankState};
 use crate::data::{self, DataSpec, Dataset, Shard};
+use crate::exchange::{Exchange, StepIo};
 use crate::metrics_log::MetricsLog;
 use crate::model::{Model, ModelSpec};
-use crate::optim::{lr_at, Decay, Opt, OptConfig, Optimizer, Sgd};
+use crate::optim::{lr_at, Decay, OptConfig};
 
 /// `--exchange` values: (name, the `make_reducer` algorithm, description).
 pub const EXCHANGES: &[(&str, &str, &str)] = &[
@@ -116,6 +115,9 @@ pub struct TrainConfig {
     pub corrupt_at: Option<u32>,
     /// `--exchange embrace`: communication schedule, `fifo` or `embrace` (crate::embrace).
     pub schedule: String,
+    /// Dense allreduces (`--exchange dense`, warm-ups, EmbRace's dense part) send fp16 values
+    /// (`--wire fp16`, [`gradkit_collectives::dense::ring_fp16`]) instead of f32.
+    pub fp16_wire: bool,
     /// The `--metrics` file: rank 0 rewrites it atomically every `metrics_every` steps (0:
     /// never) and at each checkpoint, so a killed run keeps its finished steps. The caller
     /// writes the final table from [`TrainReport::metrics`].
@@ -154,6 +156,7 @@ impl Default for TrainConfig {
             record_gradients: false,
             corrupt_at: None,
             schedule: "embrace".into(),
+            fp16_wire: false,
             metrics_path: None,
             metrics_every: 0,
             metrics_meta: gradkit_core::Meta::default(),
@@ -187,18 +190,6 @@ pub struct TrainReport {
     pub nnz_per_step: f64,
     /// Per-rank local gradients (with `record_gradients`).
     pub gradients: Vec<TensorRow>,
-}
-
-/// How gradients travel.
-enum Exchange {
-    Dense,
-    Sparse {
-        reducer: Box<dyn Reducer>,
-        residual: Vec<f32>,
-        /// SGD: Ok-Topk Algorithm 2 (lr folded into the accumulator, w -= u/P, momentum on u/P).
-        fold_lr: Option<Sgd>,
-    },
-    OneBit(OneBitState),
 }
 
 /// Validates the combination of flags before any work.
@@ -262,6 +253,15 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
     }
     if crate::embrace::handles(&cfg.exchange) {
         crate::embrace::check_config(cfg)?;
+    }
+    let dense_part = matches!(cfg.exchange.as_str(), "dense" | "onebit")
+        || crate::embrace::handles(&cfg.exchange)
+        || cfg.dense_warmup > 0;
+    if cfg.fp16_wire && !dense_part {
+        bail!(
+            "--wire fp16 applies to dense allreduces (--exchange dense, onebit's warm-up, embrace/allgather's dense part, a --dense-warmup); --exchange {} without --dense-warmup has none (flag --wire)",
+            cfg.exchange
+        );
     }
     Ok(())
 }
@@ -382,6 +382,9 @@ fn run_meta(cfg: &TrainConfig, p: usize, n: usize) -> Vec<(String, String)> {
         // Only when set, so checkpoints written before the flag existed still resume.
         meta.push(("dense_warmup".into(), cfg.dense_warmup.to_string()));
     }
+    if cfg.fp16_wire {
+        meta.push(("wire".into(), "fp16".into()));
+    }
     meta
 }
 
@@ -391,11 +394,7 @@ pub fn train(world: &World, cfg: &TrainConfig) -> Result<Option<TrainReport>> {
     // An agreement point: every rank checks the configuration and loads the data; a mistake
     // is reported once (by the lowest rank that saw it) before any training starts.
     let data = world.agree(prepare(world, cfg))?;
-    let out = if crate::embrace::handles(&cfg.exchange) {
-        world.run(|comm| crate::embrace::rank_main(comm, cfg, &data))?
-    } else {
-        world.run(|comm| rank_main(comm, cfg, &data))?
-    };
+    let out = world.run(|comm| rank_main(comm, cfg, &data))?;
     Ok(out.into_iter().next().flatten())
 }
 
@@ -449,7 +448,7 @@ fn prepare(world: &World, cfg: &TrainConfig) -> Result<Dataset> {
     let data = data::load(&cfg.data)?;
     let p = world.size();
     // Bounded memory: the model the flags and data describe must fit before any rank builds it.
-    let ranks_here = if world.backend() == "local" { p } else { 1 };
+    let ranks_here = world.ranks_here().len();
     crate::model::check_memory(&cfg.model, &data, cfg.batch, ranks_here)?;
     // Fail early (before threads start) on a shard that cannot hold a batch.
     for r in 0..p {
@@ -477,50 +476,19 @@ pub fn dump_gradients(world: &World, cfg: &TrainConfig) -> Result<Vec<TensorRow>
     Ok(train(world, &c)?.map(|r| r.gradients).unwrap_or_default())
 }
 
-/// The exchange `cfg.exchange` names, with its state sized for `n` parameters on `p` ranks.
-fn make_exchange(cfg: &TrainConfig, p: usize, n: usize) -> Result<Exchange> {
-    let algo = EXCHANGES.iter().find(|e| e.0 == cfg.exchange).unwrap().1;
-    Ok(match cfg.exchange.as_str() {
-        "dense" => Exchange::Dense,
-        "onebit" => Exchange::OneBit(OneBitState::new(Variant::Server, p, n)),
-        _ => {
-            let params = Params {
-                op: Op::Sum,
-                density: cfg.density,
-                period: cfg.period,
-                reeval: cfg.reeval,
-                adjust: cfg.adjust,
-                residual: false, // the trainer keeps the residuals (Algorithm 2)
-                seed: cfg.seed,
-                ..Params::default()
-            };
-            let fold_lr = (cfg.opt.name == "sgd").then(|| Sgd {
-                momentum: cfg.opt.momentum,
-                nesterov: cfg.opt.nesterov,
-                weight_decay: 0.0,
-                buf: vec![0.0; n],
-            });
-            Exchange::Sparse {
-                reducer: make_reducer(algo, &params)
-                    .with_context(|| format!("--exchange {}", cfg.exchange))?,
-                residual: vec![0.0; n],
-                fold_lr,
-            }
-        }
-    })
-}
-/// `--resume`: loads this rank's checkpoint (parameters, optimiser and exchange state) after
-/// checking it was written by the same configuration; returns the step to go on from.
+/// `--resume`: loads this rank's checkpoint (parameters, optimiser and exchange state) into
+/// `ex` after checking it was written by the same configuration; returns the checkpoint's
+/// directory and the step to go on from.
 fn restore(
     cfg: &TrainConfig,
     rank: usize,
     meta: &[(String, String)],
-    model: &Model,
-    opt: &mut Opt,
-    exchange: &mut Exchange,
-    params: &mut Vec<f32>,
-) -> Result<u32> {
-    let root = cfg.checkpoint.as_ref().unwrap();
+    ex: &mut dyn Exchange,
+) -> Result<(PathBuf, u32)> {
+    let root = cfg
+        .checkpoint
+        .as_ref()
+        .context("--resume needs --checkpoint")?;
     let dir = checkpoint::latest(root)?.context("no checkpoint to resume")?;
     let st = checkpoint::read_rank(&dir, rank)?;
     for (k, v) in meta {
@@ -537,10 +505,7 @@ fn restore(
             );
         }
     }
-    *params = st
-        .get("params")
-        .context("checkpoint lacks `params`")?
-        .clone();
+    let params = st.get("params").context("checkpoint lacks `params`")?;
     if let Some(i) = params.iter().position(|x| !x.is_finite()) {
         bail!(
             "checkpoint file {} holds the non-finite parameter {i} = {}: the file is corrupt, or the run had diverged when it was written",
@@ -548,385 +513,264 @@ fn restore(
             params[i]
         );
     }
-    let ost: Vec<(String, Vec<f32>)> = st
-        .tensors
-        .iter()
-        .filter_map(|(k, v)| k.strip_prefix("opt.").map(|s| (s.to_string(), v.clone())))
-        .collect();
-    opt.load_state(&ost)?;
-    match exchange {
-        Exchange::Sparse {
-            residual, fold_lr, ..
-        } => {
-            *residual = st
-                .get("residual")
-                .context("checkpoint lacks `residual`")?
-                .clone();
-            if let Some(s) = fold_lr {
-                s.buf = st
-                    .get("fold.momentum_buffer")
-                    .context("checkpoint lacks momentum")?
-                    .clone();
-            }
-        }
-        Exchange::OneBit(ob) => {
-            ob.worker_error = st
-                .get("onebit.worker_error")
-                .context("checkpoint lacks 1-bit worker error")?
-                .clone();
-            ob.server_error = st
-                .get("onebit.server_error")
-                .context("checkpoint lacks 1-bit server error")?
-                .clone();
-        }
-        Exchange::Dense => {}
-    }
-    model.set_flat(params)?;
-    Ok(st.step)
+    ex.load_state(&st.tensors)
+        .with_context(|| format!("checkpoint {}", dir.display()))?;
+    Ok((dir, st.step))
 }
 
+/// The one training loop: every `--exchange`, on every rank. The [`Exchange`] moves the
+/// gradients and updates the parameters; the loop owns batches, metrics, the checksum
+/// across ranks, evaluation, checkpoints and progress.
 fn rank_main(comm: &dyn Comm, cfg: &TrainConfig, data: &Dataset) -> Result<Option<TrainReport>> {
-    let (rank, p) = (comm.rank(), comm.size());
     let model = Model::new(&cfg.model, data, cfg.seed)?;
-    let layout = model.layout().clone();
-    let n = model.n_params();
-    let segments: Vec<(usize, usize)> = layout
-        .layers
-        .iter()
-        .map(|l| (l.offset as usize, l.numel as usize))
-        .collect();
-    let shard = Shard::new(data, rank, p, cfg.batch, cfg.model.seq_len)?;
-    let mut opt = Opt::new(&cfg.opt, segments)?;
-    let mut exchange = make_exchange(cfg, p, n)?;
-    let mut params = model.get_flat()?;
-    let meta = run_meta(cfg, p, n);
-    let mut first = 0u32;
-    let mut log = MetricsLog::new(cfg, p, data);
-    if cfg.resume {
-        first = restore(
-            cfg,
-            rank,
-            &meta,
-            &model,
-            &mut opt,
-            &mut exchange,
-            &mut params,
-        )?;
-        if rank == 0 {
-            let root = cfg.checkpoint.as_ref().unwrap();
-            let dir = checkpoint::latest(root)?.context("no checkpoint to resume")?;
-            log.resume(&dir, first, cfg.quiet)?;
-            if let Some(w) = oktopk_resume_warning(cfg, first) {
-                gradkit_core::cli::report_line(&w);
-            }
-        }
-    }
-    let last = cfg.stop_after.map_or(cfg.steps, |s| s.min(cfg.steps));
-    let eval_set = if rank == 0 {
-        data::eval_batches(data, cfg.model.seq_len, 256, 512)
-    } else {
-        Vec::new()
-    };
-    let mut sink = MetricSink::new(&cfg.run_name, "gradtrain", &cfg.exchange, p as u32);
-    let mut grads_rec: Vec<TensorRow> = Vec::new();
+    let mut run = Run::new(comm, cfg, data, model)?;
     let pb = gradkit_core::cli::progress(
         "gradtrain",
-        (last.saturating_sub(first)) as u64,
-        cfg.quiet || rank != 0,
+        run.last.saturating_sub(run.first) as u64,
+        cfg.quiet || comm.rank() != 0,
     );
     let t_run = Instant::now();
-    let mut last_eval = None;
-    for step in first..last {
-        let t0 = Instant::now();
-        let batch = shard.batch(cfg.seed, step, cfg.batch);
-        let (loss, g) = model.loss_and_grad(&batch)?;
+    for step in run.first..run.last {
+        let loss = run.step(step)?;
+        if comm.rank() == 0 {
+            let el = t_run.elapsed().as_secs_f64().max(1e-9);
+            let done = (step + 1 - run.first) as f64;
+            let sps = done * (cfg.batch * comm.size()) as f64 / el;
+            pb.set_message(format!("loss {loss:.4} · {sps:.0} samples/s"));
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+    run.finish()
+}
+
+/// One rank's run: the state of the loop around its [`Exchange`].
+struct Run<'a> {
+    comm: &'a dyn Comm,
+    cfg: &'a TrainConfig,
+    data: &'a Dataset,
+    model: Model,
+    ex: Box<dyn Exchange>,
+    shard: Shard,
+    meta: Vec<(String, String)>,
+    log: MetricsLog,
+    sink: MetricSink,
+    eval_set: Vec<crate::data::Batch>,
+    last_eval: Option<crate::model::Eval>,
+    grads_rec: Vec<TensorRow>,
+    first: u32,
+    last: u32,
+}
+
+impl<'a> Run<'a> {
+    fn new(
+        comm: &'a dyn Comm,
+        cfg: &'a TrainConfig,
+        data: &'a Dataset,
+        model: Model,
+    ) -> Result<Self> {
+        let (rank, p) = (comm.rank(), comm.size());
+        let mut ex = crate::exchange::make(cfg, comm, &model, data)?;
+        let meta = run_meta(cfg, p, model.n_params());
+        let mut log = MetricsLog::new(cfg, p, data);
+        let mut first = 0u32;
+        if cfg.resume {
+            let (dir, step) = restore(cfg, rank, &meta, &mut *ex)?;
+            first = step;
+            if rank == 0 {
+                log.resume(&dir, first, cfg.quiet)?;
+                if let Some(w) = oktopk_resume_warning(cfg, first) {
+                    gradkit_core::cli::report_line(&w);
+                }
+            }
+        }
+        let eval_set = if rank == 0 {
+            data::eval_batches(data, cfg.model.seq_len, 256, 512)
+        } else {
+            Vec::new()
+        };
+        Ok(Run {
+            comm,
+            cfg,
+            data,
+            shard: Shard::new(data, rank, p, cfg.batch, cfg.model.seq_len)?,
+            sink: MetricSink::new(&cfg.run_name, "gradtrain", &ex.method(), p as u32),
+            model,
+            ex,
+            meta,
+            log,
+            eval_set,
+            last_eval: None,
+            grads_rec: Vec::new(),
+            first,
+            last: cfg.stop_after.map_or(cfg.steps, |s| s.min(cfg.steps)),
+        })
+    }
+
+    /// One training step: compute, exchange and update, metrics, then the checks, evaluation
+    /// and checkpoint that fall on it. Returns the loss.
+    fn step(&mut self, step: u32) -> Result<f32> {
+        let (comm, cfg, rank) = (self.comm, self.cfg, self.comm.rank());
+        let batch = self.shard.batch(cfg.seed, step, cfg.batch);
+        let lr = lr_at(cfg.lr, step, cfg.warmup, cfg.steps, cfg.decay);
+        let mut io = StepIo {
+            step,
+            lr,
+            ..StepIo::default()
+        };
+        let before = comm.traffic().total();
+        let (loss, g) = self.ex.compute(comm, &mut io, &self.model, &batch)?;
         if !loss.is_finite() {
             bail!("training diverged: loss is {loss} at step {step} on rank {rank} (try a smaller --lr)");
         }
         if cfg.record_gradients {
-            grads_rec.extend(unflatten_dense(&g, &layout, step, rank as u32));
+            let layout = self.model.layout();
+            self.grads_rec
+                .extend(unflatten_dense(&g, layout, step, rank as u32));
         }
-        let t_compute = t0.elapsed().as_secs_f64();
-        let lr = lr_at(cfg.lr, step, cfg.warmup, cfg.steps, cfg.decay);
-        let before = comm.traffic().total();
-        let t1 = Instant::now();
-        let mut select_s = 0.0;
-        let mut extra: Vec<(String, f64)> = Vec::new();
-        let mut update_s = 0.0;
-        let warming = step < cfg.dense_warmup;
-        match &mut exchange {
-            Exchange::Sparse { fold_lr, .. } if warming => {
-                // Dense warm-up of a sparse exchange: exactly the `Exchange::Dense` step.
-                let mut g = g;
-                dense::allreduce(comm, "ring", Op::Mean, &mut g)?;
-                let tu = Instant::now();
-                opt.step(&mut params, &g, lr, step);
-                if step + 1 == cfg.dense_warmup {
-                    if let Some(sgd) = fold_lr {
-                        // Hand the momentum over to the lr-folded SGD of Algorithm 2, whose
-                        // buffer holds lr-scaled updates (exact for a constant lr).
-                        if let Some((_, b)) = opt
-                            .state()
-                            .into_iter()
-                            .find(|(k, _)| k == "momentum_buffer")
-                        {
-                            sgd.buf = b.iter().map(|x| x * lr).collect();
-                        }
-                    }
-                }
-                update_s = tu.elapsed().as_secs_f64();
-                extra.push(("dense_warmup".into(), 1.0));
-            }
-            Exchange::Dense => {
-                let mut g = g;
-                dense::allreduce(comm, "ring", Op::Mean, &mut g)?;
-                let tu = Instant::now();
-                opt.step(&mut params, &g, lr, step);
-                update_s = tu.elapsed().as_secs_f64();
-            }
-            Exchange::Sparse {
-                reducer,
-                residual,
-                fold_lr,
-            } => {
-                // Ok-Topk Algorithm 2: acc = ε + α·G (α folded in for SGD), u = sparse
-                // allreduce(acc), ε = acc − acc(local ∩ global), w -= u/P.
-                let scale = if fold_lr.is_some() { lr } else { 1.0 };
-                let wd = if fold_lr.is_some() {
-                    cfg.opt.weight_decay
-                } else {
-                    0.0
-                };
-                let acc: Vec<f32> = residual
-                    .iter()
-                    .zip(&g)
-                    .zip(&params)
-                    .map(|((e, gi), w)| e + scale * (gi + wd * w))
-                    .collect();
-                let out = reducer.reduce(comm, step, &layout, Flat::Dense(acc.clone()))?;
-                for (k, v) in &out.metrics {
-                    if k == "time_select_s" {
-                        select_s += v;
-                    } else if k == "nnz" {
-                        // counted below from the result itself
-                    } else {
-                        extra.push((k.clone(), *v));
-                    }
-                }
-                *residual = acc;
-                let mut u = vec![0.0f32; n];
-                let mut in_result = vec![false; n];
-                match &out.result {
-                    Flat::Sparse(s) => {
-                        for (&i, &v) in s.indices.iter().zip(&s.values) {
-                            u[i as usize] += v;
-                            in_result[i as usize] = true;
-                        }
-                    }
-                    Flat::Dense(d) => {
-                        u.copy_from_slice(d);
-                        in_result.iter_mut().for_each(|x| *x = true);
-                    }
-                }
-                // DEFT (Algorithm 1): every rank sends its values at *all* gathered indices,
-                // so all of them leave every residual; `contributed` is only its own selection.
-                let sent_all = cfg.exchange == "deft";
-                match out.contributed.as_ref().filter(|_| !sent_all) {
-                    Some(c) => {
-                        for &i in c {
-                            if in_result[i as usize] {
-                                residual[i as usize] = 0.0;
-                            }
-                        }
-                    }
-                    None => {
-                        // No selection reported: everything in the result was sent.
-                        for (r, &inr) in residual.iter_mut().zip(&in_result) {
-                            if inr {
-                                *r = 0.0;
-                            }
-                        }
-                    }
-                }
-                extra.push((
-                    "nnz".into(),
-                    in_result.iter().filter(|x| **x).count() as f64,
-                ));
-                let inv_p = 1.0 / p as f32;
-                u.iter_mut().for_each(|x| *x *= inv_p);
-                let tu = Instant::now();
-                match fold_lr {
-                    Some(sgd) => sgd.step(&mut params, &u, 1.0, step),
-                    None => opt.step(&mut params, &u, lr, step),
-                }
-                update_s = tu.elapsed().as_secs_f64();
-            }
-            Exchange::OneBit(state) => {
-                if opt.compressing(step) {
-                    let tu = Instant::now();
-                    let mut m = match &mut opt {
-                        Opt::OnebitLamb(o) => o.local_momentum(&g),
-                        Opt::OnebitAdam(o) => o.local_momentum(&g),
-                        Opt::Plain(_) => unreachable!(),
-                    };
-                    update_s += tu.elapsed().as_secs_f64();
-                    state.allreduce(comm, &mut m)?;
-                    let tu = Instant::now();
-                    match &mut opt {
-                        Opt::OnebitLamb(o) => o.compressed_step(&mut params, m, lr),
-                        Opt::OnebitAdam(o) => o.compressed_step(&mut params, m, lr),
-                        Opt::Plain(_) => unreachable!(),
-                    }
-                    update_s += tu.elapsed().as_secs_f64();
-                    extra.push(("compressed".into(), 1.0));
-                } else {
-                    let mut g = g;
-                    dense::allreduce(comm, "ring", Op::Mean, &mut g)?;
-                    let tu = Instant::now();
-                    opt.step(&mut params, &g, lr, step);
-                    update_s = tu.elapsed().as_secs_f64();
-                    extra.push(("compressed".into(), 0.0));
-                }
-            }
-        }
-        let comm_s = (t1.elapsed().as_secs_f64() - select_s - update_s).max(0.0);
+        let t = Instant::now();
+        self.ex.update(comm, &mut io, g)?;
+        let comm_s = io
+            .comm_s
+            .unwrap_or((t.elapsed().as_secs_f64() - io.select_s - io.update_s).max(0.0));
         let after = comm.traffic().total();
         if cfg.corrupt_at == Some(step) && rank == 1 {
-            params[0] += 1e-3;
+            self.ex.replicated_mut()[0] += 1e-3;
         }
-        model.set_flat(&params)?;
-        let s = step;
         let r = rank as u32;
-        sink.push(s, r, "loss", loss as f64);
-        sink.push(s, r, "lr", lr as f64);
-        sink.push(
-            s,
-            r,
-            "bytes_sent",
-            (after.bytes_sent - before.bytes_sent) as f64,
-        );
-        sink.push(
-            s,
-            r,
-            "bytes_recv",
-            (after.bytes_recv - before.bytes_recv) as f64,
-        );
-        sink.push(
-            s,
-            r,
-            "messages",
-            (after.msgs_sent - before.msgs_sent) as f64,
-        );
-        sink.push(s, r, "time_compute_s", t_compute);
-        sink.push(s, r, "time_select_s", select_s);
-        sink.push(s, r, "time_comm_s", comm_s);
-        sink.push(s, r, "time_update_s", update_s);
-        if !extra.iter().any(|(k, _)| k == "nnz") {
-            sink.push(s, r, "nnz", n as f64); // dense and 1-bit exchanges carry every entry
+        let nnz = io.nnz.unwrap_or(self.model.n_params() as f64);
+        for (k, v) in [
+            ("loss", loss as f64),
+            ("lr", lr as f64),
+            ("bytes_sent", (after.bytes_sent - before.bytes_sent) as f64),
+            ("bytes_recv", (after.bytes_recv - before.bytes_recv) as f64),
+            ("messages", (after.msgs_sent - before.msgs_sent) as f64),
+            ("time_compute_s", io.compute_s),
+            ("time_select_s", io.select_s),
+            ("time_comm_s", comm_s),
+            ("time_update_s", io.update_s),
+            ("nnz", nnz),
+        ] {
+            self.sink.push(step, r, k, v);
         }
-        for (k, v) in extra {
-            sink.push(s, r, &k, v);
+        for (k, v) in &io.extra {
+            self.sink.push(step, r, k, *v);
         }
-        let done = step + 1;
-        let check = (cfg.check_every > 0 && done % cfg.check_every == 0) || done == last;
-        if check {
-            let _ph = comm.phase("check");
-            let sums = comm.allgather_one::<u64>(checksum(&params));
-            if let Some((bad, v)) = sums.iter().enumerate().find(|(_, v)| **v != sums[0]) {
-                bail!(
-                    "parameters differ across ranks after step {step}: rank {bad} has checksum {v:016x}, rank 0 has {:016x} (flag --check-every)",
-                    sums[0]
-                );
-            }
+        self.after_step(step + 1)?;
+        Ok(loss)
+    }
+
+    /// The checksum, evaluation and checkpoint due after `done` steps.
+    fn after_step(&mut self, done: u32) -> Result<()> {
+        let cfg = self.cfg;
+        let last = self.last;
+        let due = |every: u32| (every > 0 && done.is_multiple_of(every)) || done == last;
+        if due(cfg.check_every) {
+            self.check(done - 1)?;
         }
-        if rank == 0 && ((cfg.eval_every > 0 && done % cfg.eval_every == 0) || done == last) {
-            let ev = model.evaluate(&eval_set)?;
-            sink.push(s, 0, "eval_loss", ev.loss);
-            sink.push(s, 0, "eval_accuracy", ev.accuracy);
-            if matches!(data, Dataset::Lm(_)) {
-                sink.push(s, 0, "eval_perplexity", ev.loss.exp());
-            }
-            last_eval = Some(ev);
+        if due(cfg.eval_every) {
+            self.evaluate(done - 1)?;
         }
         // A run stopped by `stop_after` acts as if killed: no final checkpoint.
         let checkpointing = cfg.checkpoint.is_some()
             && ((cfg.checkpoint_every > 0 && done.is_multiple_of(cfg.checkpoint_every))
                 || done == cfg.steps);
         if done < last || checkpointing {
-            log.after_step(comm, &mut sink, done, checkpointing)?;
+            self.log
+                .after_step(self.comm, &mut self.sink, done, checkpointing)?;
         }
-        if let Some(root) = &cfg.checkpoint {
-            if checkpointing {
-                let mut tensors = vec![("params".to_string(), params.clone())];
-                for (k, v) in opt.state() {
-                    tensors.push((format!("opt.{k}"), v));
-                }
-                match &exchange {
-                    Exchange::Sparse {
-                        residual, fold_lr, ..
-                    } => {
-                        tensors.push(("residual".into(), residual.clone()));
-                        if let Some(sgd) = fold_lr {
-                            tensors.push(("fold.momentum_buffer".into(), sgd.buf.clone()));
-                        }
-                    }
-                    Exchange::OneBit(ob) => {
-                        tensors.push(("onebit.worker_error".into(), ob.worker_error.clone()));
-                        tensors.push(("onebit.server_error".into(), ob.server_error.clone()));
-                    }
-                    Exchange::Dense => {}
-                }
-                let st = RankState {
-                    step: done,
-                    tensors,
-                    meta: meta.clone(),
-                };
-                let res = checkpoint::write_rank(root, rank, &st).and_then(|()| {
-                    // The metrics so far travel with the checkpoint (rank 0 holds them).
-                    if rank == 0 {
-                        log.save_to(&checkpoint::staging_dir(root, done))
-                    } else {
-                        Ok(())
-                    }
-                });
-                // Everyone must have written before rank 0 commits; agree on failure.
-                let ok = comm.allgather_one::<u8>(res.is_ok() as u8);
-                res?;
-                if ok.contains(&0) {
-                    bail!("another rank failed to write its checkpoint at step {done}");
-                }
-                if rank == 0 {
-                    checkpoint::commit(root, done)?;
-                }
-                comm.barrier();
+        if checkpointing {
+            self.checkpoint(done)?;
+        }
+        Ok(())
+    }
+
+    /// Every rank must hold the same replicated parameters (`--check-every`).
+    fn check(&mut self, step: u32) -> Result<()> {
+        let _ph = self.comm.phase("check");
+        let sums = self
+            .comm
+            .allgather_one::<u64>(checksum(self.ex.replicated()))?;
+        if let Some((bad, v)) = sums.iter().enumerate().find(|(_, v)| **v != sums[0]) {
+            bail!(
+                "{} differ across ranks after step {step}: rank {bad} has checksum {v:016x}, rank 0 has {:016x} (flag --check-every)",
+                self.ex.replicated_label(),
+                sums[0]
+            );
+        }
+        Ok(())
+    }
+
+    /// Evaluation on rank 0 (`--eval-every` and the last step).
+    fn evaluate(&mut self, step: u32) -> Result<()> {
+        let full = self.ex.full_params(self.comm)?;
+        if self.comm.rank() != 0 {
+            return Ok(());
+        }
+        self.model.set_flat(&full)?;
+        let ev = self.model.evaluate(&self.eval_set)?;
+        self.sink.push(step, 0, "eval_loss", ev.loss);
+        self.sink.push(step, 0, "eval_accuracy", ev.accuracy);
+        if matches!(self.data, Dataset::Lm(_)) {
+            self.sink.push(step, 0, "eval_perplexity", ev.loss.exp());
+        }
+        self.last_eval = Some(ev);
+        Ok(())
+    }
+
+    /// Writes every rank's state and commits the checkpoint of step `done` (all or nothing).
+    fn checkpoint(&mut self, done: u32) -> Result<()> {
+        let (comm, rank) = (self.comm, self.comm.rank());
+        let root = self.cfg.checkpoint.as_ref().context("--checkpoint")?;
+        let st = RankState {
+            step: done,
+            tensors: self.ex.state(),
+            meta: self.meta.clone(),
+        };
+        let res = checkpoint::write_rank(root, rank, &st).and_then(|()| {
+            // The metrics so far travel with the checkpoint (rank 0 holds them).
+            if rank == 0 {
+                self.log.save_to(&checkpoint::staging_dir(root, done))
+            } else {
+                Ok(())
             }
+        });
+        // Everyone must have written before rank 0 commits; agree on failure.
+        let ok = comm.allgather_one::<u8>(res.is_ok() as u8)?;
+        res?;
+        if ok.contains(&0) {
+            bail!("another rank failed to write its checkpoint at step {done}");
         }
         if rank == 0 {
-            let el = t_run.elapsed().as_secs_f64().max(1e-9);
-            let sps = (done - first) as f64 * (cfg.batch * p) as f64 / el;
-            pb.set_message(format!("loss {loss:.4} · {sps:.0} samples/s"));
-            pb.inc(1);
+            checkpoint::commit(root, done)?;
         }
+        comm.barrier()?;
+        Ok(())
     }
-    pb.finish_and_clear();
-    let rows = log.finish(comm, &mut sink)?;
-    let grads = if cfg.record_gradients {
-        dist::gather(comm, grads_rec)?
-    } else {
-        None
-    };
-    let Some(rows) = rows else {
-        return Ok(None);
-    };
-    let mut rep = summarize(rows, first, last, p, data);
-    rep.params = params;
-    rep.n_params = n;
-    if let Some(ev) = last_eval {
-        rep.eval_loss = ev.loss;
-        rep.eval_accuracy = ev.accuracy;
+
+    /// After the last step: the final parameters, the metrics and recorded gradients gathered
+    /// on the I/O rank, and the report there.
+    fn finish(mut self) -> Result<Option<TrainReport>> {
+        let params = self.ex.full_params(self.comm)?;
+        let rows = self.log.finish(self.comm, &mut self.sink)?;
+        let grads = if self.cfg.record_gradients {
+            dist::gather(self.comm, std::mem::take(&mut self.grads_rec))?
+        } else {
+            None
+        };
+        let Some(rows) = rows else {
+            return Ok(None);
+        };
+        let mut rep = summarize(rows, self.first, self.last, self.comm.size(), self.data);
+        rep.n_params = params.len();
+        rep.params = params;
+        if let Some(ev) = self.last_eval {
+            rep.eval_loss = ev.loss;
+            rep.eval_accuracy = ev.accuracy;
+        }
+        rep.gradients = grads.unwrap_or_default();
+        Ok(Some(rep))
     }
-    rep.gradients = grads.unwrap_or_default();
-    Ok(Some(rep))
 }
 
 pub(crate) fn summarize(

@@ -18,6 +18,7 @@ fn step(name: &str, f: impl FnOnce(&mut OptConfig)) -> Vec<f32> {
 }
 
 fn close(a: &[f32], b: &[f32], tol: f32) {
+    assert_eq!(a.len(), b.len(), "lengths differ: {a:?} vs {b:?}");
     for (x, y) in a.iter().zip(b) {
         assert!((x - y).abs() <= tol, "{a:?} vs {b:?}");
     }

@@ -162,7 +162,7 @@ fn measure(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> Result<
     let (mut sent, mut msgs) = (0u64, 0u64);
     for it in 0..args.warmup + args.iters {
         let mut data = pristine.clone();
-        comm.barrier();
+        comm.barrier()?;
         comm.traffic().reset();
         let t0 = std::time::Instant::now();
         one_iteration(comm, algo, &mut data, &layout, &mut onebit)?;
@@ -181,12 +181,12 @@ fn measure(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> Result<
         }
     }
     // Per iteration, the slowest rank's time; then the median over iterations.
-    let all = comm.allgatherv(times);
+    let all = comm.allgatherv(times)?;
     let mut per_iter: Vec<f64> = (0..args.iters)
         .map(|i| all.iter().map(|t| t[i]).fold(0.0, f64::max))
         .collect();
     per_iter.sort_by(f64::total_cmp);
-    let maxes = comm.allreduce_max_f64(&[sent as f64, msgs as f64, wrong as f64]);
+    let maxes = comm.allreduce_max_f64(&[sent as f64, msgs as f64, wrong as f64])?;
     Ok(Point {
         algo: algo.to_string(),
         bytes,
@@ -209,7 +209,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             bench_reducer(a)?;
         }
         let sizes = sizes(&args.sizes, args.factor)?;
-        let ranks_here = if world.backend() == "local" { p } else { 1 };
+        let ranks_here = world.backend().ranks_per_process(p);
         check_memory(&sizes, ranks_here, &args.sizes)?;
         Ok(sizes)
     })())?;
@@ -264,7 +264,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let algbw = pt.bytes as f64 / pt.time_s / 1e9;
         let busbw = algbw * 2.0 * (p as f64 - 1.0) / p as f64;
         let (al, be) = fits.get(&pt.algo).copied().unwrap_or((alpha, beta));
-        let model = cost::by_algo(&pt.algo, p, pt.count as f64, 0.0)
+        let model = cost::by_name(&pt.algo, p, pt.count as f64, 0.0)
             .map(|c| c.latency * al + c.bytes() * be);
         table.push([
             pt.bytes.to_string(),

@@ -4,6 +4,7 @@
 mod bench;
 mod model;
 mod reduce;
+mod state;
 
 use clap::{Parser, Subcommand};
 
@@ -88,4 +89,28 @@ fn main() -> std::process::ExitCode {
 /// integers, an error (never a wrapped value) past 2^64 − 1.
 pub fn parse_size(s: &str) -> anyhow::Result<u64> {
     gradkit_core::budget::parse_size(s)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The hand-written algorithm table of `--help` names every algorithm there is (and
+    /// `--algo`'s value list, built from `Algo::ALL`, lists them with their descriptions).
+    #[test]
+    fn after_help_names_every_algorithm() {
+        let start = super::AFTER_HELP.find("Algorithms (--algo):").unwrap();
+        let end = super::AFTER_HELP[start..]
+            .find("Sparse algorithms sum")
+            .unwrap()
+            + start;
+        let table = &super::AFTER_HELP[start..end];
+        let mut named: Vec<&str> = table
+            .lines()
+            .skip(1)
+            .flat_map(|l| l.trim_start().split("  ").next().unwrap().split(", "))
+            .collect();
+        named.sort_unstable();
+        let mut want: Vec<&str> = gradkit_collectives::Algo::names().collect();
+        want.sort_unstable();
+        assert_eq!(named, want);
+    }
 }

@@ -4,9 +4,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::Args;
 use gradkit_collectives::registry::{Adjust, Balance, Split};
-use gradkit_collectives::{cost, make_reducer, Flat, Op, Params};
+use gradkit_collectives::{cost, reducer_for, Algo, Flat, Op, Params};
 use gradkit_comm::{dist, Comm, PhaseCounts, World};
 use gradkit_core::cli::IoArgs;
 use gradkit_core::trace::{self, Layout, MetricSink};
@@ -14,15 +15,17 @@ use gradkit_core::{
     read_table, read_tensor, write_table, Input, Meta, MetricRow, Output, PlanRow, TensorRow,
 };
 
+use crate::state;
+
 #[derive(Args, Clone, Debug)]
 pub struct ReduceArgs {
     #[command(flatten)]
     pub io: IoArgs,
     /// Allreduce algorithm (see the list below)
-    #[arg(long, default_value = "ring")]
-    pub algo: String,
+    #[arg(long, default_value_t = Algo::Ring, value_parser = AlgoParser)]
+    pub algo: Algo,
     /// sum or mean (the sum divided by P); not for the 1-bit algorithms, which always average
-    #[arg(long, value_enum, default_value_t = Op::Sum)]
+    #[arg(long, default_value_t = Op::Sum, value_parser = named(Op::ALL, Op::name, Op::help))]
     pub op: Op,
     /// Ranks P to run: in-process ranks (threads) when not started by mpirun, where MPI
     /// gives the count; must equal the trace's ranks
@@ -53,7 +56,7 @@ pub struct ReduceArgs {
     #[arg(long, value_name = "POLICY", default_value = "ladder", value_parser = clap::builder::PossibleValuesParser::new(Adjust::NAMES))]
     pub adjust: String,
     /// Ok-Topk: data balancing in balance_and_allgatherv
-    #[arg(long, value_enum, default_value_t = Balance::Auto)]
+    #[arg(long, default_value_t = Balance::Auto, value_parser = named(Balance::ALL, Balance::name, Balance::help))]
     pub balance: Balance,
     /// A plan/1 file (gradpartition) for oktopk regions or DEFT ranges
     #[arg(long, value_name = "PLAN")]
@@ -65,7 +68,7 @@ pub struct ReduceArgs {
     #[arg(long, value_name = "FILE")]
     pub state: Option<PathBuf>,
     /// AlltoAll: split embedding tables by columns (the paper) or rows
-    #[arg(long, value_enum, default_value_t = Split::Columns)]
+    #[arg(long, default_value_t = Split::Columns, value_parser = named(Split::ALL, Split::name, Split::help))]
     pub split: Split,
     /// Seed for algorithms with randomness
     #[arg(long, default_value_t = 0)]
@@ -74,33 +77,67 @@ pub struct ReduceArgs {
     pub memory: gradkit_core::budget::MemoryArgs,
 }
 
+/// `--algo`'s values, from [`Algo::ALL`]: `--help` lists every name with its family and
+/// description; a typo is a usage error (exit 2) that lists the known names.
+#[derive(Clone)]
+struct AlgoParser;
+
+impl TypedValueParser for AlgoParser {
+    type Value = Algo;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> std::result::Result<Algo, clap::Error> {
+        value.to_string_lossy().parse::<Algo>().map_err(|e| {
+            clap::Error::raw(clap::error::ErrorKind::InvalidValue, format!("{e}\n")).with_cmd(cmd)
+        })
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
+        Some(Box::new(Algo::ALL.iter().map(|a| {
+            PossibleValue::new(a.name()).help(format!("{}: {}", a.family(), a.description()))
+        })))
+    }
+}
+
+/// A value parser over the names of one of the collectives' enums (`ALL`, `name`, `help`):
+/// `--help` lists them, a typo is clap's usage error listing them.
+fn named<T>(
+    all: &'static [T],
+    name: fn(T) -> &'static str,
+    help: fn(T) -> Option<&'static str>,
+) -> impl TypedValueParser<Value = T>
+where
+    T: Copy + Send + Sync + 'static + std::str::FromStr<Err = String>,
+{
+    PossibleValuesParser::new(all.iter().map(move |v| {
+        let pv = PossibleValue::new(name(*v));
+        match help(*v) {
+            Some(h) => pv.help(h),
+            None => pv,
+        }
+    }))
+    .try_map(|s| s.parse::<T>())
+}
+
 /// The algorithms that read each algorithm-specific flag (anything else would ignore it).
-const FLAG_ALGOS: &[(&str, &str, &[&str])] = &[
-    ("state", "--state", &["onebit", "onebit-naive"]),
-    ("plan", "--plan", &["deft", "oktopk"]),
-    ("period", "--period", &["oktopk"]),
-    ("reeval", "--reeval", &["oktopk"]),
-    ("adjust", "--adjust", &["oktopk"]),
-    ("balance", "--balance", &["oktopk"]),
-    ("split", "--split", &["alltoall"]),
+const FLAG_ALGOS: &[(&str, &str, &[Algo])] = &[
+    ("state", "--state", &[Algo::OneBit, Algo::OneBitNaive]),
+    ("plan", "--plan", &[Algo::Deft, Algo::OkTopk]),
+    ("period", "--period", &[Algo::OkTopk]),
+    ("reeval", "--reeval", &[Algo::OkTopk]),
+    ("adjust", "--adjust", &[Algo::OkTopk]),
+    ("balance", "--balance", &[Algo::OkTopk]),
+    ("split", "--split", &[Algo::AllToAll]),
 ];
 
 impl ReduceArgs {
     /// Checks made on the command line alone, before any rank starts: ranges, and flags given
     /// for an algorithm that does not read them (refused rather than silently ignored).
     pub fn check_flags(&self, m: &clap::ArgMatches) -> Result<()> {
-        // A typo in --algo is a usage error (exit 2), like every other flag's.
-        if !gradkit_collectives::ALGOS
-            .iter()
-            .any(|(name, _)| *name == self.algo)
-        {
-            let known: Vec<&str> = gradkit_collectives::ALGOS.iter().map(|a| a.0).collect();
-            bail!(
-                "unknown --algo `{}` (known: {})",
-                self.algo,
-                known.join(", ")
-            );
-        }
         if !(self.density > 0.0 && self.density <= 1.0) {
             bail!(
                 "--density must lie in (0, 1], got {} (flag --density)",
@@ -116,16 +153,17 @@ impl ReduceArgs {
         if self.period == 0 || self.reeval == 0 {
             bail!("--period and --reeval must be at least 1");
         }
-        let algo = self.algo.as_str();
+        let algo = self.algo;
         for (id, flag, algos) in FLAG_ALGOS {
             if gradkit_core::cli::given(m, id) && !algos.contains(&algo) {
+                let names: Vec<&str> = algos.iter().map(|a| a.name()).collect();
                 bail!(
                     "{flag} applies to --algo {} only, not --algo {algo} (it would be ignored)",
-                    algos.join(" or ")
+                    names.join(" or ")
                 );
             }
         }
-        if gradkit_core::cli::given(m, "op") && matches!(algo, "onebit" | "onebit-naive") {
+        if gradkit_core::cli::given(m, "op") && matches!(algo, Algo::OneBit | Algo::OneBitNaive) {
             bail!("--op does not apply to --algo {algo}: the 1-bit allreduce always averages (its result is the mean)");
         }
         Ok(())
@@ -148,15 +186,26 @@ impl ReduceArgs {
             balance: self.balance,
             plan,
             residual: !self.no_residual,
-            state: self.state.clone(),
             split: self.split,
             seed: self.seed,
+            ..Params::default()
         })
     }
 }
 
-/// Checks the trace on the I/O rank: complete steps, ranks equal to the world's size.
-fn load(args: &ReduceArgs, world: &World) -> Result<gradkit_core::Loaded<TensorRow>> {
+/// What the I/O rank reads before any rank starts.
+struct Prepared {
+    trace: gradkit_core::Loaded<TensorRow>,
+    /// Elements of the flat index space (the 1-bit state file records it).
+    n: u64,
+    /// `--state`: every rank's saved 1-bit errors ([`state::to_rows`]; none when the file
+    /// does not exist yet); `None` without `--state`.
+    state: Option<Vec<TensorRow>>,
+}
+
+/// Checks the trace on the I/O rank: complete steps, ranks equal to the world's size; reads
+/// the `--state` file when it exists and checks it fits this run.
+fn load(args: &ReduceArgs, world: &World) -> Result<Prepared> {
     let input = args.io.input()?;
     let t = read_tensor(&input, args.io.read_options())?;
     if t.rows.is_empty() {
@@ -164,7 +213,7 @@ fn load(args: &ReduceArgs, world: &World) -> Result<gradkit_core::Loaded<TensorR
     }
     let layout = Layout::of_rows(&t.rows);
     trace::check_complete(&t.rows, &layout, None).with_context(|| format!("in {}", t.source))?;
-    if args.algo == "alltoall" {
+    if args.algo == Algo::AllToAll {
         gradkit_collectives::alltoall::check_embedding_rows(&t.rows)
             .with_context(|| format!("in {}", t.source))?;
     }
@@ -177,13 +226,9 @@ fn load(args: &ReduceArgs, world: &World) -> Result<gradkit_core::Loaded<TensorR
             world.size()
         );
     }
-    let ranks_here = if world.backend() == "local" {
-        world.size()
-    } else {
-        1
-    };
+    let ranks_here = world.backend().ranks_per_process(world.size());
     check_memory(
-        &args.algo,
+        args.algo.name(),
         &t.rows,
         &layout,
         steps.len(),
@@ -192,25 +237,33 @@ fn load(args: &ReduceArgs, world: &World) -> Result<gradkit_core::Loaded<TensorR
     )
     .with_context(|| format!("in {}", t.source))?;
     if let Some(path) = &args.plan {
-        check_plan(path, &args.algo, &layout, world.size(), steps[0])
+        check_plan(path, args.algo, &layout, world.size(), steps[0])
             .with_context(|| format!("--plan {}", path.display()))?;
     }
-    Ok(t)
+    let n = layout.total();
+    let state = match (&args.state, state::variant_of(args.algo)) {
+        (Some(path), Some(variant)) if path.exists() => Some(state::to_rows(
+            state::StateFile::load(path, variant, world.size(), n as usize)?,
+        )),
+        (Some(_), Some(_)) => Some(Vec::new()),
+        _ => None,
+    };
+    Ok(Prepared { trace: t, n, state })
 }
 
 /// Checks a `--plan` against the trace with the validator every plan consumer shares
 /// (gradkit-partition's `plan::check`, as gradselect does), before any rank starts.
 fn check_plan(
     path: &std::path::Path,
-    algo: &str,
+    algo: Algo,
     layout: &Layout,
     world: usize,
     first_step: u32,
 ) -> Result<()> {
     use gradkit_collectives::plan::{check, PlanKind};
     let kind = match algo {
-        "deft" => PlanKind::Deft,
-        "oktopk" => PlanKind::Oktopk,
+        Algo::Deft => PlanKind::Deft,
+        Algo::OkTopk => PlanKind::Oktopk,
         _ => return Ok(()), // refused by check_flags
     };
     let loaded = read_table::<PlanRow>(&Input::Path(path.to_path_buf()), Default::default())?;
@@ -290,8 +343,9 @@ fn check_paths(args: &ReduceArgs) -> Result<()> {
     )
 }
 
-/// What one rank returns: result rows (rank 0 only) and its metrics rows.
-type RankOut = (Vec<TensorRow>, Vec<MetricRow>);
+/// What one rank returns: result rows (rank 0 only), its metrics rows, and (rank 0 only,
+/// with `--state`) every rank's state rows after the last step.
+type RankOut = (Vec<TensorRow>, Vec<MetricRow>, Vec<TensorRow>);
 
 pub fn run(args: ReduceArgs) -> Result<()> {
     args.memory.apply();
@@ -300,8 +354,8 @@ pub fn run(args: ReduceArgs) -> Result<()> {
     // (output, input): each is an agreement point, so a mistake is reported once under mpirun.
     world.agree(check_paths(&args))?;
     let params = world.agree(args.params().and_then(|params| {
-        // Validate the algorithm name before reading anything.
-        make_reducer(&args.algo, &params)?;
+        // Validate the algorithm's parameters before reading anything.
+        reducer_for(args.algo, &params)?;
         Ok(params)
     }))?;
     let prepared = if world.is_io_rank() {
@@ -313,22 +367,30 @@ pub fn run(args: ReduceArgs) -> Result<()> {
         Ok(None)
     };
     let (out, loaded) = world.agree(prepared)?.unzip();
-    let meta_in = loaded.as_ref().map(|t| t.meta.clone());
-    let rows = loaded.map(|t| t.rows);
-    let run_name = args.run.clone().unwrap_or_else(|| args.algo.clone());
+    let meta_in = loaded.as_ref().map(|p| p.trace.meta.clone());
+    let n = loaded.as_ref().map_or(0, |p| p.n);
+    let (rows, state_in) = loaded.map(|p| (p.trace.rows, p.state)).unzip();
+    let state_in = state_in.flatten();
+    let run_name = args.run.clone().unwrap_or_else(|| args.algo.to_string());
     let quiet = args.io.quiet;
 
-    let results =
-        world.run(|comm| reduce_rank(comm, &args, &params, rows.as_deref(), &run_name, quiet))?;
+    let results = world.run(|comm| {
+        let inputs = RankIn {
+            rows: rows.as_deref(),
+            state: state_in.as_deref(),
+        };
+        reduce_rank(comm, &args, &params, inputs, &run_name, quiet)
+    })?;
 
     let written = match (out, results.into_iter().reduce(merge)) {
-        (Some(out), Some((result_rows, metric_rows))) => write_outputs(
+        (Some(out), Some((result_rows, metric_rows, state_rows))) => write_outputs(
             &args,
             &world,
             meta_in.as_ref(),
             &out,
             &result_rows,
             &metric_rows,
+            (n, state_rows),
         ),
         _ => Ok(()),
     };
@@ -336,7 +398,8 @@ pub fn run(args: ReduceArgs) -> Result<()> {
     world.agree(written)
 }
 
-/// The I/O rank's outputs: the reduced tensor, the metrics, the summary on stderr.
+/// The I/O rank's outputs: the `--state` file, the reduced tensor, the metrics, the summary
+/// on stderr.
 fn write_outputs(
     args: &ReduceArgs,
     world: &World,
@@ -344,12 +407,17 @@ fn write_outputs(
     (out, metrics_out): &(Output, Option<Output>),
     result_rows: &[TensorRow],
     metric_rows: &[MetricRow],
+    (n, state_rows): (u64, Vec<TensorRow>),
 ) -> Result<()> {
+    if let (Some(path), Some(variant)) = (&args.state, state::variant_of(args.algo)) {
+        let errors = state::errors_by_rank(state_rows, world.size())?;
+        state::StateFile::save(path, variant, n as usize, &errors)?;
+    }
     let mut meta = Meta::producer("gradallreduce");
     meta.set("world_size", world.size())
-        .set("method", &args.algo)
-        .set("algo", &args.algo)
-        .set("op", format!("{:?}", args.op).to_lowercase())
+        .set("method", args.algo)
+        .set("algo", args.algo)
+        .set("op", args.op)
         .set("density", args.density)
         .set("backend", world.backend());
     if let Some(m) = meta_in.and_then(|m| m.get("gradkit.method")) {
@@ -357,7 +425,7 @@ fn write_outputs(
     }
     if let Some(m) = metrics_out {
         let mut mm = Meta::producer("gradallreduce");
-        mm.set("algo", &args.algo).set("world_size", world.size());
+        mm.set("algo", args.algo).set("world_size", world.size());
         write_table(m, &mm, metric_rows)?;
     }
     write_table(out, &meta, result_rows)?;
@@ -370,28 +438,45 @@ fn write_outputs(
 fn merge(mut a: RankOut, b: RankOut) -> RankOut {
     a.0.extend(b.0);
     a.1.extend(b.1);
+    a.2.extend(b.2);
     a
+}
+
+/// What the I/O rank read, as every rank sees it (in-process ranks share it; under mpirun
+/// only rank 0 holds it and scatters it).
+#[derive(Clone, Copy)]
+struct RankIn<'a> {
+    rows: Option<&'a [TensorRow]>,
+    state: Option<&'a [TensorRow]>,
 }
 
 fn reduce_rank(
     comm: &dyn Comm,
     args: &ReduceArgs,
     params: &Params,
-    all: Option<&[TensorRow]>,
+    inputs: RankIn<'_>,
     run_name: &str,
     quiet: bool,
 ) -> Result<RankOut> {
-    let mine = dist::scatter(comm, all, |r: &TensorRow| r.rank as usize)?;
+    let mine = dist::scatter(comm, inputs.rows, |r: &TensorRow| r.rank as usize)?;
     let layout = Layout::of_rows(&mine);
-    let mut reducer = make_reducer(&args.algo, params)?;
-    let mut sink = MetricSink::new(run_name, "gradallreduce", &args.algo, comm.size() as u32);
+    let mut reducer = reducer_for(args.algo, params)?;
+    // --state: this rank's saved errors, before the first step (none on a fresh start).
+    if let Some(path) = &args.state {
+        let saved = dist::scatter(comm, inputs.state, |r: &TensorRow| r.rank as usize)?;
+        reducer
+            .load_state(&state::from_rows(saved))
+            .with_context(|| format!("--state {}", path.display()))?;
+    }
+    let algo = args.algo.name();
+    let mut sink = MetricSink::new(run_name, "gradallreduce", algo, comm.size() as u32);
     let mut results = Vec::new();
     let groups = trace::group_step_rank(&mine);
     let bar = gradkit_core::cli::progress("reduce", groups.len() as u64, quiet || comm.rank() != 0);
     let rank = comm.rank() as u32;
     // EmbRace's exchange takes sparse embedding rows beside dense layers: the layers given
     // sparse are the embedding tables (their 2-D shape stays in the layout the reducer sees).
-    let hybrid = args.algo == "alltoall";
+    let hybrid = args.algo == Algo::AllToAll;
     let reducer_layout = if hybrid {
         let mut l = layout.clone();
         for info in &mut l.layers {
@@ -445,7 +530,7 @@ fn reduce_rank(
         sink.push(g.step, rank, "nnz", nnz as f64);
         // The paper's formula beside the measurement (Ok-Topk Table 1: TopkDSA's best case,
         // Ok-Topk's worst case; k = the target for dense input, the input's nnz for sparse).
-        if let Some(c) = cost::by_algo(&args.algo, comm.size(), n as f64, k_in as f64) {
+        if let Some(c) = cost::by_algo(args.algo, comm.size(), n as f64, k_in as f64) {
             sink.push(g.step, rank, "model_bytes_sent", c.bytes());
         }
         if comm.rank() == 0 {
@@ -458,8 +543,14 @@ fn reduce_rank(
     }
     reducer.finish(comm)?;
     bar.finish_and_clear();
+    // --state: every rank's errors after the last step, to the I/O rank, which saves them.
+    let saved = if args.state.is_some() {
+        dist::gather(comm, state::rank_rows(rank, reducer.state()))?.unwrap_or_default()
+    } else {
+        Vec::new()
+    };
     let metrics = dist::gather(comm, sink.rows)?.unwrap_or_default();
-    Ok((results, metrics))
+    Ok((results, metrics, saved))
 }
 
 /// Writes the step's traffic: totals and one row per phase (`bytes_sent:<phase>`, …).

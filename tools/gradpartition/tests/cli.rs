@@ -5,45 +5,30 @@ use std::process::Command;
 
 use gradkit_core::io::{Input, Meta, Output, ReadOptions};
 use gradkit_core::{read_table, write_table, MetricRow, PlanRow, TensorRow};
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn normal(&mut self) -> f64 {
-        let (u, v) = (self.unit().max(1e-300), self.unit());
-        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
-    }
-}
+// xorshift64* from the raw seed: the stream these traces were made with.
+use gradkit_testkit::rng::Rng;
 
 const SIZES: [u64; 5] = [12_000, 300, 6_000, 100, 2_500];
 
 /// Dense trace: per-layer scale × (√o·shared + √(1−o)·own noise).
 fn dense_trace(ranks: u32, steps: u32, overlap: f64) -> Vec<TensorRow> {
-    let mut rng = Rng(42);
+    let mut rng = Rng::xorshift64star(42);
     let scale: Vec<f64> = SIZES
         .iter()
-        .map(|_| 10f64.powf(rng.unit() * 2.0 - 1.0))
+        .map(|_| 10f64.powf(rng.unit_f64() * 2.0 - 1.0))
         .collect();
     let mut rows = vec![];
     for step in 0..steps {
         let shared: Vec<Vec<f64>> = SIZES
             .iter()
-            .map(|&n| (0..n).map(|_| rng.normal()).collect())
+            .map(|&n| (0..n).map(|_| rng.normal_f64()).collect())
             .collect();
         for rank in 0..ranks {
             for (l, &n) in SIZES.iter().enumerate() {
                 let values = (0..n as usize)
                     .map(|i| {
-                        let z =
-                            overlap.sqrt() * shared[l][i] + (1.0 - overlap).sqrt() * rng.normal();
+                        let z = overlap.sqrt() * shared[l][i]
+                            + (1.0 - overlap).sqrt() * rng.normal_f64();
                         (scale[l] * z) as f32
                     })
                     .collect();

@@ -8,7 +8,7 @@
 //! grouping and statistics.
 //!
 //! The cost model's predictions are read from `model_<metric>` rows that the producing tools
-//! write next to their measurements; [`model`] computes them with `gradkit_collectives::cost`
+//! write next to their measurements; [`model`] computes them with `gradkit_cost`
 //! when the input lacks them and the gradient size is given. Not here: running algorithms.
 
 pub mod metrics;

@@ -111,7 +111,7 @@ Example:\n  gradreport plot volume m*.parquet --n 669706 --density 0.01 -o volum
     /// Measured bytes per rank and step next to the cost model's formula, and their ratio
     #[command(
         after_help = "The formula's value comes from `model_<metric>` rows in the input or, with \
---n, from gradkit_collectives::cost (Ok-Topk Table 1, DeepSpeed's 1-bit volume; `oktopk` is \
+--n, from gradkit_cost (Ok-Topk Table 1, DeepSpeed's 1-bit volume; `oktopk` is \
 Table 1's worst case 6k(P-1)/P) for the algorithms without such rows; groups with neither \
 show `-`. The measured column is the median over steps and ranks, with min and max; \
 ratio = measured / model (1.00 means exact).\n\nExample:\n  \
@@ -164,7 +164,7 @@ gradreport volume m*.parquet --n 669706 --density 0.01 --phases --format csv"
 #[command(next_help_heading = "Cost model (for inputs without model_* rows)")]
 struct ModelArgs {
     /// Gradient size n in elements (e.g. 16M): compute model_bytes_sent and model_time_s with
-    /// gradkit_collectives::cost for algorithms whose rows the input lacks
+    /// gradkit_cost for algorithms whose rows the input lacks
     #[arg(long, value_name = "SIZE")]
     n: Option<String>,
     /// Density k/n of the sparse algorithms
@@ -197,7 +197,7 @@ fn with_model(mut rows: Vec<MetricRow>, a: &ModelArgs, figure: bool) -> Result<V
     };
     let (add, unknown) = model::complete(&rows, &params, &extra);
     gradkit_core::noteln!(
-        "note: cost model (gradkit_collectives::cost) with n={} k={} α={} µs bandwidth={} GB/s: {} rows added{}",
+        "note: cost model (gradkit_cost) with n={} k={} α={} µs bandwidth={} GB/s: {} rows added{}",
         params.n,
         params.k,
         a.cost.alpha_us,

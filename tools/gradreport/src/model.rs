@@ -1,5 +1,5 @@
 //! The cost model's predictions as `metrics/1` rows (`model_bytes_sent`, `model_time_s`),
-//! computed with `gradkit_collectives::cost` for inputs that do not carry them.
+//! computed with `gradkit_cost` (the α-β model; no MPI linked) for inputs that do not carry them.
 //!
 //! Tools that know the run's `n` and `k` write these rows themselves; here they are computed
 //! from `--n`/`--density`, α and the bandwidth given on the command line.
@@ -7,8 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{anyhow, bail, Result};
-use gradkit_collectives::cost;
 use gradkit_core::MetricRow;
+use gradkit_cost as cost;
 
 /// Parameters of the α-β model.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -64,7 +64,7 @@ impl ModelParams {
 
     /// The model's cost of `algo` at `p` ranks, if the model knows the algorithm.
     pub fn cost(&self, algo: &str, p: u32) -> Option<cost::Cost> {
-        cost::by_algo(algo, p as usize, self.n, self.k)
+        cost::by_name(algo, p as usize, self.n, self.k)
     }
 }
 

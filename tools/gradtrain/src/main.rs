@@ -89,6 +89,11 @@ struct Cli {
     /// overlapped with the next step's compute)
     #[arg(long, default_value = "embrace")]
     schedule: String,
+    /// Wire format of the dense allreduces (dense exchange, warm-ups, EmbRace's dense
+    /// part): f32, or fp16 as mixed-precision training sends (half the bytes; sums rounded
+    /// to fp16)
+    #[arg(long, value_name = "f32|fp16", value_parser = ["f32", "fp16"], default_value = "f32")]
+    wire: String,
     /// sgd | adam | adamw | lamb | onebit-lamb | onebit-adam
     #[arg(long, default_value = "sgd")]
     optimizer: String,
@@ -161,6 +166,10 @@ struct Cli {
     /// --onebit-clip off --onebit-mask none
     #[arg(long, conflicts_with_all = ["onebit_clip", "onebit_mask"])]
     onebit_exact: bool,
+    /// 1-bit LAMB: the paper's "LAMB + basic 1-bit" ablation (§3.4) — the coefficient stays
+    /// frozen at its warm-up average in the compression stage (no variance ratio)
+    #[arg(long)]
+    onebit_basic: bool,
     /// Seed of initialisation and batches
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -266,6 +275,7 @@ fn config(a: &Cli) -> TrainConfig {
             freeze_step: a.freeze_step,
             onebit_clip: !a.onebit_exact && a.onebit_clip.as_deref() != Some("off"),
             onebit_mask: !a.onebit_exact && a.onebit_mask.as_deref() != Some("none"),
+            onebit_basic: a.onebit_basic,
             ..OptConfig::default()
         },
         lr: a.lr,
@@ -286,6 +296,7 @@ fn config(a: &Cli) -> TrainConfig {
         quiet: a.quiet,
         run_name: a.run.clone(),
         schedule: a.schedule.clone(),
+        fp16_wire: a.wire == "fp16",
         metrics_path: a.metrics.clone(),
         metrics_every: a.metrics_every,
         ..TrainConfig::default()
@@ -377,6 +388,12 @@ fn check_flags(a: &Cli) -> anyhow::Result<()> {
         };
         anyhow::bail!(
             "{flag} applies to --optimizer onebit-lamb or onebit-adam only, not `{}` (flag {flag})",
+            a.optimizer
+        );
+    }
+    if a.onebit_basic && a.optimizer != "onebit-lamb" {
+        anyhow::bail!(
+            "--onebit-basic is an ablation of 1-bit LAMB; it needs --optimizer onebit-lamb, not `{}` (flag --onebit-basic)",
             a.optimizer
         );
     }

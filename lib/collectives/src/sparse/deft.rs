@@ -19,7 +19,6 @@ use anyhow::{bail, ensure, Context, Result};
 use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::{Layout, Sparse};
 use gradkit_partition::deft as dp;
-use gradkit_sparsify::topk;
 
 use super::{check_plan_workers, flat_range, k_of, output, plan_at, Feedback};
 use crate::{Flat, Params, Reducer, StepOutput};
@@ -31,12 +30,12 @@ pub fn exchange(comm: &dyn Comm, acc: &[f32], sel: Vec<u32>) -> Result<Sparse> {
         if comm.size() == 1 {
             vec![sel.len() as u64]
         } else {
-            comm.allgather_one(sel.len() as u64)
+            comm.allgather_one(sel.len() as u64)?
         }
     };
     let mut union: Vec<u32> = {
         let _ph = comm.phase("allgather_indices");
-        let all = comm.allgatherv(sel);
+        let all = comm.allgatherv(sel)?;
         for (i, (a, c)) in all.iter().zip(&counts).enumerate() {
             ensure!(
                 a.len() as u64 == *c,
@@ -57,7 +56,7 @@ pub fn exchange(comm: &dyn Comm, acc: &[f32], sel: Vec<u32>) -> Result<Sparse> {
     let mut values: Vec<f32> = union.iter().map(|&i| acc[i as usize]).collect();
     {
         let _ph = comm.phase("allreduce_values");
-        crate::dense::ring_in_caller_phase(comm, &mut values);
+        crate::dense::ring_in_caller_phase(comm, &mut values)?;
     }
     Ok(Sparse {
         indices: union,
@@ -76,7 +75,7 @@ impl Deft {
     pub fn new(params: &Params) -> Result<Self> {
         Ok(Deft {
             params: params.clone(),
-            fb: Feedback::new(params.residual),
+            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::Result),
             pieces: None,
         })
     }
@@ -123,7 +122,7 @@ impl Deft {
                     .map(|b| b as u32)
                     .collect()
             });
-            comm.broadcast(leader, mine)
+            comm.broadcast(leader, mine)?
         };
         ensure!(
             bins.len() == pieces.len(),
@@ -145,6 +144,7 @@ impl Reducer for Deft {
     fn name(&self) -> &'static str {
         "deft"
     }
+    super::feedback_state!("deft");
     fn reduce(
         &mut self,
         comm: &dyn Comm,
@@ -164,7 +164,9 @@ impl Reducer for Deft {
         for (rg, kx) in &ranges {
             let off = rg.start as u32;
             sel.extend(
-                topk::topk_indices(&acc[rg.clone()], *kx)
+                self.params
+                    .kernels
+                    .topk_by_magnitude(&acc[rg.clone()], *kx)
                     .into_iter()
                     .map(|i| i + off),
             );
@@ -176,7 +178,7 @@ impl Reducer for Deft {
             ("pieces".to_string(), ranges.len() as f64),
         ];
         let res = exchange(comm, &acc, sel.clone())?;
-        self.fb.update(acc, &res.indices);
+        self.fb.settle(acc, &sel, &res.indices);
         Ok(output(comm, self.params.op, res, k, Some(sel), metrics))
     }
 }

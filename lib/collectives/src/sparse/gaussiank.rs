@@ -25,7 +25,7 @@ impl GaussianK {
     pub fn new(params: &Params) -> Result<Self> {
         Ok(GaussianK {
             params: params.clone(),
-            fb: Feedback::new(params.residual),
+            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::Sent),
         })
     }
 }
@@ -34,6 +34,7 @@ impl Reducer for GaussianK {
     fn name(&self) -> &'static str {
         "gaussiank"
     }
+    super::feedback_state!("gaussiank");
     fn reduce(
         &mut self,
         comm: &dyn Comm,
@@ -53,7 +54,6 @@ impl Reducer for GaussianK {
                 (idx, Some(th))
             },
             |comm, sel, _, _| allgather_sum(comm, sel),
-            super::Kept::AllSent,
         )
     }
 }

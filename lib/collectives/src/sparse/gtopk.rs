@@ -12,18 +12,24 @@
 //! Traffic: each tree edge carries ≤ k COO entries (8k bytes); rank 0 sends 8k·⌈log2 P⌉
 //! bytes in the broadcast: 4k log P words on the critical path, as in Table 1.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::{Layout, Sparse};
+use gradkit_sparsify::kernels::Kernels;
 
 use super::{exchange_sparse, k_of, select_topk, sum_sparse, topk_sparse, Feedback};
 use crate::{Flat, Params, Reducer, StepOutput};
 
 /// The gTop-k reduction tree and broadcast of one step.
-pub fn tree_allreduce(comm: &dyn Comm, mine: Sparse, k: usize) -> Sparse {
+pub fn tree_allreduce(
+    comm: &dyn Comm,
+    kern: &dyn Kernels,
+    mine: Sparse,
+    k: usize,
+) -> Result<Sparse> {
     let (p, r) = (comm.size(), comm.rank());
     if p == 1 {
-        return mine;
+        return Ok(mine);
     }
     let pp = 1usize << (usize::BITS - 1 - p.leading_zeros());
     let mut cur = mine;
@@ -31,21 +37,23 @@ pub fn tree_allreduce(comm: &dyn Comm, mine: Sparse, k: usize) -> Sparse {
         let _ph = comm.phase("reduce_tree");
         let mut active = true;
         if r >= pp {
-            exchange_sparse(comm, vec![(r - pp, std::mem::take(&mut cur))], &[]);
+            exchange_sparse(comm, vec![(r - pp, std::mem::take(&mut cur))], &[])?;
             active = false;
         } else if r + pp < p {
-            let got = exchange_sparse(comm, vec![], &[r + pp]).pop().expect("one");
-            cur = topk_sparse(&sum_sparse(&[cur, got]), k);
+            let got = exchange_sparse(comm, vec![], &[r + pp])?
+                .pop()
+                .context("one message")?;
+            cur = topk_sparse(kern, &sum_sparse(&[cur, got]), k);
         }
         let mut half = 1;
         while active && half < pp {
             if r % (2 * half) == 0 {
-                let got = exchange_sparse(comm, vec![], &[r + half])
+                let got = exchange_sparse(comm, vec![], &[r + half])?
                     .pop()
-                    .expect("one");
-                cur = topk_sparse(&sum_sparse(&[cur, got]), k);
+                    .context("one message")?;
+                cur = topk_sparse(kern, &sum_sparse(&[cur, got]), k);
             } else {
-                exchange_sparse(comm, vec![(r - half, std::mem::take(&mut cur))], &[]);
+                exchange_sparse(comm, vec![(r - half, std::mem::take(&mut cur))], &[])?;
                 active = false;
             }
             half *= 2;
@@ -53,9 +61,9 @@ pub fn tree_allreduce(comm: &dyn Comm, mine: Sparse, k: usize) -> Sparse {
     }
     let _ph = comm.phase("broadcast");
     let root = r == 0;
-    let indices = comm.broadcast(0, root.then(|| std::mem::take(&mut cur.indices)));
-    let values = comm.broadcast(0, root.then(|| std::mem::take(&mut cur.values)));
-    Sparse { indices, values }
+    let indices = comm.broadcast(0, root.then(|| std::mem::take(&mut cur.indices)))?;
+    let values = comm.broadcast(0, root.then(|| std::mem::take(&mut cur.values)))?;
+    Ok(Sparse { indices, values })
 }
 
 /// `--algo gtopk`. Dense input: exact local top-k with error feedback; the residual keeps
@@ -69,7 +77,7 @@ impl GTopk {
     pub fn new(params: &Params) -> Result<Self> {
         Ok(GTopk {
             params: params.clone(),
-            fb: Feedback::new(params.residual),
+            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::SentInResult),
         })
     }
 }
@@ -78,6 +86,7 @@ impl Reducer for GTopk {
     fn name(&self) -> &'static str {
         "gtopk"
     }
+    super::feedback_state!("gtopk");
     fn reduce(
         &mut self,
         comm: &dyn Comm,
@@ -93,9 +102,8 @@ impl Reducer for GTopk {
             comm,
             layout,
             input,
-            |acc, k| (select_topk(acc, k), None),
-            |comm, sel, _, _| tree_allreduce(comm, sel, k),
-            super::Kept::InResult,
+            |acc, k| (select_topk(self.params.kernels, acc, k), None),
+            |comm, sel, _, _| tree_allreduce(comm, self.params.kernels, sel, k),
         )
     }
 }

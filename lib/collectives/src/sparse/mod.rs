@@ -33,33 +33,40 @@ use anyhow::{bail, ensure, Result};
 use gradkit_comm::{Buf, Comm, CommExt, Kind};
 use gradkit_core::trace::{Layout, Sparse};
 use gradkit_core::PlanRow;
-use gradkit_sparsify::topk;
+use gradkit_sparsify::kernels::Kernels;
+use gradkit_sparsify::{Leaves, Residual};
 
 use crate::{Flat, Op, StepOutput};
 
 /// Message tags of the sparse algorithms (pairs of ranks with one tag stay ordered).
 pub(crate) const TAG_SPARSE: u32 = 60;
 
-/// Per-rank state shared by every sparse reducer: input checks and error feedback.
-#[derive(Debug, Default)]
+/// Per-rank state shared by every sparse reducer: input checks and error feedback (the one
+/// [`Residual`] of gradkit-sparsify, settled by each reducer's [`Leaves`] rule).
+#[derive(Debug)]
 pub(crate) struct Feedback {
     /// Whether error feedback is on for dense input.
     enabled: bool,
     /// `Some(true)` after a dense step, `Some(false)` after a sparse one.
     mode: Option<bool>,
-    residual: Option<Vec<f32>>,
+    residual: Residual,
+    /// Which entries leave the residual after this reducer's exchange.
+    rule: Leaves,
 }
 
 impl Feedback {
-    pub fn new(enabled: bool) -> Self {
+    pub fn new(enabled: bool, rule: Leaves) -> Self {
         Feedback {
             enabled,
-            ..Default::default()
+            mode: None,
+            residual: Residual::default(),
+            rule,
         }
     }
 
-    /// Checks `input` against the layout (length, ascending in-range indices) and against the
-    /// previous steps of this run (no switching between dense and sparse input).
+    /// Checks `input` against the layout (length, ascending in-range indices), against the
+    /// residual (a restored one must fit) and against the previous steps of this run (no
+    /// switching between dense and sparse input).
     pub fn check(&mut self, algo: &str, layout: &Layout, input: &Flat) -> Result<usize> {
         let n = layout.total();
         ensure!(
@@ -75,6 +82,11 @@ impl Feedback {
             ),
             Flat::Sparse(s) => check_sparse(algo, s, n)?,
         }
+        let r = self.residual.values.len();
+        ensure!(
+            r == 0 || r == n,
+            "{algo}: the residual has {r} values but the layout has {n} elements"
+        );
         let dense = input.is_dense();
         match self.mode {
             Some(m) if m != dense => bail!(
@@ -90,7 +102,7 @@ impl Feedback {
     /// This rank's contribution for one step: a sparse input as it is, or `select(acc)` of
     /// `acc = residual + g` for a dense one (timed as `time_select_s`; `select` returns the
     /// indices and, for threshold methods, the threshold it used). Records `local_nnz`. The
-    /// accumulator comes back for [`Feedback::update`] after the exchange.
+    /// accumulator comes back for [`Feedback::settle`] after the exchange.
     pub fn local_selection(
         &mut self,
         input: Flat,
@@ -115,28 +127,60 @@ impl Feedback {
     }
 
     /// `acc = residual + g` (or `g` when error feedback is off or on the first step).
-    pub fn accumulate(&mut self, mut g: Vec<f32>) -> Vec<f32> {
+    pub fn accumulate(&mut self, g: Vec<f32>) -> Vec<f32> {
         if self.enabled {
-            if let Some(r) = &self.residual {
-                for (a, e) in g.iter_mut().zip(r) {
-                    *a += *e;
-                }
-            }
+            self.residual.accumulate(g)
+        } else {
+            g
         }
-        g
     }
 
-    /// New residual: `acc` with the entries `zeroed` (ascending) set to 0.
-    pub fn update(&mut self, mut acc: Vec<f32>, zeroed: &[u32]) {
-        if !self.enabled {
-            return;
+    /// New residual after the exchange: `acc` with the entries this reducer's rule names
+    /// zeroed (`sent`: this rank's selection; `result`: the result's support; both ascending).
+    pub fn settle(&mut self, acc: Vec<f32>, sent: &[u32], result: &[u32]) {
+        if self.enabled {
+            self.residual.settle(acc, self.rule, sent, result);
         }
-        for &i in zeroed {
-            acc[i as usize] = 0.0;
+    }
+
+    /// The residual as `Reducer::state` (nothing before the first dense step).
+    pub fn state(&self) -> Vec<(String, Vec<f32>)> {
+        if self.residual.values.is_empty() {
+            Vec::new()
+        } else {
+            vec![("residual".into(), self.residual.values.clone())]
         }
-        self.residual = Some(acc);
+    }
+
+    /// Restores [`Feedback::state`]; its length is checked against the layout at the next step.
+    pub fn load_state(&mut self, algo: &str, state: &[(String, Vec<f32>)]) -> Result<()> {
+        for (k, v) in state {
+            ensure!(
+                k == "residual",
+                "{algo}: unknown state `{k}` (keeps `residual`)"
+            );
+            ensure!(
+                self.enabled,
+                "{algo}: given a residual, but error feedback is off"
+            );
+            self.residual.values = v.clone();
+        }
+        Ok(())
     }
 }
+
+/// `Reducer::state`/`load_state` of a sparse reducer whose state is its `fb: Feedback`.
+macro_rules! feedback_state {
+    ($algo:literal) => {
+        fn state(&self) -> Vec<(String, Vec<f32>)> {
+            self.fb.state()
+        }
+        fn load_state(&mut self, state: &[(String, Vec<f32>)]) -> anyhow::Result<()> {
+            self.fb.load_state($algo, state)
+        }
+    };
+}
+pub(crate) use feedback_state;
 
 /// Sparse input must have one value per index and strictly ascending indices below n.
 pub(crate) fn check_sparse(algo: &str, s: &Sparse, n: usize) -> Result<()> {
@@ -173,11 +217,11 @@ pub(crate) fn gather(x: &[f32], idx: Vec<u32>) -> Sparse {
 }
 
 /// Exact top-k of a sparse vector by |value| (ties to the lower index), ascending.
-pub(crate) fn topk_sparse(s: &Sparse, k: usize) -> Sparse {
+pub(crate) fn topk_sparse(kern: &dyn Kernels, s: &Sparse, k: usize) -> Sparse {
     if s.len() <= k {
         return s.clone();
     }
-    let pos = topk::topk_indices(&s.values, k);
+    let pos = kern.topk_by_magnitude(&s.values, k);
     Sparse {
         indices: pos.iter().map(|&p| s.indices[p as usize]).collect(),
         values: pos.iter().map(|&p| s.values[p as usize]).collect(),
@@ -186,7 +230,7 @@ pub(crate) fn topk_sparse(s: &Sparse, k: usize) -> Sparse {
 
 /// Exact selection threshold: the k-th largest |x| when more than k candidates are non-zero,
 /// else 0 (everything non-zero passes `|x| > 0`). Used for Ok-Topk's `th_re_evaluate`.
-pub(crate) fn exact_threshold(x: &[f32], k: usize) -> f32 {
+pub(crate) fn exact_threshold(kern: &dyn Kernels, x: &[f32], k: usize) -> f32 {
     let nz = x.iter().filter(|v| **v != 0.0).count();
     if nz <= k || k == 0 {
         if k == 0 {
@@ -194,7 +238,7 @@ pub(crate) fn exact_threshold(x: &[f32], k: usize) -> f32 {
         }
         return 0.0;
     }
-    topk::kth_largest_abs(x, k)
+    kern.kth_largest_magnitude(x, k)
 }
 
 /// Sum of sparse vectors (each ascending), summed in list order at every index: the same
@@ -238,33 +282,16 @@ pub(crate) fn concat(parts: Vec<Sparse>) -> Sparse {
     out
 }
 
-/// Sorted intersection of two ascending index lists.
-pub(crate) fn intersect(a: &[u32], b: &[u32]) -> Vec<u32> {
-    let (mut i, mut j) = (0, 0);
-    let mut out = Vec::new();
-    while i < a.len() && j < b.len() {
-        match a[i].cmp(&b[j]) {
-            std::cmp::Ordering::Less => i += 1,
-            std::cmp::Ordering::Greater => j += 1,
-            std::cmp::Ordering::Equal => {
-                out.push(a[i]);
-                i += 1;
-                j += 1;
-            }
-        }
-    }
-    out
-}
-
 /// Allgatherv of a COO vector: one ring allgatherv of the `u32` indices, one of the `f32`
 /// values; returns every rank's vector in rank order.
-pub(crate) fn allgatherv_sparse(comm: &dyn Comm, mine: Sparse) -> Vec<Sparse> {
-    let idx = comm.allgatherv(mine.indices);
-    let val = comm.allgatherv(mine.values);
-    idx.into_iter()
+pub(crate) fn allgatherv_sparse(comm: &dyn Comm, mine: Sparse) -> Result<Vec<Sparse>> {
+    let idx = comm.allgatherv(mine.indices)?;
+    let val = comm.allgatherv(mine.values)?;
+    Ok(idx
+        .into_iter()
         .zip(val)
         .map(|(indices, values)| Sparse { indices, values })
-        .collect()
+        .collect())
 }
 
 /// One bucket of point-to-point COO messages (indices and values as two messages per peer),
@@ -273,69 +300,58 @@ pub(crate) fn exchange_sparse(
     comm: &dyn Comm,
     sends: Vec<(usize, Sparse)>,
     srcs: &[usize],
-) -> Vec<Sparse> {
+) -> Result<Vec<Sparse>> {
     let mut out = Vec::with_capacity(2 * sends.len());
     for (d, s) in sends {
-        out.push((d, Buf::U32(s.indices)));
-        out.push((d, Buf::F32(s.values)));
+        out.push((d, Buf::from_vec(s.indices)));
+        out.push((d, Buf::from_vec(s.values)));
     }
     let recvs: Vec<(usize, Kind)> = srcs
         .iter()
         .flat_map(|&s| [(s, Kind::U32), (s, Kind::F32)])
         .collect();
-    let got = comm.exchange(TAG_SPARSE, out, &recvs);
+    let got = comm.exchange(TAG_SPARSE, out, &recvs)?;
     let mut it = got.into_iter();
     let mut res = Vec::with_capacity(srcs.len());
     while let (Some(i), Some(v)) = (it.next(), it.next()) {
-        let indices = match i {
-            Buf::U32(x) => x,
-            other => panic!(
-                "expected u32 indices, got {:?} (algorithm bug)",
-                other.kind()
-            ),
-        };
-        let values = match v {
-            Buf::F32(x) => x,
-            other => panic!(
-                "expected f32 values, got {:?} (algorithm bug)",
-                other.kind()
-            ),
-        };
+        let indices = i.into_vec()?;
+        let values = v.into_vec()?;
         res.push(Sparse { indices, values });
     }
-    res
+    Ok(res)
 }
 
 /// Sum-allreduce of a few u64 (Ok-Topk's boundary consensus): recursive doubling among the
 /// largest power of two p' ≤ P, the ranks r ≥ p' first folding into r − p' and getting the
 /// result back. ⌈log2 P⌉ (+2) messages per rank; exact (integers).
-pub(crate) fn allreduce_sum_u64(comm: &dyn Comm, data: &mut [u64]) {
+pub(crate) fn allreduce_sum_u64(comm: &dyn Comm, data: &mut [u64]) -> Result<()> {
     let (p, r) = (comm.size(), comm.rank());
     if p == 1 {
-        return;
+        return Ok(());
     }
     let pp = 1usize << (usize::BITS - 1 - p.leading_zeros());
     let add = |d: &mut [u64], g: &[u64]| d.iter_mut().zip(g).for_each(|(a, b)| *a += *b);
     if r >= pp {
-        comm.send(r - pp, data.to_vec());
-        let got: Vec<u64> = comm.recv(r - pp);
+        comm.send(r - pp, data.to_vec())?;
+        let got: Vec<u64> = comm.recv(r - pp)?;
         data.copy_from_slice(&got);
-        return;
+        return Ok(());
     }
     if r + pp < p {
-        let got: Vec<u64> = comm.recv(r + pp);
+        let got: Vec<u64> = comm.recv(r + pp)?;
         add(data, &got);
     }
     let mut mask = 1;
     while mask < pp {
         let partner = r ^ mask;
-        let got: Vec<u64> = comm.sendrecv(partner, data.to_vec(), partner);
+        let got: Vec<u64> = comm.sendrecv(partner, data.to_vec(), partner)?;
         add(data, &got);
         mask <<= 1;
     }
     if r + pp < p {
-        comm.send(r + pp, data.to_vec());
+        comm.send(r + pp, data.to_vec())?;
     }
+    Ok(())
 }
 
 /// The rows of the plan step that applies to `step`: the latest plan step ≤ `step`, else the
@@ -407,21 +423,11 @@ pub(crate) fn output(
     out
 }
 
-/// Which of the entries a rank sent leave its residual after the exchange.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kept {
-    /// Every sent entry is in the sum (allgather-based methods; a sum that cancels to 0 was
-    /// still sent).
-    AllSent,
-    /// Only the sent entries in the result's support (methods that drop entries, e.g. gTopk).
-    InResult,
-}
-
 /// One step of the select-then-exchange reducers (TopkA, TopkDSA, gTopk, Gaussiank): check
 /// the input, select locally from `residual + g` for dense input (`select(acc, k)`), run
-/// `exchange(comm, selection, n, metrics)`, return the kept entries to the residual
-/// (Algorithm 2), and build the output.
-#[allow(clippy::too_many_arguments)] // the step's inputs plus the two strategy closures
+/// `exchange(comm, selection, n, metrics)`, settle the residual (Algorithm 2, the reducer's
+/// [`Leaves`] rule), and build the output.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn select_and_exchange(
     fb: &mut Feedback,
     params: &crate::Params,
@@ -430,20 +436,16 @@ pub(crate) fn select_and_exchange(
     layout: &Layout,
     input: Flat,
     select: impl FnOnce(&[f32], usize) -> (Vec<u32>, Option<f32>),
-    exchange: impl FnOnce(&dyn Comm, Sparse, usize, &mut Vec<(String, f64)>) -> Sparse,
-    kept: Kept,
+    exchange: impl FnOnce(&dyn Comm, Sparse, usize, &mut Vec<(String, f64)>) -> Result<Sparse>,
 ) -> Result<StepOutput> {
     let n = fb.check(algo, layout, &input)?;
     let k = k_of(params, n);
     let mut metrics = Vec::new();
     let (sel, acc) = fb.local_selection(input, &mut metrics, |acc| select(acc, k));
     let contributed = acc.as_ref().map(|_| sel.indices.clone());
-    let res = exchange(comm, sel, n, &mut metrics);
+    let res = exchange(comm, sel, n, &mut metrics)?;
     if let (Some(acc), Some(c)) = (acc, &contributed) {
-        match kept {
-            Kept::AllSent => fb.update(acc, c),
-            Kept::InResult => fb.update(acc, &intersect(c, &res.indices)),
-        }
+        fb.settle(acc, c, &res.indices);
     }
     Ok(output(comm, params.op, res, k, contributed, metrics))
 }
@@ -459,8 +461,8 @@ pub(crate) fn k_of(params: &crate::Params, n: usize) -> usize {
 }
 
 /// Local top-k selection of a dense accumulator, exact zeros dropped (they add nothing).
-pub(crate) fn select_topk(acc: &[f32], k: usize) -> Vec<u32> {
-    let mut idx = topk::topk_indices(acc, k);
+pub(crate) fn select_topk(kern: &dyn Kernels, acc: &[f32], k: usize) -> Vec<u32> {
+    let mut idx = kern.topk_by_magnitude(acc, k);
     idx.retain(|&i| acc[i as usize] != 0.0);
     idx
 }

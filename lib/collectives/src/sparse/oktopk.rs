@@ -49,11 +49,12 @@ use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::{Layout, Sparse};
 use gradkit_core::PlanRow;
 use gradkit_partition::oktopk::{cut_points, region};
+use gradkit_sparsify::kernels::Kernels;
 use gradkit_sparsify::oktopk::{Adjust, OkTopk as LocalReuse};
 
 use super::{
     allgatherv_sparse, allreduce_sum_u64, check_plan_workers, concat, exact_threshold,
-    exchange_sparse, flat_range, intersect, k_of, output, plan_at, topk_sparse, Feedback,
+    exchange_sparse, flat_range, k_of, output, plan_at, topk_sparse, Feedback,
 };
 use crate::registry::Balance;
 use crate::{Flat, Params, Reducer, StepOutput};
@@ -62,16 +63,16 @@ use crate::{Flat, Params, Reducer, StepOutput};
 /// sorted selected indices: cut points averaged over ranks with an integer allreduce, then
 /// made non-decreasing and clamped to n. A rank with fewer than P selected entries
 /// contributes the equal-size cuts (no crash at P = 1 or on empty selections).
-pub fn space_repartition(comm: &dyn Comm, sorted_local: &[u32], n: u64) -> Vec<u64> {
+pub fn space_repartition(comm: &dyn Comm, sorted_local: &[u32], n: u64) -> Result<Vec<u64>> {
     let p = comm.size();
     let mut cuts = cut_points(sorted_local, p, n);
-    allreduce_sum_u64(comm, &mut cuts);
+    allreduce_sum_u64(comm, &mut cuts)?;
     let mut b: Vec<u64> = cuts.iter().map(|c| c / p as u64).collect();
     for i in 1..b.len() {
         b[i] = b[i].max(b[i - 1]);
     }
     b.iter_mut().for_each(|x| *x = (*x).min(n));
-    b
+    Ok(b)
 }
 
 fn scatter_add(buf: &mut [f32], lo: u64, idx: &[u32], val: &[f32]) {
@@ -84,7 +85,7 @@ fn scatter_add(buf: &mut [f32], lo: u64, idx: &[u32], val: &[f32]) {
 /// destinations, in buckets of min(4, P−1) steps overlapped with the local scatter-add, and
 /// returns this rank's reduced region: the non-zero sums, ascending (own part first, then the
 /// parts of ranks r−1, r−2, … added in that order).
-pub fn split_and_reduce(comm: &dyn Comm, sel: &Sparse, bounds: &[u64], n: u64) -> Sparse {
+pub fn split_and_reduce(comm: &dyn Comm, sel: &Sparse, bounds: &[u64], n: u64) -> Result<Sparse> {
     let (p, r) = (comm.size(), comm.rank());
     let part = |d: usize| {
         let (lo, hi) = region(bounds, d, n);
@@ -98,7 +99,7 @@ pub fn split_and_reduce(comm: &dyn Comm, sel: &Sparse, bounds: &[u64], n: u64) -
     scatter_add(&mut buf, lo, &sel.indices[own.clone()], &sel.values[own]);
     let steps: Vec<usize> = (1..p).collect();
     let bucket = 4.min(p.saturating_sub(1)).max(1);
-    std::thread::scope(|sc| {
+    std::thread::scope(|sc| -> Result<()> {
         let mut pending: Option<Vec<Sparse>> = None;
         for chunk in steps.chunks(bucket) {
             let sends: Vec<(usize, Sparse)> = chunk
@@ -124,7 +125,7 @@ pub fn split_and_reduce(comm: &dyn Comm, sel: &Sparse, bounds: &[u64], n: u64) -
                     b
                 })
             });
-            let got = exchange_sparse(comm, sends, &srcs);
+            let got = exchange_sparse(comm, sends, &srcs)?;
             if let Some(h) = handle {
                 buf = h.join().expect("reduction thread");
             }
@@ -135,7 +136,8 @@ pub fn split_and_reduce(comm: &dyn Comm, sel: &Sparse, bounds: &[u64], n: u64) -
                 scatter_add(&mut buf, lo, &m.indices, &m.values);
             }
         }
-    });
+        Ok(())
+    })?;
     let mut out = Sparse::default();
     for (j, &v) in buf.iter().enumerate() {
         if v != 0.0 {
@@ -143,16 +145,21 @@ pub fn split_and_reduce(comm: &dyn Comm, sel: &Sparse, bounds: &[u64], n: u64) -
             out.values.push(v);
         }
     }
-    out
+    Ok(out)
 }
 
 /// Exact global re-evaluation (Algorithm 1 lines 9–12): allgatherv of every rank's reduced
 /// non-zeros; returns their exact top-k (ties to the lower index) and the k-th largest |sum|
 /// as the new global threshold (0 when there are at most k non-zeros: all pass).
-pub fn th_re_evaluate(comm: &dyn Comm, reduced: Sparse, k: usize) -> (Sparse, f32) {
-    let all = concat(allgatherv_sparse(comm, reduced));
-    let th = exact_threshold(&all.values, k);
-    (topk_sparse(&all, k), th)
+pub fn th_re_evaluate(
+    comm: &dyn Comm,
+    kern: &dyn Kernels,
+    reduced: Sparse,
+    k: usize,
+) -> Result<(Sparse, f32)> {
+    let all = concat(allgatherv_sparse(comm, reduced)?);
+    let th = exact_threshold(kern, &all.values, k);
+    Ok((topk_sparse(kern, &all, k), th))
 }
 
 /// The ladder and its rule live with the local threshold reuse in `gradkit_sparsify::oktopk`
@@ -171,9 +178,14 @@ pub use gradkit_sparsify::oktopk::{
 /// non-zeros at the last re-evaluation, e.g. density 1) is kept as is, without messages.
 /// Returns the threshold, the global count at `th` (what the unadjusted threshold would
 /// have let through; `None` when `th` was kept without counting) and the rounds run.
-pub fn th_adjust(comm: &dyn Comm, reduced: &[f32], th: f32, k: usize) -> (f32, Option<u64>, u32) {
+pub fn th_adjust(
+    comm: &dyn Comm,
+    reduced: &[f32],
+    th: f32,
+    k: usize,
+) -> Result<(f32, Option<u64>, u32)> {
     if th <= 0.0 || !th.is_finite() {
-        return (th, None, 0);
+        return Ok((th, None, 0));
     }
     let mut mag: Vec<f32> = reduced.iter().map(|v| v.abs()).collect();
     mag.sort_unstable_by(|a, b| a.total_cmp(b));
@@ -184,11 +196,11 @@ pub fn th_adjust(comm: &dyn Comm, reduced: &[f32], th: f32, k: usize) -> (f32, O
         let rungs = th_ladder(th);
         let mut counts: Vec<u64> = rungs.iter().map(|&t| above(t)).collect();
         counts.push(mag.iter().filter(|&&m| m > 0.0).count() as u64);
-        allreduce_sum_u64(comm, &mut counts);
+        allreduce_sum_u64(comm, &mut counts)?;
         let all = counts.pop().expect("count of non-zeros");
         let before = *before.get_or_insert(counts[TH_LADDER_DOWN as usize]);
         match pick_rung(&counts, all, k as u64, round == TH_ADJUST_ROUNDS) {
-            Rung::Take(i) => return (rungs[i], Some(before), round),
+            Rung::Take(i) => return Ok((rungs[i], Some(before), round)),
             Rung::Recentre(i) => th = rungs[i],
         }
     }
@@ -200,12 +212,16 @@ pub fn th_adjust(comm: &dyn Comm, reduced: &[f32], th: f32, k: usize) -> (f32, O
 /// first T mod P one longer) and each rank sends the parts of its buffer that overlap block
 /// j to rank j; then an allgatherv. The result is the rank-ordered concatenation either way.
 /// Returns it and whether balancing ran.
-pub fn balance_and_allgatherv(comm: &dyn Comm, mine: Sparse, balance: Balance) -> (Sparse, bool) {
+pub fn balance_and_allgatherv(
+    comm: &dyn Comm,
+    mine: Sparse,
+    balance: Balance,
+) -> Result<(Sparse, bool)> {
     let (p, r) = (comm.size(), comm.rank());
     if p == 1 {
-        return (mine, false);
+        return Ok((mine, false));
     }
-    let sizes: Vec<u64> = comm.allgather_one(mine.len() as u64);
+    let sizes: Vec<u64> = comm.allgather_one(mine.len() as u64)?;
     let total: u64 = sizes.iter().sum();
     let max = sizes.iter().copied().max().unwrap_or(0);
     let avg = total as f64 / p as f64;
@@ -250,7 +266,7 @@ pub fn balance_and_allgatherv(comm: &dyn Comm, mine: Sparse, balance: Balance) -
                 o.0 < o.1
             })
             .collect();
-        let got = exchange_sparse(comm, sends, &srcs);
+        let got = exchange_sparse(comm, sends, &srcs)?;
         // Assemble block r in rank (= concatenation) order, own part in its place.
         let mut parts: Vec<(usize, Sparse)> = srcs.into_iter().zip(got).collect();
         let o = overlap(seg(r), block(r));
@@ -260,7 +276,7 @@ pub fn balance_and_allgatherv(comm: &dyn Comm, mine: Sparse, balance: Balance) -
         parts.sort_by_key(|x| x.0);
         mine = concat(parts.into_iter().map(|x| x.1).collect());
     }
-    (concat(allgatherv_sparse(comm, mine)), do_balance)
+    Ok((concat(allgatherv_sparse(comm, mine)?), do_balance))
 }
 
 /// Regions from an Ok-Topk `plan/1` (rows of one step): the ranges must tile [0, n) in
@@ -315,12 +331,59 @@ impl OkTopk {
         ensure!(params.reeval >= 1, "oktopk: --reeval must be at least 1");
         Ok(OkTopk {
             params: params.clone(),
-            fb: Feedback::new(params.residual),
+            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::SentInResult),
             calls: 0,
             bounds: None,
             local: LocalReuse::new(params.reeval, params.adjust),
             local_th: None,
             global_th: None,
+        })
+    }
+
+    /// Algorithm 1's global selection: the exact threshold on re-evaluation steps
+    /// (`th_re_evaluate`), otherwise the reused one (adjusted by the `--adjust` policy) and
+    /// `balance_and_allgatherv`. Returns the result and whether balancing ran.
+    fn global_selection(
+        &mut self,
+        comm: &dyn Comm,
+        reduced: Sparse,
+        k: usize,
+        reeval: bool,
+        metrics: &mut Vec<(String, f64)>,
+    ) -> Result<(Sparse, bool)> {
+        Ok(if reeval {
+            let _ph = comm.phase("th_re_evaluate");
+            let (res, th) = th_re_evaluate(comm, self.params.kernels, reduced, k)?;
+            self.global_th = Some(th);
+            (res, false)
+        } else {
+            let th = self.global_th.expect("threshold from the first call");
+            let th = match self.params.adjust {
+                Adjust::Ladder => {
+                    let (th, before, rounds) = {
+                        let _ph = comm.phase("th_adjust");
+                        th_adjust(comm, &reduced.values, th, k)?
+                    };
+                    if let Some(b) = before {
+                        metrics.push(("global_count_reused_th".into(), b as f64));
+                    }
+                    metrics.push(("th_adjust_rounds".into(), f64::from(rounds)));
+                    th
+                }
+                // Algorithm 1 line 13 as written; the reference code nudges th after the step.
+                Adjust::Paper | Adjust::Reference(_) => th,
+            };
+            // The threshold in force this step; it carries over to the next reuse step.
+            self.global_th = Some(th);
+            let keep: Vec<usize> = (0..reduced.len())
+                .filter(|&i| reduced.values[i].abs() > th)
+                .collect();
+            let mine = Sparse {
+                indices: keep.iter().map(|&i| reduced.indices[i]).collect(),
+                values: keep.iter().map(|&i| reduced.values[i]).collect(),
+            };
+            let _ph = comm.phase("balance_and_allgatherv");
+            balance_and_allgatherv(comm, mine, self.params.balance)?
         })
     }
 }
@@ -329,6 +392,7 @@ impl Reducer for OkTopk {
     fn name(&self) -> &'static str {
         "oktopk"
     }
+    super::feedback_state!("oktopk");
     fn reduce(
         &mut self,
         comm: &dyn Comm,
@@ -381,7 +445,7 @@ impl Reducer for OkTopk {
             self.bounds = Some(b);
         } else if self.bounds.is_none() || c.is_multiple_of(self.params.period as u64) {
             let _ph = comm.phase("space_repartition");
-            self.bounds = Some(space_repartition(comm, &sel.indices, n as u64));
+            self.bounds = Some(space_repartition(comm, &sel.indices, n as u64)?);
             repartitioned = true;
         }
         let bounds = self.bounds.as_ref().expect("regions");
@@ -390,45 +454,12 @@ impl Reducer for OkTopk {
         // 3. split and reduce
         let reduced = {
             let _ph = comm.phase("split_and_reduce");
-            split_and_reduce(comm, &sel, bounds, n as u64)
+            split_and_reduce(comm, &sel, bounds, n as u64)?
         };
         metrics.push(("reduced_nnz".into(), reduced.len() as f64));
 
         // 4. global selection
-        let (result, balanced) = if reeval {
-            let _ph = comm.phase("th_re_evaluate");
-            let (res, th) = th_re_evaluate(comm, reduced, k);
-            self.global_th = Some(th);
-            (res, false)
-        } else {
-            let th = self.global_th.expect("threshold from the first call");
-            let th = match self.params.adjust {
-                Adjust::Ladder => {
-                    let (th, before, rounds) = {
-                        let _ph = comm.phase("th_adjust");
-                        th_adjust(comm, &reduced.values, th, k)
-                    };
-                    if let Some(b) = before {
-                        metrics.push(("global_count_reused_th".into(), b as f64));
-                    }
-                    metrics.push(("th_adjust_rounds".into(), f64::from(rounds)));
-                    th
-                }
-                // Algorithm 1 line 13 as written; the reference code nudges th after the step.
-                Adjust::Paper | Adjust::Reference(_) => th,
-            };
-            // The threshold in force this step; it carries over to the next reuse step.
-            self.global_th = Some(th);
-            let keep: Vec<usize> = (0..reduced.len())
-                .filter(|&i| reduced.values[i].abs() > th)
-                .collect();
-            let mine = Sparse {
-                indices: keep.iter().map(|&i| reduced.indices[i]).collect(),
-                values: keep.iter().map(|&i| reduced.values[i]).collect(),
-            };
-            let _ph = comm.phase("balance_and_allgatherv");
-            balance_and_allgatherv(comm, mine, self.params.balance)
-        };
+        let (result, balanced) = self.global_selection(comm, reduced, k, reeval, &mut metrics)?;
         metrics.push((
             "global_threshold".into(),
             self.global_th.unwrap_or(0.0) as f64,
@@ -446,8 +477,7 @@ impl Reducer for OkTopk {
 
         let contributed = acc.as_ref().map(|_| sel.indices.clone());
         if let Some(acc) = acc {
-            let kept = intersect(&sel.indices, &result.indices);
-            self.fb.update(acc, &kept);
+            self.fb.settle(acc, &sel.indices, &result.indices);
         }
         Ok(output(
             comm,

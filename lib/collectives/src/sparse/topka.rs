@@ -13,10 +13,10 @@ use super::{allgatherv_sparse, select_topk, sum_sparse, Feedback};
 use crate::{Flat, Params, Reducer, StepOutput};
 
 /// Allgatherv of every rank's COO, then the sum in rank order.
-pub fn allgather_sum(comm: &dyn Comm, mine: Sparse) -> Sparse {
+pub fn allgather_sum(comm: &dyn Comm, mine: Sparse) -> Result<Sparse> {
     let _ph = comm.phase("allgatherv");
-    let all = allgatherv_sparse(comm, mine);
-    sum_sparse(&all)
+    let all = allgatherv_sparse(comm, mine)?;
+    Ok(sum_sparse(&all))
 }
 
 /// `--algo topka`. Dense input: exact local top-k (`params.k_for(n)`) with error feedback.
@@ -29,7 +29,7 @@ impl TopkA {
     pub fn new(params: &Params) -> Result<Self> {
         Ok(TopkA {
             params: params.clone(),
-            fb: Feedback::new(params.residual),
+            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::Sent),
         })
     }
 }
@@ -38,6 +38,7 @@ impl Reducer for TopkA {
     fn name(&self) -> &'static str {
         "topka"
     }
+    super::feedback_state!("topka");
     fn reduce(
         &mut self,
         comm: &dyn Comm,
@@ -52,9 +53,8 @@ impl Reducer for TopkA {
             comm,
             layout,
             input,
-            |acc, k| (select_topk(acc, k), None),
+            |acc, k| (select_topk(self.params.kernels, acc, k), None),
             |comm, sel, _, _| allgather_sum(comm, sel),
-            super::Kept::AllSent,
         )
     }
 }

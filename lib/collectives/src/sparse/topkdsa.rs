@@ -26,36 +26,36 @@ pub fn dense_is_cheaper(total_nnz: u64, n: u64) -> bool {
 }
 
 /// The TopkDSA exchange of one step; returns the sum and whether the dense path ran.
-pub fn sparse_allreduce(comm: &dyn Comm, sel: &Sparse, n: u64) -> (Sparse, bool) {
+pub fn sparse_allreduce(comm: &dyn Comm, sel: &Sparse, n: u64) -> Result<(Sparse, bool)> {
     let p = comm.size();
     let bounds = naive_boundaries(p, n);
     let reduced = {
         let _ph = comm.phase("reduce");
-        split_and_reduce(comm, sel, &bounds, n)
+        split_and_reduce(comm, sel, &bounds, n)?
     };
     let sizes: Vec<u64> = {
         let _ph = comm.phase("allgather_sizes");
         if p == 1 {
             vec![reduced.len() as u64]
         } else {
-            comm.allgather_one(reduced.len() as u64)
+            comm.allgather_one(reduced.len() as u64)?
         }
     };
     let total: u64 = sizes.iter().sum();
     let _ph = comm.phase("allgatherv");
     if !dense_is_cheaper(total, n) {
-        return (concat(allgatherv_sparse(comm, reduced)), false);
+        return Ok((concat(allgatherv_sparse(comm, reduced)?), false));
     }
     let (lo, hi) = region(&bounds, comm.rank(), n);
     let mut mine = vec![0f32; (hi - lo) as usize];
     for (&i, &v) in reduced.indices.iter().zip(&reduced.values) {
         mine[(i as u64 - lo) as usize] = v;
     }
-    let dense: Vec<f32> = comm.allgatherv(mine).concat();
+    let dense: Vec<f32> = comm.allgatherv(mine)?.concat();
     let nz: Vec<u32> = (0..dense.len() as u32)
         .filter(|&i| dense[i as usize] != 0.0)
         .collect();
-    (gather(&dense, nz), true)
+    Ok((gather(&dense, nz), true))
 }
 
 /// `--algo topkdsa`. Dense input: exact local top-k with error feedback.
@@ -68,7 +68,7 @@ impl TopkDsa {
     pub fn new(params: &Params) -> Result<Self> {
         Ok(TopkDsa {
             params: params.clone(),
-            fb: Feedback::new(params.residual),
+            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::Sent),
         })
     }
 }
@@ -77,6 +77,7 @@ impl Reducer for TopkDsa {
     fn name(&self) -> &'static str {
         "topkdsa"
     }
+    super::feedback_state!("topkdsa");
     fn reduce(
         &mut self,
         comm: &dyn Comm,
@@ -91,13 +92,12 @@ impl Reducer for TopkDsa {
             comm,
             layout,
             input,
-            |acc, k| (select_topk(acc, k), None),
+            |acc, k| (select_topk(self.params.kernels, acc, k), None),
             |comm, sel, n, metrics| {
-                let (res, dense) = sparse_allreduce(comm, &sel, n as u64);
+                let (res, dense) = sparse_allreduce(comm, &sel, n as u64)?;
                 metrics.push(("dense_allgather".into(), f64::from(u8::from(dense))));
-                res
+                Ok(res)
             },
-            super::Kept::AllSent,
         )
     }
 }

@@ -10,6 +10,15 @@
 //!
 //! A [`Cost`] is `latency·α + words·β` with α in seconds per message and β in seconds per
 //! word. `log P` is ⌈log2 P⌉ (Table 1 assumes P a power of two).
+//!
+//! This crate also holds the one list of algorithms, [`Algo`] (names, descriptions,
+//! families). It depends on nothing, so a tool that only predicts or reports costs
+//! (gradreport) does not link the communication layer (MPI); gradkit-collectives re-exports
+//! it as `gradkit_collectives::cost`.
+
+mod algo;
+
+pub use algo::{Algo, Family, UnknownAlgo};
 
 /// Predicted cost of one allreduce on one rank.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -177,29 +186,38 @@ pub fn embrace_allgather(p: usize, m_words: f64, density: f64) -> Cost {
     }
 }
 
-/// The Table 1 row for `--algo name` (best case where Table 1 gives an interval).
-pub fn by_algo(name: &str, p: usize, n: f64, k: f64) -> Option<Cost> {
-    Some(match name {
-        "ring" => ring(p, n),
-        "rabenseifner" | "native" => dense(p, n),
-        "tree" => tree(p, n),
-        "topka" => topka(p, k),
-        "topkdsa" => topkdsa_best(p, k),
-        "gtopk" => gtopk(p, k),
-        "gaussiank" => gaussiank(p, k),
-        "oktopk" => oktopk_worst(p, k),
-        "onebit" => onebit(p, n as usize),
-        _ => return None,
+/// The Table 1 row for `algo` (best case where Table 1 gives an interval; Ok-Topk's worst
+/// case), or `None` where the model has no formula (deft, onebit-naive, alltoall).
+pub fn by_algo(algo: Algo, p: usize, n: f64, k: f64) -> Option<Cost> {
+    Some(match algo {
+        Algo::Ring => ring(p, n),
+        Algo::Rabenseifner | Algo::Native => dense(p, n),
+        Algo::Tree => tree(p, n),
+        Algo::TopkA => topka(p, k),
+        Algo::TopkDsa => topkdsa_best(p, k),
+        Algo::GTopk => gtopk(p, k),
+        Algo::GaussianK => gaussiank(p, k),
+        Algo::OkTopk => oktopk_worst(p, k),
+        Algo::OneBit => onebit(p, n as usize),
+        Algo::Deft | Algo::OneBitNaive | Algo::AllToAll => return None,
     })
 }
 
-/// Exact bytes rank `r` sends in this crate's ring allreduce of `n` f32 (chunks cut at
-/// `i·n/P`): reduce-scatter sends every chunk but c_{r+1}, allgather every chunk but c_{r+2}.
+/// [`by_algo`] for an `--algo` name (as metrics/1 files record it); `None` for a name that
+/// is no [`Algo`] or has no formula.
+pub fn by_name(name: &str, p: usize, n: f64, k: f64) -> Option<Cost> {
+    by_algo(name.parse().ok()?, p, n, k)
+}
+
+/// Exact bytes rank `r` sends in gradkit's ring allreduce (`collectives::dense::ring`) of `n`
+/// f32, chunks cut at ⌊i·n/P⌋: reduce-scatter sends every chunk but c_{r+1}, allgather every
+/// chunk but c_{r+2}.
 pub fn ring_bytes_sent(p: usize, n: usize, r: usize) -> u64 {
     if p == 1 {
         return 0;
     }
-    let c = |i: usize| crate::dense::chunk_start(n, p, i + 1) - crate::dense::chunk_start(n, p, i);
+    let start = |i: usize| (n as u128 * i as u128 / p as u128) as usize;
+    let c = |i: usize| start(i + 1) - start(i);
     (4 * (2 * n - c((r + 1) % p) - c((r + 2) % p))) as u64
 }
 

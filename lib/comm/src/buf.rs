@@ -1,0 +1,335 @@
+//! Message payloads: [`Buf`], a typed buffer that lives in host memory or on a device.
+//!
+//! Host buffers own a `Vec` of one element type; [`Elem::wrap`] and [`Elem::unwrap`] (or
+//! [`Buf::from_vec`] / [`Buf::into_vec`]) move the `Vec` in and out without copying. Device
+//! buffers hold an `Arc<dyn DeviceMemory>`: gradkit implements no device memory itself; a
+//! GPU backend supplies its own type and moves it (a host-only backend refuses it with
+//! [`CommError::UnsupportedLocation`]).
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::CommError;
+
+/// The element kinds that travel in messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    F32,
+    F64,
+    U32,
+    U64,
+    U8,
+}
+
+impl Kind {
+    /// Every kind, in a fixed order.
+    pub const ALL: [Kind; 5] = [Kind::F32, Kind::F64, Kind::U32, Kind::U64, Kind::U8];
+    pub fn bytes(self) -> usize {
+        match self {
+            Kind::F32 | Kind::U32 => 4,
+            Kind::F64 | Kind::U64 => 8,
+            Kind::U8 => 1,
+        }
+    }
+}
+
+/// Where a buffer's memory lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Location {
+    Host,
+    /// An accelerator, by its ordinal (a CUDA device number, say).
+    Device(usize),
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Location::Host => write!(f, "host"),
+            Location::Device(d) => write!(f, "device {d}"),
+        }
+    }
+}
+
+/// Memory on an accelerator, owned by the backend or library that allocated it. gradkit
+/// only carries it in a [`Buf`]; a backend that moves device memory downcasts it
+/// ([`DeviceMemory::as_any`]) to its own type.
+pub trait DeviceMemory: Send + Sync + fmt::Debug {
+    /// The device the memory is on.
+    fn ordinal(&self) -> usize;
+    /// The size of the allocation in bytes.
+    fn size_bytes(&self) -> usize;
+    /// For downcasting to the implementation's type.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Host storage: one `Vec` per element kind (private: the public API is [`Buf`]'s methods).
+#[derive(Clone, PartialEq)]
+enum Host {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    U32(Vec<u32>),
+    U64(Vec<u64>),
+    U8(Vec<u8>),
+}
+
+#[derive(Clone)]
+enum Mem {
+    Host(Host),
+    Device {
+        kind: Kind,
+        len: usize,
+        mem: Arc<dyn DeviceMemory>,
+    },
+}
+
+/// An owned, typed message payload, in host memory or on a device. Cloning a device buffer
+/// shares its memory (the `Arc`); cloning a host buffer copies it.
+#[derive(Clone)]
+pub struct Buf {
+    mem: Mem,
+}
+
+impl Buf {
+    /// A host buffer that owns `v` (no copy).
+    pub fn from_vec<T: Elem>(v: Vec<T>) -> Buf {
+        T::wrap(v)
+    }
+    /// The host `Vec` back (no copy); an error if the kind differs or the buffer is on a
+    /// device.
+    pub fn into_vec<T: Elem>(self) -> Result<Vec<T>, CommError> {
+        T::try_unwrap(self)
+    }
+    /// The host elements, if this is a host buffer of `T`.
+    pub fn as_slice<T: Elem>(&self) -> Option<&[T]> {
+        T::slice(self)
+    }
+    /// An empty host buffer of `kind`.
+    pub fn empty(kind: Kind) -> Buf {
+        let h = match kind {
+            Kind::F32 => Host::F32(Vec::new()),
+            Kind::F64 => Host::F64(Vec::new()),
+            Kind::U32 => Host::U32(Vec::new()),
+            Kind::U64 => Host::U64(Vec::new()),
+            Kind::U8 => Host::U8(Vec::new()),
+        };
+        Buf { mem: Mem::Host(h) }
+    }
+    /// A buffer of `len` elements of `kind` in device memory `mem`, which must hold at least
+    /// `len × kind.bytes()` bytes.
+    pub fn device(kind: Kind, len: usize, mem: Arc<dyn DeviceMemory>) -> Result<Buf, CommError> {
+        let need = len.checked_mul(kind.bytes());
+        if need.is_none_or(|n| n > mem.size_bytes()) {
+            return Err(CommError::SizeMismatch(format!(
+                "{len} elements of {kind:?} do not fit a device allocation of {} bytes",
+                mem.size_bytes()
+            )));
+        }
+        Ok(Buf {
+            mem: Mem::Device { kind, len, mem },
+        })
+    }
+    /// The device memory behind a device buffer.
+    pub fn device_memory(&self) -> Option<&Arc<dyn DeviceMemory>> {
+        match &self.mem {
+            Mem::Host(_) => None,
+            Mem::Device { mem, .. } => Some(mem),
+        }
+    }
+    pub fn location(&self) -> Location {
+        match &self.mem {
+            Mem::Host(_) => Location::Host,
+            Mem::Device { mem, .. } => Location::Device(mem.ordinal()),
+        }
+    }
+    pub fn is_host(&self) -> bool {
+        matches!(self.mem, Mem::Host(_))
+    }
+    pub fn kind(&self) -> Kind {
+        match &self.mem {
+            Mem::Host(Host::F32(_)) => Kind::F32,
+            Mem::Host(Host::F64(_)) => Kind::F64,
+            Mem::Host(Host::U32(_)) => Kind::U32,
+            Mem::Host(Host::U64(_)) => Kind::U64,
+            Mem::Host(Host::U8(_)) => Kind::U8,
+            Mem::Device { kind, .. } => *kind,
+        }
+    }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match &self.mem {
+            Mem::Host(Host::F32(v)) => v.len(),
+            Mem::Host(Host::F64(v)) => v.len(),
+            Mem::Host(Host::U32(v)) => v.len(),
+            Mem::Host(Host::U64(v)) => v.len(),
+            Mem::Host(Host::U8(v)) => v.len(),
+            Mem::Device { len, .. } => *len,
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Payload size in bytes (what the traffic counters add up).
+    pub fn bytes(&self) -> usize {
+        self.len() * self.kind().bytes()
+    }
+}
+
+impl PartialEq for Buf {
+    /// Host buffers compare by contents; device buffers by identity (same memory, kind and
+    /// length), since their contents are not readable here.
+    fn eq(&self, other: &Buf) -> bool {
+        match (&self.mem, &other.mem) {
+            (Mem::Host(a), Mem::Host(b)) => a == b,
+            (
+                Mem::Device { kind, len, mem },
+                Mem::Device {
+                    kind: k2,
+                    len: l2,
+                    mem: m2,
+                },
+            ) => kind == k2 && len == l2 && Arc::ptr_eq(mem, m2),
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Debug for Buf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.mem {
+            Mem::Host(Host::F32(v)) => f.debug_tuple("Buf::F32").field(v).finish(),
+            Mem::Host(Host::F64(v)) => f.debug_tuple("Buf::F64").field(v).finish(),
+            Mem::Host(Host::U32(v)) => f.debug_tuple("Buf::U32").field(v).finish(),
+            Mem::Host(Host::U64(v)) => f.debug_tuple("Buf::U64").field(v).finish(),
+            Mem::Host(Host::U8(v)) => f.debug_tuple("Buf::U8").field(v).finish(),
+            Mem::Device { kind, len, mem } => f
+                .debug_struct("Buf::Device")
+                .field("kind", kind)
+                .field("len", len)
+                .field("mem", mem)
+                .finish(),
+        }
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A Rust type that can travel in a [`Buf`]: `f32`, `f64`, `u32`, `u64`, `u8` (sealed).
+pub trait Elem: sealed::Sealed + Copy + Send + Sync + Default + fmt::Debug + 'static {
+    const KIND: Kind;
+    /// A host buffer that owns `v` (no copy).
+    fn wrap(v: Vec<Self>) -> Buf;
+    /// The host `Vec` back (no copy), or why not.
+    fn try_unwrap(b: Buf) -> Result<Vec<Self>, CommError>;
+    /// The host elements of `b`, if it is a host buffer of this type.
+    fn slice(b: &Buf) -> Option<&[Self]>;
+    /// [`Elem::try_unwrap`] that panics on a wrong kind or a device buffer (an algorithm
+    /// bug). Prefer `try_unwrap` in code that returns `Result`.
+    fn unwrap(b: Buf) -> Vec<Self> {
+        Self::try_unwrap(b).unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+macro_rules! elem {
+    ($t:ty, $k:ident) => {
+        impl sealed::Sealed for $t {}
+        impl Elem for $t {
+            const KIND: Kind = Kind::$k;
+            fn wrap(v: Vec<Self>) -> Buf {
+                Buf {
+                    mem: Mem::Host(Host::$k(v)),
+                }
+            }
+            fn try_unwrap(b: Buf) -> Result<Vec<Self>, CommError> {
+                match b.mem {
+                    Mem::Host(Host::$k(v)) => Ok(v),
+                    Mem::Device {
+                        kind: Kind::$k,
+                        mem,
+                        ..
+                    } => Err(CommError::NotOnHost {
+                        location: Location::Device(mem.ordinal()),
+                    }),
+                    _ => Err(CommError::KindMismatch {
+                        from: None,
+                        expected: Kind::$k,
+                        got: b.kind(),
+                    }),
+                }
+            }
+            fn slice(b: &Buf) -> Option<&[Self]> {
+                match &b.mem {
+                    Mem::Host(Host::$k(v)) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+elem!(f32, F32);
+elem!(f64, F64);
+elem!(u32, U32);
+elem!(u64, U64);
+elem!(u8, U8);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct FakeDev(usize, usize);
+    impl DeviceMemory for FakeDev {
+        fn ordinal(&self) -> usize {
+            self.0
+        }
+        fn size_bytes(&self) -> usize {
+            self.1
+        }
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+    }
+
+    #[test]
+    fn host_vectors_move_in_and_out_without_a_copy() {
+        let v: Vec<f32> = vec![1.0, 2.0, 3.0];
+        let ptr = v.as_ptr();
+        let b = Buf::from_vec(v);
+        assert_eq!(b.as_slice::<f32>().unwrap().as_ptr(), ptr);
+        assert_eq!((b.kind(), b.len(), b.bytes()), (Kind::F32, 3, 12));
+        assert_eq!(b.location(), Location::Host);
+        let back: Vec<f32> = b.into_vec().unwrap();
+        assert_eq!(back.as_ptr(), ptr);
+        assert_eq!(back, vec![1.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn a_wrong_kind_or_a_device_buffer_is_an_error_not_a_panic() {
+        let b = u32::wrap(vec![1, 2]);
+        assert_eq!(
+            f64::try_unwrap(b).unwrap_err(),
+            CommError::KindMismatch {
+                from: None,
+                expected: Kind::F64,
+                got: Kind::U32
+            }
+        );
+        let d = Buf::device(Kind::F32, 4, Arc::new(FakeDev(3, 16))).unwrap();
+        assert_eq!(d.location(), Location::Device(3));
+        assert_eq!((d.kind(), d.len(), d.bytes()), (Kind::F32, 4, 16));
+        assert!(d.as_slice::<f32>().is_none());
+        assert_eq!(d, d.clone());
+        assert_eq!(
+            f32::try_unwrap(d).unwrap_err(),
+            CommError::NotOnHost {
+                location: Location::Device(3)
+            }
+        );
+        assert!(matches!(
+            Buf::device(Kind::F64, 4, Arc::new(FakeDev(0, 31))),
+            Err(CommError::SizeMismatch(_))
+        ));
+    }
+}
