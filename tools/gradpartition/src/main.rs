@@ -7,8 +7,9 @@ use anyhow::{bail, Context, Result};
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use gradkit_core::cli::{self, fmt_num, Format, IoArgs, TextTable};
 use gradkit_core::io::Meta;
+use gradkit_core::io::{check_ranks, check_step, TableWriter, TensorStream};
 use gradkit_core::trace::{self, Layout, MetricSink};
-use gradkit_core::{read_tensor, write_table, MetricRow, PlanRow, TensorRow};
+use gradkit_core::{MetricRow, PlanRow, TensorRow};
 use gradkit_partition::{deft, oktopk};
 
 const ABOUT: &str = "Decide which worker works on which part of the gradient: write a plan/1 table.
@@ -211,14 +212,17 @@ fn body(a: &Cli) -> Result<()> {
     let input = a.io.input()?;
     let output = a.io.output()?;
     let metrics_out = cli::output_flag("--metrics", a.metrics.as_deref())?;
-    let loaded = read_tensor(&input, a.io.read_options())?;
-    let rows = loaded.rows;
-    if rows.is_empty() {
-        bail!("the input has no rows ({})", loaded.source);
+    // The trace is read one step at a time (docs/MEMORY.md): DEFT plans each step from that
+    // step's gradients (and residuals it keeps), Ok-Topk's boundaries come from each plan
+    // step's selections; only the layout, the residuals and running sums live across steps.
+    let stream = TensorStream::open(&input, a.io.read_options())?;
+    let scan = stream.scan()?;
+    let source = stream.source.clone();
+    if scan.rows == 0 {
+        bail!("the input has no rows ({source})");
     }
-    let layout = Layout::of_rows(&rows);
     let want_dense = a.method == Method::Deft;
-    trace::check_complete(&rows, &layout, Some(want_dense)).with_context(|| {
+    let needs = || {
         format!(
             "--method {} needs {} ({})",
             if want_dense { "deft" } else { "oktopk" },
@@ -227,11 +231,19 @@ fn body(a: &Cli) -> Result<()> {
             } else {
                 "a sparse tensor/1 of local selections, e.g. from gradselect"
             },
-            loaded.source
+            source
         )
-    })?;
-    let (_, ranks) = trace::steps_and_ranks(&rows);
-    let p = a.workers.unwrap_or(ranks.len());
+    };
+    check_ranks(&scan.ranks).with_context(needs)?;
+    let ranks = scan.ranks.len();
+    let mut trace_steps = stream.steps(&scan)?;
+    let first = trace_steps
+        .next_step()?
+        .with_context(|| format!("the input has no rows ({source})"))?;
+    let mut layout = Layout::of_rows(&first.1);
+    scan.complete_shapes(&mut layout);
+    check_step(&first.1, &layout, ranks, Some(want_dense)).with_context(needs)?;
+    let p = a.workers.unwrap_or(ranks);
     let n = layout.total();
     if p as u64 > n {
         bail!("--workers {p} is larger than the number of gradient elements ({n})");
@@ -249,46 +261,112 @@ fn body(a: &Cli) -> Result<()> {
     let mut meta = Meta::producer("gradpartition");
     meta.set("world_size", p);
     let mut sink = MetricSink::new(&run, "gradpartition", "", p as u32);
-    let plan = match a.method {
+    let d = a.density.unwrap_or(1.0);
+    let k = ((d * n as f64).floor() as u64).clamp(1, n);
+    match a.method {
         Method::Deft => {
-            let d = a.density.expect("checked");
-            let k = ((d * n as f64).floor() as u64).clamp(1, n);
             meta.set("method", "deft")
                 .set("density", d)
                 .set("k", k)
                 .set("topup", a.topup)
                 .set("residual", !a.no_residual);
             sink.algo = "deft".into();
-            run_deft(a, &rows, &layout, p, k, &mut sink)?
         }
         Method::Oktopk => {
             meta.set("method", "oktopk")
                 .set("period", a.period)
                 .set("naive", a.naive);
             sink.algo = if a.naive { "oktopk-naive" } else { "oktopk" }.into();
-            run_oktopk(a, &rows, &layout, p, &mut sink)?
         }
-    };
-    if let Some(m) = &metrics_out {
-        let mut mm = Meta::producer("gradpartition");
-        mm.set("method", &sink.algo);
-        write_table::<MetricRow>(m, &mm, &sink.rows)?;
     }
-    write_table::<PlanRow>(&output, &meta, &plan)?;
+    // The plan and the metrics are written as the steps complete; each file appears at its
+    // path only when finished.
+    let mut out = Outputs {
+        metrics: match &metrics_out {
+            Some(m) => {
+                let mut mm = Meta::producer("gradpartition");
+                mm.set("method", &sink.algo);
+                Some(TableWriter::<MetricRow>::create(m, &mm)?)
+            }
+            None => None,
+        },
+        plan: TableWriter::<PlanRow>::create(&output, &meta)?,
+    };
+    let mut first = Some(first);
+    let layout_ref = &layout;
+    let mut next = || -> Result<Option<(u32, Vec<TensorRow>)>> {
+        if let Some(f) = first.take() {
+            return Ok(Some(f));
+        }
+        let s = trace_steps.next_step()?;
+        if let Some((_, rows)) = &s {
+            check_step(rows, layout_ref, ranks, Some(want_dense)).with_context(needs)?;
+        }
+        Ok(s)
+    };
+    match a.method {
+        Method::Deft => run_deft(
+            a,
+            &mut next,
+            &scan.steps,
+            ranks,
+            &layout,
+            p,
+            k,
+            &mut sink,
+            &mut out,
+        )?,
+        Method::Oktopk => run_oktopk(a, &mut next, &scan.steps, &layout, p, &mut sink, &mut out)?,
+    }
+    if let Some(m) = out.metrics {
+        m.finish()?;
+    }
+    out.plan.finish()?;
     print_summary(a)
 }
 
-/// Each step's flat dense gradients, one per rank (ranks 0..R, checked complete).
-fn steps_of(rows: &[TensorRow]) -> Vec<(u32, Vec<Vec<f32>>)> {
-    let mut out: Vec<(u32, Vec<Vec<f32>>)> = Vec::new();
-    for g in trace::group_step_rank(rows) {
-        let flat = trace::flatten_dense(&g.rows);
-        match out.last_mut() {
-            Some((s, v)) if *s == g.step => v.push(flat),
-            _ => out.push((g.step, vec![flat])),
+/// The next step of the trace and its rows (checked), or `None` after the last.
+type NextStep<'a> = dyn FnMut() -> Result<Option<(u32, Vec<TensorRow>)>> + 'a;
+
+/// The outputs, written step by step.
+struct Outputs {
+    metrics: Option<TableWriter<MetricRow>>,
+    plan: TableWriter<PlanRow>,
+}
+
+impl Outputs {
+    /// Writes a step's plan rows and the metrics gathered so far.
+    fn step(&mut self, plan: Vec<PlanRow>, sink: &mut MetricSink) -> Result<()> {
+        self.plan.write_owned(plan)?;
+        let rows = std::mem::take(&mut sink.rows);
+        match &mut self.metrics {
+            Some(m) => m.write_owned(rows),
+            None => Ok(()),
         }
     }
-    out
+}
+
+/// One step's flat dense gradients, one per rank (ranks 0..R, checked complete), each rank's
+/// rows dropped as soon as they are copied.
+fn step_grads(rows: Vec<TensorRow>, ranks: usize, n: usize) -> Vec<Vec<f32>> {
+    let mut by_rank: Vec<Vec<TensorRow>> = (0..ranks).map(|_| Vec::new()).collect();
+    for r in rows {
+        by_rank[r.rank as usize].push(r);
+    }
+    by_rank
+        .into_iter()
+        .map(|mut rows| {
+            rows.sort_by_key(|r| r.layer_id);
+            let mut flat = Vec::with_capacity(n);
+            for r in rows {
+                match &r.indices {
+                    None => flat.extend_from_slice(&r.values),
+                    Some(_) => flat.extend_from_slice(&r.to_dense()),
+                }
+            }
+            flat
+        })
+        .collect()
 }
 
 /// Indices of the k largest |x| (gradkit-sparsify's exact top-k, ties to the lower index).
@@ -296,28 +374,33 @@ fn topk(x: &[f32], k: usize) -> Vec<u32> {
     gradkit_sparsify::topk::topk_indices(x, k)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_deft(
     a: &Cli,
-    rows: &[TensorRow],
+    next: &mut NextStep<'_>,
+    steps: &[u32],
+    ranks: usize,
     layout: &Layout,
     p: usize,
     k: u64,
     sink: &mut MetricSink,
-) -> Result<Vec<PlanRow>> {
+    out: &mut Outputs,
+) -> Result<()> {
     let mut planner = deft::DeftPlanner::new(layout, p, k, a.topup, !a.no_residual);
     let n = layout.total();
     let topk_cost = deft::topk_cost(n, k);
-    let steps = steps_of(rows);
     let pb = cli::progress("deft", steps.len() as u64, a.io.quiet);
-    let mut plan = Vec::new();
     let mut sum_loads = vec![0.0; p];
     let (mut sum_imb, mut sum_cmax, mut sum_bd, mut sum_bt) = (0.0, 0.0, 0.0, 0.0);
     // per-step measured speedups; the summary shows their median (one preempted step on a
     // loaded machine would dominate a ratio of sums)
     let mut measured: Vec<f64> = Vec::new();
     let mut worst_imb: f64 = 0.0;
-    for (step, grads) in &steps {
-        let st = planner.step(*step, grads, &topk, !a.no_buildup);
+    while let Some((step, rows)) = next()? {
+        let grads = step_grads(rows, ranks, n as usize);
+        let st = planner.step(step, &grads, &topk, !a.no_buildup);
+        drop(grads);
+        let step = &step;
         let cmax = st.loads.iter().cloned().fold(0.0, f64::max);
         let mean = st.loads.iter().sum::<f64>() / p as f64;
         let imb = if mean > 0.0 { cmax / mean } else { 1.0 };
@@ -361,7 +444,7 @@ fn run_deft(
         sum_cmax += cmax;
         sum_bd += bd;
         worst_imb = worst_imb.max(imb);
-        plan.extend(st.rows);
+        out.step(st.rows, sink)?;
         pb.inc(1);
     }
     pb.finish_and_clear();
@@ -419,37 +502,39 @@ fn run_deft(
         }
         summary(a, &t)?;
     }
-    Ok(plan)
+    Ok(())
 }
 
 fn run_oktopk(
     a: &Cli,
-    rows: &[TensorRow],
+    next: &mut NextStep<'_>,
+    steps: &[u32],
     layout: &Layout,
     p: usize,
     sink: &mut MetricSink,
-) -> Result<Vec<PlanRow>> {
+    out: &mut Outputs,
+) -> Result<()> {
     let n = layout.total();
-    let groups = trace::group_step_rank(rows);
-    // (step, each rank's sorted flat selection)
-    let mut steps: Vec<(u32, Vec<Vec<u32>>)> = Vec::new();
-    for g in &groups {
-        let s = trace::flatten_sparse(&g.rows, layout).indices;
-        match steps.last_mut() {
-            Some((st, v)) if *st == g.step => v.push(s),
-            _ => steps.push((g.step, vec![s])),
-        }
-    }
-    let step_ids: Vec<u32> = steps.iter().map(|s| s.0).collect();
-    let recompute = oktopk::period_steps(&step_ids, a.period);
+    let recompute = oktopk::period_steps(steps, a.period);
     let naive = oktopk::naive_boundaries(p, n);
     let mut bounds = naive.clone();
-    let mut plan = Vec::new();
     let mut few = 0usize;
     let (mut sum_imb_b, mut sum_imb_n, mut max_words_b, mut max_words_n) = (0.0, 0.0, 0u64, 0u64);
     let mut sum_counts = vec![0u64; p];
-    for ((step, sels), &new) in steps.iter().zip(&recompute) {
+    let mut recompute_it = recompute.iter();
+    while let Some((step, rows)) = next()? {
+        let new = *recompute_it
+            .next()
+            .context("internal: a step the first pass did not see")?;
+        let step = &step;
+        // Each rank's sorted flat selection.
+        let sels: Vec<Vec<u32>> = trace::group_step_rank(&rows)
+            .iter()
+            .map(|g| trace::flatten_sparse(&g.rows, layout).indices)
+            .collect();
+        drop(rows);
         let refs: Vec<&[u32]> = sels.iter().map(|s| s.as_slice()).collect();
+        let mut plan = Vec::new();
         if new {
             few += refs.iter().filter(|s| s.len() < p).count();
             bounds = if a.naive {
@@ -503,6 +588,7 @@ fn run_oktopk(
         }
         sum_imb_b += imbs[0];
         sum_imb_n += imbs[1];
+        out.step(plan, sink)?;
     }
     if !a.io.quiet {
         let s = steps.len() as f64;
@@ -535,5 +621,5 @@ fn run_oktopk(
         ]);
         summary(a, &t)?;
     }
-    Ok(plan)
+    Ok(())
 }

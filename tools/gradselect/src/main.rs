@@ -1,7 +1,6 @@
 //! gradselect: sparsify a dense `tensor/1` gradient trace per (step, rank) with any selection
 //! method of the papers, with error feedback; writes a sparse `tensor/1` and metrics.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -9,9 +8,9 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use gradkit_core::cli::{self, IoArgs};
-use gradkit_core::io::{Input, Meta, ReadOptions};
+use gradkit_core::io::{Input, Meta, ReadOptions, TableWriter, TensorStream};
 use gradkit_core::trace::{self, Layout, MetricSink, Sparse};
-use gradkit_core::{read_table, read_tensor, write_table, MetricRow, PlanRow, TensorRow};
+use gradkit_core::{read_table, MetricRow, PlanRow, TensorRow};
 use gradkit_partition::deft as pdeft;
 use gradkit_partition::plan as pplan;
 use gradkit_sparsify::{deft, k_for, Adjust, Method as SMethod, Residual, Selector};
@@ -285,34 +284,39 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
     let output = a.io.output()?;
     let metrics_out = cli::output_flag("--metrics", a.metrics.as_deref())?;
     let residual_out = cli::output_flag("--residual-out", a.residual_out.as_deref())?;
-    let loaded = read_tensor(&input, a.io.read_options())?;
-    let rows = loaded.rows;
-    if rows.is_empty() {
-        bail!("the input has no rows ({})", loaded.source);
-    }
-    let layout = Layout::of_rows(&rows);
-    trace::check_complete(&rows, &layout, Some(true)).with_context(|| {
+    // The trace is read one step at a time (docs/MEMORY.md): a first pass over the keys gives
+    // the steps and ranks; the layout comes from the first step and every step is checked
+    // against it, as the whole-trace check did.
+    let stream = TensorStream::open(&input, a.io.read_options())?;
+    let scan = stream.scan()?;
+    let source = stream.source.clone();
+    let needs_dense = || {
         format!(
-            "gradselect needs a dense tensor/1 trace, e.g. from `gradtrace synthetic` ({})",
-            loaded.source
+            "gradselect needs a dense tensor/1 trace, e.g. from `gradtrace synthetic` ({source})"
         )
-    })?;
+    };
+    if scan.rows == 0 {
+        bail!("the input has no rows ({source})");
+    }
+    gradkit_core::io::check_ranks(&scan.ranks).with_context(needs_dense)?;
+    let steps = scan.steps.clone();
+    let p = scan.ranks.len();
+    let mut trace_steps = stream.steps(&scan)?;
+    let Some((first_step, first_rows)) = trace_steps.next_step()? else {
+        bail!("the input has no rows ({source})");
+    };
+    let mut layout = Layout::of_rows(&first_rows);
+    scan.complete_shapes(&mut layout);
+    gradkit_core::io::check_step(&first_rows, &layout, p, Some(true)).with_context(needs_dense)?;
     let n = layout.total();
     if n > u32::MAX as u64 {
         bail!("the model has {n} elements; the flat index space is u32");
     }
     let n = n as usize;
-    let (steps, ranks) = trace::steps_and_ranks(&rows);
-    let p = ranks.len();
     let plan = match &a.plan {
         Some(path) => Some(load_plan(path, &layout, p, &steps)?),
         None => None,
     };
-    let groups = trace::group_step_rank(&rows);
-    let mut by_step: BTreeMap<u32, Vec<&trace::StepRank>> = BTreeMap::new();
-    for g in &groups {
-        by_step.entry(g.step).or_default().push(g);
-    }
     let run = a.run.clone().unwrap_or_else(|| match &a.io.input {
         Some(p) if p.as_os_str() != "-" => p
             .file_stem()
@@ -326,84 +330,6 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
     };
     let mut sink = MetricSink::new(&run, "gradselect", algo, p as u32);
     let residual_on = !a.no_residual;
-    let mut states: Vec<RankState> = (0..p)
-        .map(|_| RankState {
-            selectors: match a.scope {
-                Scope::Global => vec![Selector::new(method.clone(), 0)],
-                Scope::Layer => layout
-                    .layers
-                    .iter()
-                    .map(|l| Selector::new(method.clone(), l.layer_id as u64))
-                    .collect(),
-            },
-            residual: Residual::zeros(n),
-        })
-        .collect();
-    let pieces = pdeft::pieces(&layout, p);
-    let mut out_rows: Vec<TensorRow> = Vec::new();
-    let pb = cli::progress("gradselect", steps.len() as u64, a.io.quiet);
-    for (&step, group) in &by_step {
-        // Every rank's accumulator of this step (DEFT's leader needs its peers' too).
-        let accs: Vec<Vec<f32>> = group
-            .iter()
-            .map(|g| {
-                let mut acc = trace::flatten_dense(&g.rows);
-                if residual_on {
-                    states[g.rank as usize].residual.compensate(&mut acc);
-                }
-                acc
-            })
-            .collect();
-        let step_plan: Option<Vec<(pdeft::Piece, usize)>> = if a.method == MethodArg::Deft {
-            Some(match &plan {
-                Some(pl) => plan_for_step(pl, step).to_vec(),
-                None => {
-                    let k = kspec.k(n) as u64;
-                    let leader = step as usize % p;
-                    let rows =
-                        pdeft::plan_step(&layout, &pieces, &accs[leader], k, p, step, a.topup);
-                    plan_pieces(&rows, &layout)?
-                }
-            })
-        } else {
-            None
-        };
-        for (g, acc) in group.iter().zip(accs) {
-            let r = g.rank as usize;
-            let st = &mut states[r];
-            let o = match &step_plan {
-                Some(sp) => select_deft(&acc, &layout, sp, r, kspec.k(n), a.topup),
-                None => select_plain(&mut st.selectors, step, &acc, &layout, kspec),
-            };
-            if residual_on {
-                st.residual.update(acc, &o.sparse.indices);
-            }
-            let nnz = o.sparse.len();
-            sink.push(step, g.rank, "k_target", o.k_target as f64);
-            sink.push(step, g.rank, "nnz", nnz as f64);
-            if let Some(th) = o.threshold {
-                sink.push(step, g.rank, "threshold", th as f64);
-            }
-            sink.push(
-                step,
-                g.rank,
-                "exact_topk",
-                f64::from(u8::from(o.exact_topk)),
-            );
-            sink.push(
-                step,
-                g.rank,
-                "density",
-                if n > 0 { nnz as f64 / n as f64 } else { 0.0 },
-            );
-            sink.push(step, g.rank, "time_select_s", o.time);
-            let rn = if residual_on { st.residual.norm() } else { 0.0 };
-            sink.push(step, g.rank, "residual_norm", rn);
-            out_rows.extend(trace::unflatten_sparse(&o.sparse, &layout, step, g.rank));
-        }
-        pb.inc(1);
-    }
-    pb.finish_and_clear();
 
     let mut meta = Meta::producer("gradselect");
     meta.set("method", algo)
@@ -443,29 +369,143 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
         )
         .set("topup", a.topup);
     }
-    if let Some(m) = &metrics_out {
-        let mut mm = Meta::producer("gradselect");
-        mm.set("method", algo);
-        write_table::<MetricRow>(m, &mm, &sink.rows)?;
+    // Outputs are written as the steps complete; each appears at its path only when finished.
+    let mut metrics_w = match &metrics_out {
+        Some(m) => {
+            let mut mm = Meta::producer("gradselect");
+            mm.set("method", algo);
+            Some(TableWriter::<MetricRow>::create(m, &mm)?)
+        }
+        None => None,
+    };
+    let mut out_w = TableWriter::<TensorRow>::create(&output, &meta)?;
+
+    let mut states: Vec<RankState> = (0..p)
+        .map(|_| RankState {
+            selectors: match a.scope {
+                Scope::Global => vec![Selector::new(method.clone(), 0)],
+                Scope::Layer => layout
+                    .layers
+                    .iter()
+                    .map(|l| Selector::new(method.clone(), l.layer_id as u64))
+                    .collect(),
+            },
+            residual: Residual::zeros(if residual_on { n } else { 0 }),
+        })
+        .collect();
+    let pieces = pdeft::pieces(&layout, p);
+    let pb = cli::progress("gradselect", steps.len() as u64, a.io.quiet);
+    let mut total = 0usize;
+    let mut last = first_step;
+    let mut next = Some((first_step, first_rows));
+    while let Some((step, rows)) = next.take() {
+        if step != first_step {
+            gradkit_core::io::check_step(&rows, &layout, p, Some(true))
+                .with_context(needs_dense)?;
+        }
+        last = step;
+        // Every rank's rows, by rank then layer_id; each rank's rows are dropped as soon as
+        // its accumulator is made, so the step is held once.
+        let mut by_rank: Vec<Vec<TensorRow>> = (0..p).map(|_| Vec::new()).collect();
+        for r in rows {
+            by_rank[r.rank as usize].push(r);
+        }
+        let deft = a.method == MethodArg::Deft;
+        // DEFT's leader needs every rank's accumulator before anyone selects; every other
+        // method selects rank by rank, with one accumulator alive at a time.
+        let mut step_plan: Option<Vec<(pdeft::Piece, usize)>> = None;
+        let mut accs: Vec<Vec<f32>> = Vec::new();
+        if deft {
+            for (r, rows) in by_rank.iter_mut().enumerate() {
+                let mut acc = take_flat(std::mem::take(rows), n);
+                if residual_on {
+                    states[r].residual.compensate(&mut acc);
+                }
+                accs.push(acc);
+            }
+            step_plan = Some(match &plan {
+                Some(pl) => plan_for_step(pl, step).to_vec(),
+                None => {
+                    let k = kspec.k(n) as u64;
+                    let leader = step as usize % p;
+                    let rows =
+                        pdeft::plan_step(&layout, &pieces, &accs[leader], k, p, step, a.topup);
+                    plan_pieces(&rows, &layout)?
+                }
+            });
+        }
+        let mut select_rank = |r: usize, mut acc: Vec<f32>| -> Result<()> {
+            let st = &mut states[r];
+            if residual_on && !deft {
+                st.residual.compensate(&mut acc);
+            }
+            let o = match &step_plan {
+                Some(sp) => select_deft(&acc, &layout, sp, r, kspec.k(n), a.topup),
+                None => select_plain(&mut st.selectors, step, &acc, &layout, kspec),
+            };
+            if residual_on {
+                st.residual.update(acc, &o.sparse.indices);
+            } else {
+                drop(acc);
+            }
+            let nnz = o.sparse.len();
+            let rank = r as u32;
+            sink.push(step, rank, "k_target", o.k_target as f64);
+            sink.push(step, rank, "nnz", nnz as f64);
+            if let Some(th) = o.threshold {
+                sink.push(step, rank, "threshold", th as f64);
+            }
+            sink.push(step, rank, "exact_topk", f64::from(u8::from(o.exact_topk)));
+            sink.push(
+                step,
+                rank,
+                "density",
+                if n > 0 { nnz as f64 / n as f64 } else { 0.0 },
+            );
+            sink.push(step, rank, "time_select_s", o.time);
+            let rn = if residual_on { st.residual.norm() } else { 0.0 };
+            sink.push(step, rank, "residual_norm", rn);
+            total += nnz;
+            out_w.write_owned(trace::unflatten_sparse(&o.sparse, &layout, step, rank))
+        };
+        if deft {
+            for (r, acc) in accs.into_iter().enumerate() {
+                select_rank(r, acc)?;
+            }
+        } else {
+            for (r, rows) in by_rank.iter_mut().enumerate() {
+                select_rank(r, take_flat(std::mem::take(rows), n))?;
+            }
+        }
+        if let Some(w) = &mut metrics_w {
+            w.write_owned(std::mem::take(&mut sink.rows))?;
+        } else {
+            sink.rows.clear();
+        }
+        pb.inc(1);
+        next = trace_steps.next_step()?;
+    }
+    pb.finish_and_clear();
+
+    if let Some(w) = metrics_w {
+        w.finish()?;
     }
     if let Some(rout) = &residual_out {
-        let last = *steps.last().expect("non-empty");
-        let mut res_rows = Vec::new();
+        let mut rm = meta.clone();
+        rm.set("content", "residual");
+        let mut w = TableWriter::<TensorRow>::create(rout, &rm)?;
         for (r, st) in states.iter().enumerate() {
-            res_rows.extend(trace::unflatten_dense(
+            w.write_owned(trace::unflatten_dense(
                 &st.residual.values,
                 &layout,
                 last,
                 r as u32,
-            ));
+            ))?;
         }
-        let mut rm = meta.clone();
-        rm.set("content", "residual");
-        write_table::<TensorRow>(rout, &rm, &res_rows)?;
+        w.finish()?;
     }
-    write_table::<TensorRow>(&output, &meta, &out_rows)?;
+    out_w.finish()?;
     if !a.io.quiet {
-        let total: usize = out_rows.iter().map(|r| r.values.len()).sum();
         gradkit_core::noteln!(
             "gradselect: {algo}: {} steps × {p} ranks, {total} entries selected of {} ({:.4}%)",
             steps.len(),
@@ -474,6 +514,20 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// One rank's rows of a step (dense, checked complete) as one flat vector, in `layer_id`
+/// order; each row is dropped once copied.
+fn take_flat(mut rows: Vec<TensorRow>, n: usize) -> Vec<f32> {
+    rows.sort_by_key(|r| r.layer_id);
+    let mut acc = Vec::with_capacity(n);
+    for r in rows {
+        match &r.indices {
+            None => acc.extend_from_slice(&r.values),
+            Some(_) => acc.extend_from_slice(&r.to_dense()),
+        }
+    }
+    acc
 }
 
 /// Every method but DEFT, global or per layer.

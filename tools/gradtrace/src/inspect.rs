@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Result;
 use gradkit_core::cli::{fmt_num, Format, TextTable};
-use gradkit_core::io::{read_tensor, Input, ReadOptions};
+use gradkit_core::io::{Input, ReadOptions, TensorStream};
 use gradkit_core::TensorRow;
 
 /// Per-layer accumulators over all rows of the layer.
@@ -55,11 +55,29 @@ impl LayerStats {
     }
 }
 
+/// What the summary needs of the whole trace, gathered row by row.
+#[derive(Default)]
+struct Totals {
+    rows: u64,
+    dense: u64,
+    steps: BTreeSet<u32>,
+    ranks: BTreeSet<u32>,
+}
+
 pub fn run(input: &Input, opts: ReadOptions, format: Format) -> Result<()> {
-    let t = read_tensor(input, opts)?;
+    // The rows stream through in file order, a record batch at a time (docs/MEMORY.md): every
+    // number below is a sum, a count, a min/max or a set of steps and ranks.
+    let mut chunks = TensorStream::open(input, opts)?.chunks();
     let mut layers: BTreeMap<u32, LayerStats> = BTreeMap::new();
-    for r in &t.rows {
-        layers.entry(r.layer_id).or_default().add(r);
+    let mut totals = Totals::default();
+    while let Some(rows) = chunks.next_chunk()? {
+        for r in &rows {
+            layers.entry(r.layer_id).or_default().add(r);
+            totals.rows += 1;
+            totals.dense += r.is_dense() as u64;
+            totals.steps.insert(r.step);
+            totals.ranks.insert(r.rank);
+        }
     }
     let mut table = TextTable::new([
         "layer_id", "layer", "shape", "numel", "rows", "steps", "ranks", "nnz", "density",
@@ -89,7 +107,7 @@ pub fn run(input: &Input, opts: ReadOptions, format: Format) -> Result<()> {
         ]);
     }
     if format == Format::Md {
-        print_summary(&t, &layers)?;
+        print_summary(&chunks.source, &chunks.meta, &totals, &layers)?;
     }
     table.print(format)
 }
@@ -97,14 +115,16 @@ pub fn run(input: &Input, opts: ReadOptions, format: Format) -> Result<()> {
 /// The one-paragraph header of the Markdown output.
 /// Written with errors returned (never `println!`, which panics on a full or closed stdout).
 fn print_summary(
-    t: &gradkit_core::Loaded<TensorRow>,
+    source: &str,
+    meta: &gradkit_core::Meta,
+    t: &Totals,
     layers: &BTreeMap<u32, LayerStats>,
 ) -> Result<()> {
     use std::fmt::Write as _;
-    let (steps, ranks) = gradkit_core::trace::steps_and_ranks(&t.rows);
+    let steps: Vec<u32> = t.steps.iter().copied().collect();
+    let ranks: Vec<u32> = t.ranks.iter().copied().collect();
     let numel: u64 = layers.values().map(|l| l.numel).sum();
-    let dense = t.rows.iter().filter(|r| r.is_dense()).count();
-    let kind = match (dense, t.rows.len()) {
+    let kind = match (t.dense, t.rows) {
         (_, 0) => "empty",
         (d, n) if d == n => "dense",
         (0, _) => "sparse",
@@ -119,8 +139,8 @@ fn print_summary(
     let _ = writeln!(
         text,
         "{}: {} rows ({kind}), {} steps{}, {} ranks{}, {} layers, {} elements per step and rank",
-        t.source,
-        t.rows.len(),
+        source,
+        t.rows,
         steps.len(),
         range(&steps),
         ranks.len(),
@@ -129,7 +149,7 @@ fn print_summary(
         numel
     );
     for key in ["gradkit.producer", "gradkit.method", "gradkit.world_size"] {
-        if let Some(v) = t.meta.get(key) {
+        if let Some(v) = meta.get(key) {
             let _ = writeln!(text, "{key}: {v}");
         }
     }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use gradkit_core::cli::{self, Format};
-use gradkit_core::io::{Meta, Output, ReadOptions, TableWriter};
+use gradkit_core::io::{Meta, Output, ReadOptions, TableWriter, TensorStream};
 use gradkit_core::synth::{self, SynthSpec};
 use gradkit_core::TensorRow;
 
@@ -157,8 +157,13 @@ struct CatArgs {
 fn main() -> std::process::ExitCode {
     gradkit_core::paths::install_signal_cleanup();
     let cli = gradkit_comm::launch::parse_args::<Cli>();
-    if !matches!(cli.cmd, Cmd::Model(_)) {
-        cli::one_process_under_mpirun("gradtrace");
+    match &cli.cmd {
+        Cmd::Model(a) => {
+            if let Err(e) = model::check_flags(a) {
+                gradkit_comm::launch::usage_error::<Cli>(format!("{e:#}"));
+            }
+        }
+        _ => cli::one_process_under_mpirun("gradtrace"),
     }
     cli::run(|| match cli.cmd {
         Cmd::Synthetic(a) => synthetic(&a),
@@ -224,38 +229,19 @@ fn cat(a: &CatArgs) -> Result<()> {
         .collect();
     gradkit_core::paths::check_distinct(&inputs, &[("-o", a.output.as_deref())])?;
     let out = Output::from_arg(a.output.as_deref())?;
-    let mut reg = gradkit_core::tables::LayerRegistry::default();
-    let mut loaded = Vec::with_capacity(a.inputs.len());
+    // Every input is opened and its keys scanned first (the output's world size counts the
+    // ranks of all of them); then the rows stream through, input by input in file order, a
+    // record batch at a time (docs/MEMORY.md).
+    let mut streams = Vec::with_capacity(a.inputs.len());
     let mut ranks = std::collections::BTreeSet::new();
-    // (step, rank, layer_id) → the input that holds it: a key may appear once in the output,
-    // as every consumer requires.
-    let mut seen: std::collections::HashMap<(u32, u32, u32), usize> = Default::default();
     for p in &a.inputs {
         let input = gradkit_core::Input::from_arg(Some(p))?;
-        let t = gradkit_core::read_tensor(&input, opts)?;
-        for r in &t.rows {
-            reg.check(r).with_context(|| format!("in {}", t.source))?;
-            ranks.insert(r.rank);
-            if let Some(&first) = seen.get(&(r.step, r.rank, r.layer_id)) {
-                let other = loaded
-                    .get(first)
-                    .map_or(t.source.as_str(), |o: &gradkit_core::Loaded<TensorRow>| {
-                        o.source.as_str()
-                    });
-                bail!(
-                    "duplicate row: step {}, rank {}, layer `{}` is in {other} and again in {} (key step, rank, layer); give each (step, rank, layer) once",
-                    r.step,
-                    r.rank,
-                    r.layer,
-                    t.source
-                );
-            }
-            seen.insert((r.step, r.rank, r.layer_id), loaded.len());
-        }
-        loaded.push(t);
+        let s = TensorStream::open(&input, opts)?;
+        ranks.extend(s.scan()?.ranks);
+        streams.push(s);
     }
     let mut meta = Meta::producer("gradtrace");
-    if let [only] = &loaded[..] {
+    if let [only] = &streams[..] {
         // One input: keep its parameters (method, seed, …) next to the new producer.
         for (k, v) in &only.meta.0 {
             if k != "gradkit.producer" && k.starts_with("gradkit.") {
@@ -266,18 +252,30 @@ fn cat(a: &CatArgs) -> Result<()> {
         meta.set("method", "cat");
     }
     meta.set("world_size", ranks.len());
+    let sources: Vec<String> = streams.iter().map(|s| s.source.clone()).collect();
     let mut w = TableWriter::<TensorRow>::create(&out, &meta)?;
-    for t in &loaded {
-        // Batches of about 32 MiB keep the copy made for Arrow small.
-        let mut start = 0;
-        while start < t.rows.len() {
-            let (mut end, mut bytes) = (start, 0usize);
-            while end < t.rows.len() && (end == start || bytes < 32 << 20) {
-                bytes += 64 + 4 * t.rows[end].values.len();
-                end += 1;
+    let mut reg = gradkit_core::tables::LayerRegistry::default();
+    // (step, rank, layer_id) → the input that holds it: a key may appear once in the output,
+    // as every consumer requires.
+    let mut seen: std::collections::HashMap<(u32, u32, u32), usize> = Default::default();
+    for (i, s) in streams.into_iter().enumerate() {
+        let mut chunks = s.chunks();
+        while let Some(rows) = chunks.next_chunk()? {
+            for r in &rows {
+                reg.check(r).with_context(|| format!("in {}", sources[i]))?;
+                if let Some(&first) = seen.get(&(r.step, r.rank, r.layer_id)) {
+                    bail!(
+                        "duplicate row: step {}, rank {}, layer `{}` is in {} and again in {} (key step, rank, layer); give each (step, rank, layer) once",
+                        r.step,
+                        r.rank,
+                        r.layer,
+                        sources[first],
+                        sources[i]
+                    );
+                }
+                seen.insert((r.step, r.rank, r.layer_id), i);
             }
-            w.write(&t.rows[start..end])?;
-            start = end;
+            w.write_owned(rows)?;
         }
     }
     w.finish()

@@ -42,9 +42,17 @@ pub struct ModelArgs {
     /// Examples per rank per step
     #[arg(long, default_value_t = 32)]
     batch: usize,
-    /// Learning rate of the (dense, SGD) training between the recorded steps
+    /// Learning rate of the (SGD) training between the recorded steps
     #[arg(long, default_value_t = 0.1)]
     lr: f32,
+    /// How the training between the recorded steps exchanges gradients (gradtrain
+    /// --exchange: dense, topk, oktopk, deft, …): the gradients of a run trained that way,
+    /// e.g. for Ok-Topk's Fig. 5 on an Ok-Topk-trained model
+    #[arg(long, default_value = "dense")]
+    exchange: String,
+    /// Density of a sparse --exchange
+    #[arg(long, default_value_t = 0.01)]
+    density: f64,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Output trace; absent writes stdout when it is not a terminal
@@ -52,6 +60,33 @@ pub struct ModelArgs {
     output: Option<PathBuf>,
     #[arg(short = 'q', long)]
     quiet: bool,
+}
+
+/// The flags' combination, checked before any rank starts (a usage error, exit 2).
+pub fn check_flags(a: &ModelArgs) -> Result<()> {
+    gradkit_train::train::check_config(&config(a))
+}
+
+fn config(a: &ModelArgs) -> TrainConfig {
+    TrainConfig {
+        model: ModelSpec {
+            name: a.model.clone(),
+            ..ModelSpec::default()
+        },
+        data: DataSpec {
+            name: a.data.clone(),
+            ..DataSpec::default()
+        },
+        steps: a.steps,
+        batch: a.batch,
+        lr: a.lr,
+        seed: a.seed,
+        exchange: a.exchange.clone(),
+        density: a.density,
+        quiet: true,
+        run_name: "gradtrace-model".into(),
+        ..TrainConfig::default()
+    }
 }
 
 pub fn run(a: &ModelArgs) -> Result<()> {
@@ -66,23 +101,7 @@ pub fn run(a: &ModelArgs) -> Result<()> {
     } else {
         Ok(None)
     })?;
-    let cfg = TrainConfig {
-        model: ModelSpec {
-            name: a.model.clone(),
-            ..ModelSpec::default()
-        },
-        data: DataSpec {
-            name: a.data.clone(),
-            ..DataSpec::default()
-        },
-        steps: a.steps,
-        batch: a.batch,
-        lr: a.lr,
-        seed: a.seed,
-        quiet: true,
-        run_name: "gradtrace-model".into(),
-        ..TrainConfig::default()
-    };
+    let cfg = config(a);
     let rows = gradkit_train::dump_gradients(&world, &cfg)?;
     // The last agreement point: the other ranks wait while rank 0 writes.
     world.agree(write_rows(a, &world, out, &rows))
@@ -95,6 +114,7 @@ fn write_rows(a: &ModelArgs, world: &World, out: Option<Output>, rows: &[TensorR
             .set("model", &a.model)
             .set("data", &a.data)
             .set("world_size", world.size())
+            .set("exchange", &a.exchange)
             .set("seed", a.seed);
         write_table(&out, &meta, rows)?;
         if !a.quiet {
