@@ -1,5 +1,11 @@
 # make repro-deft [FAST=1]: DEFT (ICPP'23) — selection time of Top-k vs DEFT as P grows,
 # gradient build-up (actual density / target) of Top-k vs DEFT, loss curves.
-# Outputs in data/out/deft/.
-repro-deft: build
+# Outputs in data/out/deft/; then the issue-16 figures (pipelines/deft-figs.sh: density sweep,
+# Fig. 8; error-norm curves, Figs. 5/6) in data/out/deft-figs/ and docs/results/deft-figs.md.
+repro-deft: build deps-py
 	@bash pipelines/deft.sh
+
+# make repro-deft-figs [FAST=1]: the issue-16 figures alone (no build: uses target/release).
+.PHONY: repro-deft-figs
+repro-deft-figs: deps-py
+	@bash pipelines/deft-figs.sh

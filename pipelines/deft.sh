@@ -67,3 +67,5 @@ echo "Figure: data/out/deft/loss.svg."
 section deft section.md
 expect section.md "^\| deft +\| +2 \|" "^\| topk +\| +8 \|" "buildup_topk" "selection_speedup_predicted +\| selection_speedup_measured" "time_select_deft_max_s" "^\| +8 \| [0-9.]+ \(" "^\| dense +\| +0\.[0-9]+ \|" "^\| deft +\| +0\.[0-9]+ \|"
 cat section.md
+# the issue-16 figures (density sweep, DEFT Fig. 8; error-norm curves, DEFT Figs. 5/6)
+bash "$ROOT/pipelines/deft-figs.sh"

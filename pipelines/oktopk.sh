@@ -126,3 +126,5 @@ section oktopk section.md
 expect section.md "^\| ring-1gbit +\||skipped: cluster" "^\| oktopk-1gbit +\||skipped: cluster"
 expect section.md "^\| topka +\| +4 \|.*\| +1\.00 \|$" "^\| oktopk " "^\| topkdsa " "^\| gtopk " "^\| gaussiank " "^\| ring +\| +4 \|.*\| +1\.00 \|$" "^\| reuse \(paper\) \|" "^\| reuse \+ --adjust reference" "^\| reuse \+ --adjust ladder" "region_imbalance" "^\| oktopk worst +\| 256" "^\| dense +\|" "^\| oktopk +\| +0\.[0-9]+ \|"
 cat section.md
+# the issue-16 figures (Fig. 6 on real gradients, Fig. 5 ξ, Fig. 7b balancing, Table 1 end to end)
+bash "$ROOT/pipelines/oktopk-figs.sh"
