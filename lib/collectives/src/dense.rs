@@ -130,47 +130,47 @@ pub fn ring_fp16(comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
             .for_each(|v| *v = half::f16::from_f32(*v).to_f32());
         return Ok(());
     }
-    let (right, left) = ((r + 1) % p, (r + p - 1) % p);
     let mut buf = Vec::new();
     {
         let _ph = comm.phase("reduce_scatter");
         to_f16_bytes(&data[chunk(n, p, r)], &mut buf);
         for s in 0..p - 1 {
-            let recv_c = (r + 2 * p - s - 1) % p;
-            let got: Vec<u8> = comm.sendrecv(right, buf, left)?;
-            let dst = &mut data[chunk(n, p, recv_c)];
-            if got.len() != 2 * dst.len() {
-                bail!(
-                    "fp16 ring: a chunk of {} bytes, expected {}",
-                    got.len(),
-                    2 * dst.len()
-                );
-            }
-            for (i, d) in dst.iter_mut().enumerate() {
-                *d = half::f16::from_f32(*d + f16_at(&got, i)).to_f32();
-            }
-            buf = got;
+            let dst = &mut data[chunk(n, p, (r + 2 * p - s - 1) % p)];
+            buf = fp16_hop(comm, buf, dst, |d, g| {
+                *d = half::f16::from_f32(*d + g).to_f32()
+            })?;
             to_f16_bytes(dst, &mut buf);
         }
     }
     let _ph = comm.phase("allgather");
     for s in 0..p - 1 {
-        let recv_c = (r + p - s) % p;
-        let got: Vec<u8> = comm.sendrecv(right, buf, left)?;
-        let dst = &mut data[chunk(n, p, recv_c)];
-        if got.len() != 2 * dst.len() {
-            bail!(
-                "fp16 ring: a chunk of {} bytes, expected {}",
-                got.len(),
-                2 * dst.len()
-            );
-        }
-        for (i, d) in dst.iter_mut().enumerate() {
-            *d = f16_at(&got, i);
-        }
-        buf = got;
+        let dst = &mut data[chunk(n, p, (r + p - s) % p)];
+        buf = fp16_hop(comm, buf, dst, |d, g| *d = g)?;
     }
     Ok(())
+}
+
+/// One hop of [`ring_fp16`]: sends `buf` right, receives the left neighbour's fp16 chunk and
+/// applies `f(dst[i], received[i])`; returns the received buffer for reuse.
+fn fp16_hop(
+    comm: &dyn Comm,
+    buf: Vec<u8>,
+    dst: &mut [f32],
+    f: impl Fn(&mut f32, f32),
+) -> Result<Vec<u8>> {
+    let (p, r) = (comm.size(), comm.rank());
+    let got: Vec<u8> = comm.sendrecv((r + 1) % p, buf, (r + p - 1) % p)?;
+    if got.len() != 2 * dst.len() {
+        bail!(
+            "fp16 ring: a chunk of {} bytes, expected {}",
+            got.len(),
+            2 * dst.len()
+        );
+    }
+    for (i, d) in dst.iter_mut().enumerate() {
+        f(d, f16_at(&got, i));
+    }
+    Ok(got)
 }
 
 /// Rabenseifner's allreduce (sum) in place, for any P: with p' the largest power of two
@@ -335,6 +335,7 @@ impl DenseReducer {
     pub fn new(name: &str, op: Op) -> Result<Self> {
         let name = match name {
             "ring" => "ring",
+            "ring-fp16" => "ring-fp16",
             "rabenseifner" => "rabenseifner",
             "tree" => "tree",
             "native" => "native",

@@ -179,7 +179,7 @@ pub fn reducer_for(algo: Algo, params: &Params) -> Result<Box<dyn Reducer>> {
     use crate::onebit::{OneBitReducer, Variant};
     use crate::sparse;
     Ok(match algo {
-        Algo::Ring | Algo::Rabenseifner | Algo::Tree | Algo::Native => {
+        Algo::Ring | Algo::RingFp16 | Algo::Rabenseifner | Algo::Tree | Algo::Native => {
             Box::new(crate::dense::DenseReducer::new(algo.name(), params.op)?)
         }
         // sparse algorithms (Ok-Topk Table 1) and DEFT
@@ -189,6 +189,7 @@ pub fn reducer_for(algo: Algo, params: &Params) -> Result<Box<dyn Reducer>> {
         Algo::GaussianK => Box::new(sparse::gaussiank::GaussianK::new(params)?),
         Algo::OkTopk => Box::new(sparse::oktopk::OkTopk::new(params)?),
         Algo::Deft => Box::new(sparse::deft::Deft::new(params)?),
+        Algo::CltK => Box::new(sparse::cltk::CltK::new(params)?),
         // compressed and embedding collectives
         Algo::OneBit => Box::new(OneBitReducer::new(Variant::Server).with_kernels(params.kernels)),
         Algo::OneBitNaive => {

@@ -49,6 +49,7 @@ impl fmt::Display for Family {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Algo {
     Ring,
+    RingFp16,
     Rabenseifner,
     Tree,
     Native,
@@ -58,6 +59,7 @@ pub enum Algo {
     GaussianK,
     OkTopk,
     Deft,
+    CltK,
     OneBit,
     OneBitNaive,
     AllToAll,
@@ -67,6 +69,7 @@ impl Algo {
     /// Every algorithm, in the order `--help` lists them.
     pub const ALL: &'static [Algo] = &[
         Algo::Ring,
+        Algo::RingFp16,
         Algo::Rabenseifner,
         Algo::Tree,
         Algo::Native,
@@ -76,6 +79,7 @@ impl Algo {
         Algo::GaussianK,
         Algo::OkTopk,
         Algo::Deft,
+        Algo::CltK,
         Algo::OneBit,
         Algo::OneBitNaive,
         Algo::AllToAll,
@@ -85,6 +89,7 @@ impl Algo {
     pub const fn name(self) -> &'static str {
         match self {
             Algo::Ring => "ring",
+            Algo::RingFp16 => "ring-fp16",
             Algo::Rabenseifner => "rabenseifner",
             Algo::Tree => "tree",
             Algo::Native => "native",
@@ -94,6 +99,7 @@ impl Algo {
             Algo::GaussianK => "gaussiank",
             Algo::OkTopk => "oktopk",
             Algo::Deft => "deft",
+            Algo::CltK => "cltk",
             Algo::OneBit => "onebit",
             Algo::OneBitNaive => "onebit-naive",
             Algo::AllToAll => "alltoall",
@@ -104,6 +110,9 @@ impl Algo {
     pub const fn description(self) -> &'static str {
         match self {
             Algo::Ring => "reduce-scatter + allgather ring (bandwidth-optimal)",
+            Algo::RingFp16 => {
+                "the ring with an fp16 wire format (half the bytes; sums rounded to fp16)"
+            }
             Algo::Rabenseifner => "recursive halving reduce-scatter + doubling allgather, any P",
             Algo::Tree => "binomial-tree reduce + broadcast",
             Algo::Native => "the backend's own allreduce (MPI_Allreduce under mpirun)",
@@ -113,6 +122,7 @@ impl Algo {
             Algo::GaussianK => "Gaussian-threshold selection + TopkA communication",
             Algo::OkTopk => "Ok-Topk (split_and_reduce + balance_and_allgatherv), O(k) volume",
             Algo::Deft => "DEFT's exchange of disjoint per-worker selections",
+            Algo::CltK => "CLT-k: the cyclic leader's top-k indices broadcast, every rank's values there allreduced",
             Algo::OneBit => "DeepSpeed's error-compensated 1-bit allreduce (average)",
             Algo::OneBitNaive => "allgather of every rank's signs and scale (baseline)",
             Algo::AllToAll => "EmbRace's AlltoAll of row-sparse embedding gradients + ring",
@@ -122,13 +132,16 @@ impl Algo {
     /// The kind of data it moves.
     pub const fn family(self) -> Family {
         match self {
-            Algo::Ring | Algo::Rabenseifner | Algo::Tree | Algo::Native => Family::Dense,
+            Algo::Ring | Algo::RingFp16 | Algo::Rabenseifner | Algo::Tree | Algo::Native => {
+                Family::Dense
+            }
             Algo::TopkA
             | Algo::TopkDsa
             | Algo::GTopk
             | Algo::GaussianK
             | Algo::OkTopk
-            | Algo::Deft => Family::Sparse,
+            | Algo::Deft
+            | Algo::CltK => Family::Sparse,
             Algo::OneBit | Algo::OneBitNaive => Family::Compressed,
             Algo::AllToAll => Family::Embedding,
         }

@@ -7,6 +7,8 @@
 //! * DeepSpeed's 1-bit compressed allreduce (onebit-lamb.md §2): packed sign bytes plus
 //!   the worker and server scales.
 //! * EmbRace Table 2 (embrace.md §3): AlltoAll, ring AllReduce, AllGather, PS.
+//! * CLT-k (deft.md §2): binomial broadcast of the leader's k indices + ring allreduce of
+//!   the k values.
 //!
 //! A [`Cost`] is `latency·α + words·β` with α in seconds per message and β in seconds per
 //! word. `log P` is ⌈log2 P⌉ (Table 1 assumes P a power of two).
@@ -133,6 +135,17 @@ pub fn oktopk_worst(p: usize, k: f64) -> Cost {
     }
 }
 
+/// CLT-k (DEFT §1, §3.1; Chen et al. 2020): the leader's k `u32` indices broadcast down a
+/// binomial tree (⌈log2 P⌉ messages from the leader, the busiest rank, k words each), then a
+/// ring allreduce of the k `f32` values: ⌈log2 P⌉ + 2(P−1) α, k⌈log2 P⌉ + 2k(P−1)/P words.
+/// Exact for the leader's bytes when P divides k (the ring's chunks are then equal).
+pub fn cltk(p: usize, k: f64) -> Cost {
+    Cost {
+        latency: log2p(p) + 2.0 * (pf(p) - 1.0),
+        words: k * log2p(p) + 2.0 * k * (pf(p) - 1.0) / pf(p),
+    }
+}
+
 /// Length of the 1-bit buffer after padding n to a multiple of P·lcm(P, 8).
 pub fn onebit_padded(p: usize, n: usize) -> usize {
     let l = lcm(p, 8) * p;
@@ -191,6 +204,8 @@ pub fn embrace_allgather(p: usize, m_words: f64, density: f64) -> Cost {
 pub fn by_algo(algo: Algo, p: usize, n: f64, k: f64) -> Option<Cost> {
     Some(match algo {
         Algo::Ring => ring(p, n),
+        // Half-size words: the same messages carry 2-byte values.
+        Algo::RingFp16 => ring(p, n / 2.0),
         Algo::Rabenseifner | Algo::Native => dense(p, n),
         Algo::Tree => tree(p, n),
         Algo::TopkA => topka(p, k),
@@ -198,6 +213,7 @@ pub fn by_algo(algo: Algo, p: usize, n: f64, k: f64) -> Option<Cost> {
         Algo::GTopk => gtopk(p, k),
         Algo::GaussianK => gaussiank(p, k),
         Algo::OkTopk => oktopk_worst(p, k),
+        Algo::CltK => cltk(p, k),
         Algo::OneBit => onebit(p, n as usize),
         Algo::Deft | Algo::OneBitNaive | Algo::AllToAll => return None,
     })

@@ -7,6 +7,7 @@ use gradkit_cost::{by_algo, by_name, Algo, Family};
 /// (`--algo` name, family) as docs/gradallreduce.md's table and `--help` list them.
 const EXPECTED: &[(&str, &str)] = &[
     ("ring", "dense"),
+    ("ring-fp16", "dense"),
     ("rabenseifner", "dense"),
     ("tree", "dense"),
     ("native", "dense"),
@@ -16,6 +17,7 @@ const EXPECTED: &[(&str, &str)] = &[
     ("gaussiank", "sparse"),
     ("oktopk", "sparse"),
     ("deft", "sparse"),
+    ("cltk", "sparse"),
     ("onebit", "compressed"),
     ("onebit-naive", "compressed"),
     ("alltoall", "embedding"),
@@ -63,7 +65,8 @@ fn families_display_their_names() {
 /// The dispatch against Table 1's formulas typed in for P = 8 (log P = 3), n = 8000,
 /// k = 80: dense 2n(P−1)/P = 14000 words; TopkA 2k(P−1) = 1120; TopkDSA best
 /// 4k(P−1)/P = 280; gTopk 4k log P = 960; Gaussiank 2k(P−1) = 1120; Ok-Topk worst
-/// 6k(P−1)/P = 420; tree n log P = 24000; 1-bit: n padded to 8·lcm(8,8) = 64 → 8000,
+/// 6k(P−1)/P = 420; CLT-k log P + 2(P−1) = 17 α, k log P + 2k(P−1)/P = 240 + 140 = 380;
+/// tree n log P = 24000; 1-bit: n padded to 8·lcm(8,8) = 64 → 8000,
 /// 2(P−1)/P·8000/8 + 2(P−1)·4 = 1806 bytes.
 #[test]
 fn by_algo_picks_each_algorithms_formula() {
@@ -79,6 +82,7 @@ fn by_algo_picks_each_algorithms_formula() {
         ("gaussiank", Some((6.0, 1120.0))),
         ("oktopk", Some((22.0, 420.0))),
         ("deft", None),
+        ("cltk", Some((17.0, 380.0))),
         ("onebit", Some((28.0, 1806.0 / 4.0))),
         ("onebit-naive", None),
         ("alltoall", None),

@@ -7,6 +7,7 @@ use std::collections::BinaryHeap;
 
 use gradkit_core::trace::Layout;
 use gradkit_core::PlanRow;
+use gradkit_sparsify::{Leaves, Residual};
 
 /// A contiguous range `[start, end)` of one layer (`layer` indexes `Layout.layers`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -318,7 +319,8 @@ pub struct DeftPlanner {
     pub topup: bool,
     /// Error feedback on (`--no-residual` turns it off).
     pub residual: bool,
-    acc: Vec<Vec<f32>>,
+    /// Each trace rank's error-feedback residual (gradkit-sparsify's one implementation).
+    res: Vec<Residual>,
 }
 
 impl DeftPlanner {
@@ -331,7 +333,7 @@ impl DeftPlanner {
             k,
             topup,
             residual,
-            acc: Vec::new(),
+            res: Vec::new(),
         }
     }
 
@@ -350,20 +352,22 @@ impl DeftPlanner {
         buildup: bool,
     ) -> DeftStep {
         let r = grads.len().max(1);
-        if !self.residual || self.acc.len() != grads.len() {
-            self.acc = grads.to_vec();
-        } else {
-            for (a, g) in self.acc.iter_mut().zip(grads) {
-                for (x, y) in a.iter_mut().zip(g) {
-                    *x += *y;
-                }
-            }
+        if self.res.len() != grads.len() {
+            self.res = vec![Residual::default(); grads.len()];
         }
+        let accs: Vec<Vec<f32>> = if self.residual {
+            self.res
+                .iter()
+                .zip(grads)
+                .map(|(e, g)| e.accumulate(g.clone()))
+                .collect()
+        } else {
+            grads.to_vec()
+        };
         let p = self.p;
         let leader = (step as usize % p) % r;
         // Each trace rank's own allocation (one norm pass per rank).
-        let rank_ks: Vec<Vec<u64>> = self
-            .acc
+        let rank_ks: Vec<Vec<u64>> = accs
             .iter()
             .map(|a| {
                 let norms = piece_norms(&self.layout, &self.pieces, a);
@@ -388,7 +392,7 @@ impl DeftPlanner {
         }
         let mut chosen: Vec<u32> = Vec::new();
         for (w, xs) in mine.iter().enumerate() {
-            let acc = &self.acc[w % r];
+            let acc = &accs[w % r];
             let own = &rank_ks[w % r];
             let t = std::time::Instant::now();
             let before = chosen.len();
@@ -407,10 +411,10 @@ impl DeftPlanner {
         chosen.sort_unstable();
         chosen.dedup();
         let union_deft = chosen.len() as u64;
-        let (union_topk, topk_select_s) = if buildup && !self.acc.is_empty() {
+        let (union_topk, topk_select_s) = if buildup && !accs.is_empty() {
             let mut all: Vec<u32> = Vec::new();
             let mut secs = 0.0;
-            for a in &self.acc {
+            for a in &accs {
                 let t = std::time::Instant::now();
                 let s = select(a, self.k as usize);
                 secs += t.elapsed().as_secs_f64();
@@ -418,15 +422,15 @@ impl DeftPlanner {
             }
             all.sort_unstable();
             all.dedup();
-            (Some(all.len() as u64), Some(secs / self.acc.len() as f64))
+            (Some(all.len() as u64), Some(secs / accs.len() as f64))
         } else {
             (None, None)
         };
         if self.residual {
-            for a in &mut self.acc {
-                for &i in &chosen {
-                    a[i as usize] = 0.0;
-                }
+            // DEFT Algorithm 1: every worker sends its values at the union, so all of it
+            // leaves every residual.
+            for (e, acc) in self.res.iter_mut().zip(accs) {
+                e.settle(acc, Leaves::Result, &[], &chosen);
             }
         }
         DeftStep {

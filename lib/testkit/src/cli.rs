@@ -47,3 +47,28 @@ pub fn run(bin: &str, args: &[&str]) -> (i32, String) {
         String::from_utf8_lossy(&o.stderr).into_owned(),
     )
 }
+
+/// Runs `bin` with `args`, `stdin` (a file's bytes) piped in or no stdin: exit code (−1 when
+/// killed by a signal), stdout and stderr.
+pub fn run_with_stdin(bin: &str, args: &[&str], stdin: Option<&Path>) -> (i32, String, String) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut c = Command::new(bin);
+    c.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
+    let mut child = c.spawn().unwrap();
+    if let Some(p) = stdin {
+        let bytes = std::fs::read(p).unwrap();
+        child.stdin.take().unwrap().write_all(&bytes).unwrap();
+    }
+    let o = child.wait_with_output().unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}

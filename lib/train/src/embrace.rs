@@ -612,10 +612,7 @@ impl Exchange for Embrace {
         model.set_flat(&self.params)?;
         // 2. Forward/backward; the delayed rows of the previous step travel meanwhile.
         let Some(pd) = self.pending.take() else {
-            let t = Instant::now();
-            let r = model.loss_and_grad(batch);
-            io.compute_s = t.elapsed().as_secs_f64();
-            return r;
+            return crate::exchange::timed_loss_and_grad(io, model, batch);
         };
         let (res, compute_s, got) = std::thread::scope(|s| {
             let h = s.spawn(|| {

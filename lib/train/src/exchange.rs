@@ -59,10 +59,7 @@ pub trait Exchange {
     ) -> Result<(f32, Vec<f32>)> {
         let _ = comm;
         model.set_flat(self.replicated())?;
-        let t = Instant::now();
-        let r = model.loss_and_grad(batch);
-        io.compute_s = t.elapsed().as_secs_f64();
-        r
+        timed_loss_and_grad(io, model, batch)
     }
     /// Exchanges the local gradient `g` with the other ranks and updates the parameters.
     fn update(&mut self, comm: &dyn Comm, io: &mut StepIo, g: Vec<f32>) -> Result<()>;
@@ -83,6 +80,18 @@ pub trait Exchange {
     fn state(&self) -> Vec<(String, Vec<f32>)>;
     /// Restores [`Exchange::state`].
     fn load_state(&mut self, tensors: &[(String, Vec<f32>)]) -> Result<()>;
+}
+
+/// Forward and backward of `batch`, timed as `io.compute_s`.
+pub fn timed_loss_and_grad(
+    io: &mut StepIo,
+    model: &Model,
+    batch: &Batch,
+) -> Result<(f32, Vec<f32>)> {
+    let t = Instant::now();
+    let r = model.loss_and_grad(batch);
+    io.compute_s = t.elapsed().as_secs_f64();
+    r
 }
 
 /// The exchange `cfg.exchange` names, for `model` on this rank of `comm`.

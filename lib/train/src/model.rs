@@ -99,7 +99,8 @@ pub struct Model {
     _varmap: VarMap,
 }
 
-/// The device models run on: CPU, or the first CUDA GPU when built with `--features cuda`.
+/// The device models run on: CPU, or the first CUDA GPU when gradkit-train is built with its
+/// `cuda` feature (gradtrain's `candle-cuda`).
 pub fn device() -> Result<Device> {
     #[cfg(feature = "cuda")]
     {

@@ -53,6 +53,11 @@ pub const EXCHANGES: &[(&str, &str, &str)] = &[
         "DEFT: disjoint per-worker partitions, no build-up",
     ),
     (
+        "cltk",
+        "cltk",
+        "CLT-k: cyclic leader's top-k indices, every rank's values there allreduced",
+    ),
+    (
         "onebit",
         "onebit",
         "1-bit compressed allreduce of the momentum (with --optimizer onebit-lamb/onebit-adam)",
@@ -473,7 +478,11 @@ pub fn dump_gradients(world: &World, cfg: &TrainConfig) -> Result<Vec<TensorRow>
     let mut c = cfg.clone();
     c.record_gradients = true;
     c.eval_every = 0;
-    Ok(train(world, &c)?.map(|r| r.gradients).unwrap_or_default())
+    let mut rows = train(world, &c)?.map(|r| r.gradients).unwrap_or_default();
+    // Gathered rank by rank; a trace is ordered by step (then rank, layer) so that readers
+    // can stream it step by step.
+    rows.sort_by_key(|r| (r.step, r.rank, r.layer_id));
+    Ok(rows)
 }
 
 /// `--resume`: loads this rank's checkpoint (parameters, optimiser and exchange state) into

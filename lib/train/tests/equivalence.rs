@@ -129,10 +129,21 @@ fn replay(
 fn gradtrain_sparse_exchanges_are_gradallreduce_reducers() {
     let sparse: Vec<(&str, &str)> = EXCHANGES
         .iter()
-        .filter(|e| ["topka", "topkdsa", "gtopk", "gaussiank", "oktopk", "deft"].contains(&e.1))
+        .filter(|e| {
+            [
+                "topka",
+                "topkdsa",
+                "gtopk",
+                "gaussiank",
+                "oktopk",
+                "deft",
+                "cltk",
+            ]
+            .contains(&e.1)
+        })
         .map(|e| (e.0, e.1))
         .collect();
-    assert_eq!(sparse.len(), 6, "every sparse exchange is covered");
+    assert_eq!(sparse.len(), 7, "every sparse exchange is covered");
     for (exchange, algo) in sparse {
         for p in 1..=5usize {
             let dir = tempfile::tempdir().unwrap();

@@ -26,9 +26,11 @@ counters; the files differ only in the metadata `gradkit.backend` and `gradkit.p
 
 Algorithms (--algo):
   ring, rabenseifner, tree, native   dense; --op sum|mean
+  ring-fp16                          the ring with fp16 messages (half the bytes)
   topka, topkdsa, gtopk, gaussiank   sparse baselines of Ok-Topk's Table 1
   oktopk                             Ok-Topk (--period, --reeval, --balance, --plan)
   deft                               DEFT's exchange (dense input, --plan or computed)
+  cltk                               CLT-k: cyclic leader's top-k, all ranks' values (dense input)
   onebit, onebit-naive               1-bit compressed allreduce (--state)
   alltoall                           EmbRace's AlltoAll for embedding layers (--split)
 Sparse algorithms sum (Ok-Topk's u); dense input to them is first selected with --density

@@ -2,9 +2,7 @@
 //! order (read whole, with a note) and stdin give the plan and metrics of the file ordered by
 //! step; a problem in a late step stops the run with no output file left behind.
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use gradkit_core::{read_table, Input, MetricRow, PlanRow, TensorRow};
 use gradkit_testkit::plans::write_trace;
@@ -13,28 +11,10 @@ use gradkit_testkit::traces::dense;
 const BIN: &str = env!("CARGO_BIN_EXE_gradpartition");
 const LAYERS: [(&str, u64); 3] = [("a", 400), ("b", 250), ("c", 70)];
 
+/// Runs gradpartition with `stdin` piped in (or none): exit code, stderr.
 fn gradpartition(args: &[&str], stdin: Option<&Path>) -> (i32, String) {
-    let mut c = Command::new(BIN);
-    c.args(args).stdout(Stdio::null()).stderr(Stdio::piped());
-    c.stdin(if stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    });
-    let mut child = c.spawn().unwrap();
-    if let Some(p) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(&std::fs::read(p).unwrap())
-            .unwrap();
-    }
-    let o = child.wait_with_output().unwrap();
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+    let (code, _, err) = gradkit_testkit::cli::run_with_stdin(BIN, args, stdin);
+    (code, err)
 }
 
 /// Plan rows and metrics (timings left out: they are measured) of one run.

@@ -5,9 +5,7 @@
 //! problem in a late step stops the run with no output file left behind. (A rank-major file
 //! with one step per row group streams: gradkit-core's `io` tests.)
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use gradkit_core::{read_tensor, Input, TensorRow};
 use gradkit_testkit::plans::write_trace;
@@ -18,24 +16,8 @@ const LAYERS: [(&str, u64); 3] = [("a", 40), ("b", 25), ("c", 7)];
 
 /// Runs gradselect with `stdin` piped in (or none): exit code, stderr.
 fn gradselect(args: &[&str], stdin: Option<&Path>) -> (i32, String) {
-    let mut c = Command::new(BIN);
-    c.args(args).stdout(Stdio::null()).stderr(Stdio::piped());
-    c.stdin(if stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    });
-    let mut child = c.spawn().unwrap();
-    if let Some(p) = stdin {
-        let bytes = std::fs::read(p).unwrap();
-        let mut w = child.stdin.take().unwrap();
-        w.write_all(&bytes).unwrap();
-    }
-    let o = child.wait_with_output().unwrap();
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+    let (code, _, err) = gradkit_testkit::cli::run_with_stdin(BIN, args, stdin);
+    (code, err)
 }
 
 /// The expected output: for every step ascending and rank ascending, acc = residual + g, the k

@@ -3,9 +3,7 @@
 //! brute-force pass written here finds; cat writes the same rows with one step per row group.
 
 use std::fs::File;
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use gradkit_core::io::{write_table, Meta, Output};
 use gradkit_core::{read_tensor, Input, TensorRow};
@@ -62,28 +60,7 @@ fn trace() -> Vec<TensorRow> {
 }
 
 fn gradtrace(args: &[&str], stdin: Option<&Path>) -> (i32, String, String) {
-    let mut c = Command::new(BIN);
-    c.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
-    c.stdin(if stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    });
-    let mut child = c.spawn().unwrap();
-    if let Some(p) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(&std::fs::read(p).unwrap())
-            .unwrap();
-    }
-    let o = child.wait_with_output().unwrap();
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+    gradkit_testkit::cli::run_with_stdin(BIN, args, stdin)
 }
 
 #[test]

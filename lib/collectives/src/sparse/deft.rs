@@ -152,10 +152,12 @@ impl Reducer for Deft {
         layout: &Layout,
         input: Flat,
     ) -> Result<StepOutput> {
-        let n = self.fb.check("deft", layout, &input)?;
-        let Flat::Dense(g) = input else {
-            bail!("deft: needs dense input (DEFT selects inside its own ranges and sends every rank's values at the gathered indices); got a sparse tensor")
-        };
+        let (n, g) = self.fb.check_dense(
+            "deft",
+            layout,
+            input,
+            "DEFT selects inside its own ranges and sends every rank's values at the gathered indices",
+        )?;
         let k = k_of(&self.params, n);
         let t = std::time::Instant::now();
         let acc = self.fb.accumulate(g);
@@ -172,13 +174,15 @@ impl Reducer for Deft {
             );
         }
         sel.sort_unstable();
-        let metrics = vec![
+        let mut metrics = vec![
             ("time_select_s".to_string(), super::secs(t)),
             ("local_nnz".to_string(), sel.len() as f64),
             ("pieces".to_string(), ranges.len() as f64),
         ];
         let res = exchange(comm, &acc, sel.clone())?;
-        self.fb.settle(acc, &sel, &res.indices);
+        if let Some(norm) = self.fb.settle(acc, &sel, &res.indices) {
+            metrics.push(("residual_norm".into(), norm));
+        }
         Ok(output(comm, self.params.op, res, k, Some(sel), metrics))
     }
 }

@@ -14,12 +14,14 @@
 //! | [`gaussiank`] | gaussiank | `allgatherv` |
 //! | [`oktopk`] | oktopk | `space_repartition`, `split_and_reduce`, `th_re_evaluate`, `th_adjust`, `balance_and_allgatherv` |
 //! | [`deft`] | deft | `plan`, `allgather_counts`, `allgather_indices`, `allreduce_values` |
+//! | [`cltk`] | cltk | `broadcast_indices`, `allreduce_values` |
 //!
 //! Residual rule for dense input (Ok-Topk Algorithm 2, DEFT Algorithm 1): after a step the
 //! residual is the accumulator with the entries zeroed that this rank *sent and that are in the
 //! result's support* (for DEFT: every entry at the gathered indices, since every rank sends its
 //! values there). Locally selected entries that did not survive stay in the residual.
 
+pub mod cltk;
 pub mod deft;
 pub mod gaussiank;
 pub mod gtopk;
@@ -99,6 +101,23 @@ impl Feedback {
         Ok(n)
     }
 
+    /// [`Feedback::check`] for the reducers that select for themselves from a dense
+    /// accumulator (DEFT, CLT-k): returns n and the dense gradient; sparse input is refused,
+    /// saying `why`.
+    pub fn check_dense(
+        &mut self,
+        algo: &str,
+        layout: &Layout,
+        input: Flat,
+        why: &str,
+    ) -> Result<(usize, Vec<f32>)> {
+        let n = self.check(algo, layout, &input)?;
+        match input {
+            Flat::Dense(g) => Ok((n, g)),
+            Flat::Sparse(_) => bail!("{algo}: needs dense input ({why}); got a sparse tensor"),
+        }
+    }
+
     /// This rank's contribution for one step: a sparse input as it is, or `select(acc)` of
     /// `acc = residual + g` for a dense one (timed as `time_select_s`; `select` returns the
     /// indices and, for threshold methods, the threshold it used). Records `local_nnz`. The
@@ -137,10 +156,14 @@ impl Feedback {
 
     /// New residual after the exchange: `acc` with the entries this reducer's rule names
     /// zeroed (`sent`: this rank's selection; `result`: the result's support; both ascending).
-    pub fn settle(&mut self, acc: Vec<f32>, sent: &[u32], result: &[u32]) {
-        if self.enabled {
-            self.residual.settle(acc, self.rule, sent, result);
+    /// Returns the new residual's L2 norm (for the `residual_norm` metric; `None` when error
+    /// feedback is off).
+    pub fn settle(&mut self, acc: Vec<f32>, sent: &[u32], result: &[u32]) -> Option<f64> {
+        if !self.enabled {
+            return None;
         }
+        self.residual.settle(acc, self.rule, sent, result);
+        Some(self.residual.norm())
     }
 
     /// The residual as `Reducer::state` (nothing before the first dense step).
@@ -445,7 +468,9 @@ pub(crate) fn select_and_exchange(
     let contributed = acc.as_ref().map(|_| sel.indices.clone());
     let res = exchange(comm, sel, n, &mut metrics)?;
     if let (Some(acc), Some(c)) = (acc, &contributed) {
-        fb.settle(acc, c, &res.indices);
+        if let Some(norm) = fb.settle(acc, c, &res.indices) {
+            metrics.push(("residual_norm".into(), norm));
+        }
     }
     Ok(output(comm, params.op, res, k, contributed, metrics))
 }
@@ -460,9 +485,9 @@ pub(crate) fn k_of(params: &crate::Params, n: usize) -> usize {
     params.k_for(n as u64) as usize
 }
 
-/// Local top-k selection of a dense accumulator, exact zeros dropped (they add nothing).
+/// Local top-k selection of a dense accumulator: exactly min(k, n) entries, as gradselect's
+/// `--method topk` (with fewer than k non-zeros, exact zeros fill the selection and are
+/// sent, so every rank sends k entries as Table 1 counts).
 pub(crate) fn select_topk(kern: &dyn Kernels, acc: &[f32], k: usize) -> Vec<u32> {
-    let mut idx = kern.topk_by_magnitude(acc, k);
-    idx.retain(|&i| acc[i as usize] != 0.0);
-    idx
+    kern.topk_by_magnitude(acc, k)
 }

@@ -477,7 +477,9 @@ impl Reducer for OkTopk {
 
         let contributed = acc.as_ref().map(|_| sel.indices.clone());
         if let Some(acc) = acc {
-            self.fb.settle(acc, &sel.indices, &result.indices);
+            if let Some(norm) = self.fb.settle(acc, &sel.indices, &result.indices) {
+                metrics.push(("residual_norm".into(), norm));
+            }
         }
         Ok(output(
             comm,

@@ -1,0 +1,132 @@
+//! CLT-k, cyclic local top-k (Chen et al. 2020, ScaleCom), the baseline DEFT compares with
+//! (Yoon & Oh, ICPP'23 §1 and §3.1, Table 1; deft.md §2): at step t the leader is rank
+//! t mod P. Per step:
+//! 1. every rank accumulates `acc = residual + g` (error feedback, Ok-Topk Algorithm 2);
+//! 2. the leader alone selects the exact top-k of **its own** accumulator by magnitude and
+//!    broadcasts the k indices (binomial tree from the leader; `broadcast_indices`);
+//! 3. every rank contributes its accumulator values at exactly those indices, summed by the
+//!    ring allreduce of the k values (`allreduce_values`), so every rank gets the same bits.
+//!
+//! Result: the leader's indices with `Σ_i acc_i` there (divided by P for `Op::Mean`), so the
+//! global density is exactly k / n whatever P (no build-up). Residual: the accumulator with
+//! the leader's indices zeroed on every rank (every rank sent its values there;
+//! `Leaves::Result`, as DEFT). The other ranks select nothing: they wait at the broadcast
+//! (the "worker idling" of DEFT's Table 1).
+//!
+//! Traffic per step: the broadcast sends 4k bytes to each of a rank's children in the
+//! binomial tree rooted at the leader (⌈log2 P⌉ messages from the leader), and the ring
+//! allreduce of k f32 sends 2(P−1) messages per rank (`cost::ring_bytes_sent` bytes).
+//!
+//! Needs dense input: the selection is made from the leader's dense accumulator, so a
+//! sparse selection (e.g. from gradselect) is refused.
+
+use std::time::Instant;
+
+use anyhow::{ensure, Result};
+use gradkit_comm::{Comm, CommExt};
+use gradkit_core::trace::{Layout, Sparse};
+
+use super::{k_of, output, secs, Feedback};
+use crate::{Flat, Params, Reducer, StepOutput};
+
+/// The leader of `step` among `p` ranks (rank t mod P).
+pub fn leader_of(step: u32, p: usize) -> usize {
+    step as usize % p
+}
+
+/// The CLT-k exchange of one step: the leader (`leader_of(step, P)`) gives `Some(indices)`
+/// (ascending, below `acc.len()`), the others `None`; returns the leader's indices with the
+/// sum over ranks of `acc` at them, identical on every rank.
+pub fn exchange(
+    comm: &dyn Comm,
+    leader: usize,
+    acc: &[f32],
+    sel: Option<Vec<u32>>,
+) -> Result<Sparse> {
+    let indices: Vec<u32> = {
+        let _ph = comm.phase("broadcast_indices");
+        comm.broadcast(leader, sel)?
+    };
+    for w in indices.windows(2) {
+        ensure!(
+            w[0] < w[1],
+            "cltk: leader {leader} sent indices that are not strictly ascending ({} then {})",
+            w[0],
+            w[1]
+        );
+    }
+    if let Some(&last) = indices.last() {
+        ensure!(
+            (last as usize) < acc.len(),
+            "cltk: leader {leader} sent index {last}, outside the model's {} elements",
+            acc.len()
+        );
+    }
+    let mut values: Vec<f32> = indices.iter().map(|&i| acc[i as usize]).collect();
+    {
+        let _ph = comm.phase("allreduce_values");
+        crate::dense::ring_in_caller_phase(comm, &mut values)?;
+    }
+    Ok(Sparse { indices, values })
+}
+
+/// `--algo cltk`. Reads `k`/`density`, `residual`, `kernels`, `op`.
+pub struct CltK {
+    params: Params,
+    fb: Feedback,
+}
+
+impl CltK {
+    pub fn new(params: &Params) -> Result<Self> {
+        Ok(CltK {
+            params: params.clone(),
+            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::Result),
+        })
+    }
+}
+
+impl Reducer for CltK {
+    fn name(&self) -> &'static str {
+        "cltk"
+    }
+    super::feedback_state!("cltk");
+    fn reduce(
+        &mut self,
+        comm: &dyn Comm,
+        step: u32,
+        layout: &Layout,
+        input: Flat,
+    ) -> Result<StepOutput> {
+        let (n, g) = self.fb.check_dense(
+            "cltk",
+            layout,
+            input,
+            "CLT-k's leader selects the top-k of its own dense accumulator and every rank sends its values there",
+        )?;
+        let k = k_of(&self.params, n);
+        let leader = leader_of(step, comm.size());
+        let t = Instant::now();
+        let acc = self.fb.accumulate(g);
+        let sel = (comm.rank() == leader).then(|| self.params.kernels.topk_by_magnitude(&acc, k));
+        // Only the leader selects; the others spend no time on it.
+        let time_select = if sel.is_some() { secs(t) } else { 0.0 };
+        let res = exchange(comm, leader, &acc, sel)?;
+        let mut metrics = vec![
+            ("time_select_s".to_string(), time_select),
+            ("local_nnz".to_string(), res.indices.len() as f64),
+            ("leader".to_string(), leader as f64),
+        ];
+        let contributed = res.indices.clone();
+        if let Some(norm) = self.fb.settle(acc, &contributed, &res.indices) {
+            metrics.push(("residual_norm".into(), norm));
+        }
+        Ok(output(
+            comm,
+            self.params.op,
+            res,
+            k,
+            Some(contributed),
+            metrics,
+        ))
+    }
+}
