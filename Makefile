@@ -16,7 +16,7 @@ BIN := target/release
 FAST ?= 0
 export FAST
 
-.PHONY: all help deps deps-apt deps-rust deps-py build demo test bench stress-mpi lint fmt clean \
+.PHONY: all help deps deps-apt deps-rust deps-py build demo test test-cuda-feature bench stress-mpi lint fmt clean \
         repro repro-oktopk repro-deft repro-onebit-lamb repro-embrace
 
 all: build
@@ -63,10 +63,23 @@ build: deps-apt deps-rust
 demo: deps build
 	@bash pipelines/demo.sh
 
-## test: unit, property and CLI tests (also under mpirun), then every reproduction in FAST mode
+## test: unit, property and CLI tests (also under mpirun), then every reproduction in FAST mode,
+## then the `cuda` feature (docs/GPU.md): built, clippy-checked and its device tests run
+## without any CUDA installed, and `--device cuda` shown to stop with one `error:` line
 test: deps build
 	$(CARGO) test $(CARGO_FLAGS) --workspace
 	$(MAKE) --no-print-directory FAST=1 repro
+	$(MAKE) --no-print-directory test-cuda-feature
+
+test-cuda-feature:
+	$(CARGO) build $(CARGO_FLAGS) -p gradallreduce -p gradtrain --features cuda
+	$(CARGO) clippy $(CARGO_FLAGS) -p gradkit-cuda -p gradallreduce -p gradtrain --features cuda --all-targets -- -D warnings
+	$(CARGO) test $(CARGO_FLAGS) -p gradkit-cuda --features cuda
+	$(CARGO) test $(CARGO_FLAGS) -p gradallreduce -p gradtrain --features cuda --test device
+	@err=$$($(BIN)/gradallreduce --device cuda 2>&1 >/dev/null); rc=$$?; \
+	  echo "cuda feature: gradallreduce --device cuda -> exit $$rc: $$err"; \
+	  [ $$rc = 1 ] && [ "$$(printf '%s\n' "$$err" | wc -l)" = 1 ] && [ "$${err#error: }" != "$$err" ] \
+	  || { echo "error: expected exit 1 and one 'error:' line from --device cuda" >&2; exit 1; }
 
 bench: deps build
 	@bash pipelines/bench.sh

@@ -29,8 +29,8 @@ const AFTER: &str = "Models and data:
   --data FILE.parquet     your own: `features` (List<Float32>) + `label` (integer) [+ `split`],
                           or `tokens` (List<integer>); see data/README.md
 
-Exchanges: dense, topk (TopkA), gaussiank, topkdsa, gtopk, oktopk, deft (each with --density
-and error feedback), onebit (with --optimizer onebit-lamb or onebit-adam), embrace (EmbRace:
+Exchanges: dense, topk (TopkA), gaussiank, topkdsa, gtopk, oktopk, deft, cltk (each with
+--density and error feedback), onebit (with --optimizer onebit-lamb or onebit-adam), embrace (EmbRace:
 token embedding sharded by columns, AlltoAll; --schedule fifo|embrace), allgather (its
 sparse AllGather baseline, duplicate rows coalesced) and allgather-raw (one row per token, as
 Horovod/PyTorch DDP send them); these take --optimizer sgd (no momentum) or adam, applied
@@ -81,7 +81,7 @@ struct Cli {
     /// digits | synthetic-lm | FILE.parquet
     #[arg(long, default_value = "digits")]
     data: String,
-    /// dense | topk | gaussiank | topkdsa | gtopk | oktopk | deft | onebit | embrace | allgather
+    /// dense | topk | gaussiank | topkdsa | gtopk | oktopk | deft | cltk | onebit | embrace | allgather
     /// (rows coalesced before sending) | allgather-raw (one row per token, Horovod/DDP style)
     #[arg(long, default_value = "dense")]
     exchange: String,
@@ -228,11 +228,22 @@ struct Cli {
     /// Name of the run in the metrics table
     #[arg(long, default_value = "gradtrain")]
     run: String,
+    /// Where the exchange's selection and compression run: cpu, or cuda / cuda:N (a build
+    /// with `--features cuda` on a GPU node; the CUDA kernels are not implemented yet, so it
+    /// stops with one line saying why — docs/GPU.md). The model: candle CPU, or GPU 0 in a
+    /// `candle-cuda` build
+    #[arg(long, value_name = "cpu|cuda[:N]", default_value = "cpu", value_parser = device)]
+    device: gradkit_cuda::Device,
     /// No progress bar or summary
     #[arg(short = 'q', long)]
     quiet: bool,
     #[command(flatten)]
     memory: gradkit_core::budget::MemoryArgs,
+}
+
+/// `--device`'s parser: a typo is a usage error (exit 2) listing the values.
+fn device(s: &str) -> Result<gradkit_cuda::Device, String> {
+    s.parse()
 }
 
 fn config(a: &Cli) -> TrainConfig {
@@ -418,6 +429,14 @@ fn main() -> std::process::ExitCode {
     args.memory.apply();
     cli::run(|| {
         let world = World::init(args.ranks)?;
+        // `--device cuda` without CUDA (or without CUDA kernels) stops here, an agreement
+        // point before any file is touched. The exchange still runs the CPU kernels: the
+        // device is not yet passed to gradkit-train (issue 18 part 2).
+        world.agree(
+            gradkit_cuda::kernels_for(args.device)
+                .map(|_| ())
+                .map_err(Into::into),
+        )?;
         let cfg = config(&args);
         world.agree(gradkit_train::train::check_paths(&cfg))?;
         // Resuming a run that already reached --steps: nothing to train, nothing overwritten.

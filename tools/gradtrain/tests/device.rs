@@ -1,0 +1,118 @@
+//! `--device cpu|cuda[:N]` (issue 18 part 1): cpu is the default; a typo is a usage error
+//! listing the values; `cuda` on a build or a machine that cannot run it stops with exit 1 and
+//! one `error:` line, no panic, no metrics written. With the `cuda` feature the GPU outcomes
+//! are staged with stand-in driver libraries (lib/cuda/tests/support).
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gradtrain");
+
+/// A short training run's flags, with --metrics in the current folder.
+const RUN: &[&str] = &[
+    "--ranks",
+    "2",
+    "--steps",
+    "2",
+    "--batch",
+    "8",
+    "--hidden",
+    "8",
+    "-q",
+    "--metrics",
+    "m.parquet",
+];
+
+fn run(dir: &Path, args: &[&str], envs: &[(&str, &Path)]) -> (Option<i32>, String) {
+    let mut c = Command::new(BIN);
+    c.current_dir(dir).args(args).args(RUN).stdin(Stdio::null());
+    for (k, v) in envs {
+        c.env(k, v);
+    }
+    let o = c.output().unwrap();
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// `--device DEV` must stop with exit 1 and one `error:` line holding `needle`, leaving
+/// `dir` as it was.
+fn refused(dir: &Path, dev: &str, envs: &[(&str, &Path)], needle: &str) {
+    let before = gradkit_testkit::cli::snapshot(dir);
+    let (code, err) = run(dir, &["--device", dev], envs);
+    assert_eq!(code, Some(1), "{dev}: {err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{dev}: {err}");
+    assert!(lines[0].starts_with("error: "), "{err}");
+    assert!(lines[0].contains(needle), "{dev}: `{needle}` not in {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        gradkit_testkit::cli::snapshot(dir),
+        before,
+        "{dev}: a file was written"
+    );
+}
+
+#[test]
+fn cpu_trains_and_a_typo_is_a_usage_error() {
+    let d = tempfile::tempdir().unwrap();
+    let (code, err) = run(d.path(), &["--device", "cpu"], &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(d.path().join("m.parquet").exists());
+    std::fs::remove_file(d.path().join("m.parquet")).unwrap();
+    for bad in ["gpu", "cuda:x", "cuda:"] {
+        let (code, err) = run(d.path(), &["--device", bad], &[]);
+        assert_eq!(code, Some(2), "{bad}: {err}");
+        assert!(err.starts_with("error: "), "{err}");
+        assert!(
+            err.contains("--device") && err.contains("cpu, cuda, cuda:N"),
+            "{err}"
+        );
+        assert!(!d.path().join("m.parquet").exists());
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn without_the_feature_cuda_says_to_rebuild() {
+    let d = tempfile::tempdir().unwrap();
+    refused(
+        d.path(),
+        "cuda",
+        &[],
+        "gradkit was built without the `cuda` feature: rebuild with `cargo build --release --features cuda`",
+    );
+}
+
+#[cfg(feature = "cuda")]
+#[path = "../../../lib/cuda/tests/support/stub.rs"]
+mod stub;
+
+#[cfg(feature = "cuda")]
+#[test]
+fn with_the_feature_each_outcome_is_one_line() {
+    let d = tempfile::tempdir().unwrap();
+    if !stub::system_has("libcuda.so") {
+        refused(
+            d.path(),
+            "cuda",
+            &[],
+            "no CUDA driver found (libcuda.so): is this a GPU node?",
+        );
+    }
+    let empty = stub::libs("gt-empty", Some(stub::Driver::Empty), true, false);
+    refused(
+        d.path(),
+        "cuda",
+        &[("LD_LIBRARY_PATH", &empty)],
+        "the CUDA driver could not be used: Missing symbol cuInit",
+    );
+    let one = stub::libs("gt-one", Some(stub::Driver::Gpus(1)), true, false);
+    refused(
+        d.path(),
+        "cuda:0",
+        &[("LD_LIBRARY_PATH", &one)],
+        "the CUDA kernels are not implemented yet (issue 18 part 2)",
+    );
+}
