@@ -21,7 +21,7 @@ SHAPE=${SHAPE:-vgg16}
 DIR=${BENCH_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/gradkit-memory.XXXXXX")}
 KEEP=${KEEP:-0}
 [ -x /usr/bin/time ] || { echo "error: /usr/bin/time (GNU time) is needed" >&2; exit 1; }
-for t in gradtrace gradselect gradpartition; do
+for t in gradtrace gradselect gradpartition gradallreduce; do
   [ -x "$B/$t" ] || { echo "error: $B/$t is not built (cargo build --release -p $t)" >&2; exit 1; }
 done
 cleanup() { [ "$KEEP" != 0 ] || rm -rf "$DIR"; }
@@ -71,3 +71,17 @@ rss "gradselect topk (stdin)" 1 "$B/gradselect --method topk --density 0.01 -q -
 rss "gradselect deft" 1 "$B/gradselect --method deft --density 0.01 -q $T -o $DIR/deft.parquet --residual-out $DIR/res.parquet"
 rss "gradpartition deft" 1 "$B/gradpartition --method deft --density 0.01 --no-buildup -q $T -o $DIR/plan.parquet"
 rss "gradpartition oktopk (sparse input)" 0 "$B/gradpartition --method oktopk -q $DIR/sel.parquet -o $DIR/regions.parquet"
+# gradallreduce: rank 0 streams the trace one step at a time to the ranks and writes each
+# step's result as it completes. "state": what the reducers keep across steps (Ok-Topk's
+# residual of dense input, the 1-bit error buffers: about one model per rank, i.e. one step).
+rss "gradallreduce ring --ranks $RANKS" 0 "$B/gradallreduce --algo ring --ranks $RANKS -q $T -o $DIR/ar-ring.parquet --metrics $DIR/ar-ring-m.parquet"
+rss "gradallreduce oktopk --ranks $RANKS" 1 "$B/gradallreduce --algo oktopk --ranks $RANKS -q $T -o $DIR/ar-ok.parquet"
+rss "gradallreduce onebit --ranks $RANKS --state" 1 "$B/gradallreduce --algo onebit --ranks $RANKS -q $T -o $DIR/ar-1b.parquet --state $DIR/ar-1b.state"
+rss "gradallreduce oktopk --ranks $RANKS (sparse input, 1 %)" 0 "$B/gradallreduce --algo oktopk --ranks $RANKS -q $DIR/sel.parquet -o $DIR/ar-oks.parquet"
+# Under mpirun GNU time reports the largest peak of any one process (rank 0, which reads and
+# writes): ranks are separate processes.
+if command -v mpirun >/dev/null; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  rss "mpirun -np $RANKS gradallreduce ring (largest rank)" 0 "mpirun --oversubscribe -np $RANKS $B/gradallreduce --algo ring -q $T -o $DIR/ar-ring-mpi.parquet"
+  rss "mpirun -np $RANKS gradallreduce oktopk (largest rank)" 1 "mpirun --oversubscribe -np $RANKS $B/gradallreduce --algo oktopk -q $T -o $DIR/ar-ok-mpi.parquet"
+fi

@@ -95,3 +95,130 @@ pub fn gather<T: Table>(comm: &dyn Comm, mine: Vec<T>) -> Result<Option<Vec<T>>>
         Ok(None)
     }
 }
+
+/// What the I/O rank hands out in one round of a [`Feed`]: every rank's rows (`R` = one
+/// `Vec<T>` per rank on the I/O rank, this rank's `Vec<T>` on the receiving end), the end of
+/// the input, or a stop.
+#[derive(Debug)]
+pub enum Round<R> {
+    /// The rows of this round.
+    Rows(R),
+    /// No more rounds: the input ended.
+    End,
+    /// The I/O rank stopped early (its input or output failed): every rank leaves its loop
+    /// and the I/O rank reports the error at the next agreement point (`World::agree`), so
+    /// it is printed once and no rank waits for a round that never comes.
+    Stop,
+}
+
+/// The tag of [`Feed`]'s messages: no collective uses it, so a round posted while a rank is
+/// still in the previous round's collectives waits for that rank instead of being taken by
+/// them.
+const FEED_TAG: u32 = 3;
+const ROWS: u8 = 0;
+const END: u8 = 1;
+const STOP: u8 = 2;
+
+/// A scatter in rounds (a trace streamed one step at a time): in every round the I/O rank
+/// (rank 0) hands each rank its rows, or tells all that the input ended or that it stopped.
+/// Under MPI each rank's rows travel as one message (a status byte, then an Arrow IPC stream
+/// like [`scatter`]'s), charged to the `io` phase; in-process ranks get the rows themselves
+/// (no copy) through a queue per rank, and a one-byte message through the communicator says
+/// when, so a rank waiting for a round that will never come is woken like any other pending
+/// call when a rank fails ([`crate::CommError::PeerFailed`]). Rank 0 cannot get more than one
+/// round ahead of a rank as long as each round is followed by a collective.
+pub struct Feed<T> {
+    /// In-process ranks: the rows handed to each rank and not yet taken.
+    queues: Vec<std::sync::Mutex<std::collections::VecDeque<Vec<T>>>>,
+}
+
+impl<T: Table> Feed<T> {
+    /// A feed for the ranks of one world (make it before `World::run`, which shares it).
+    pub fn new(backend: crate::Backend, size: usize) -> Self {
+        let queues = if backend.in_process() { size } else { 0 };
+        Feed {
+            queues: (0..queues).map(|_| Default::default()).collect(),
+        }
+    }
+
+    /// One round, called by every rank: rank 0 passes `Some` (with `Round::Rows`, one `Vec`
+    /// per rank, indexed by rank), every other rank `None`; each gets its own rows, or the
+    /// same `End` or `Stop`.
+    pub fn round(
+        &self,
+        comm: &dyn Comm,
+        round: Option<Round<Vec<Vec<T>>>>,
+    ) -> Result<Round<Vec<T>>> {
+        let (me, p) = (comm.rank(), comm.size());
+        if me == 0 {
+            let round = round.context("rank 0 hands out the rows")?;
+            let (status, mut per) = match round {
+                Round::Rows(per) => (ROWS, per),
+                Round::End => (END, Vec::new()),
+                Round::Stop => (STOP, Vec::new()),
+            };
+            if status == ROWS {
+                per.resize_with(p, Vec::new);
+            }
+            let mine = (status == ROWS).then(|| std::mem::take(&mut per[0]));
+            if p > 1 {
+                let _io = comm.phase(IO_PHASE);
+                let mut sends = Vec::with_capacity(p - 1);
+                for d in 1..p {
+                    let rows = per.get_mut(d).map(std::mem::take);
+                    let msg = match rows {
+                        Some(rows) if !self.queues.is_empty() => {
+                            self.queues[d]
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .push_back(rows);
+                            vec![status]
+                        }
+                        // A status byte, then the rows as an Arrow IPC stream.
+                        Some(rows) => {
+                            let mut msg = vec![status];
+                            encode_into(&rows, &mut msg)?;
+                            msg
+                        }
+                        None => vec![status],
+                    };
+                    sends.push((d, Buf::from_vec(msg)));
+                }
+                comm.exchange(FEED_TAG, sends, &[])?;
+            }
+            return Ok(match (status, mine) {
+                (ROWS, Some(rows)) => Round::Rows(rows),
+                (END, _) => Round::End,
+                _ => Round::Stop,
+            });
+        }
+        let _io = comm.phase(IO_PHASE);
+        let msg: Vec<u8> = comm
+            .exchange(FEED_TAG, vec![], &[(0, Kind::U8)])?
+            .into_iter()
+            .next()
+            .context("no message from rank 0")?
+            .into_vec()?;
+        match msg.first() {
+            Some(&ROWS) if !self.queues.is_empty() => self.queues[me]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop_front()
+                .map(Round::Rows)
+                .context("internal: a round without rows for this rank"),
+            Some(&ROWS) => Ok(Round::Rows(decode(&msg[1..])?)),
+            Some(&END) => Ok(Round::End),
+            Some(&STOP) => Ok(Round::Stop),
+            _ => anyhow::bail!("internal: a message from rank 0 that is not a round"),
+        }
+    }
+}
+
+/// [`encode`], appended to `out`.
+fn encode_into<T: Table>(rows: &[T], out: &mut Vec<u8>) -> Result<()> {
+    let batch = T::to_batch(rows)?;
+    let mut w = arrow_ipc::writer::StreamWriter::try_new(out, &T::schema())?;
+    w.write(&batch)?;
+    w.finish()?;
+    Ok(())
+}

@@ -8,12 +8,12 @@ use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::Args;
 use gradkit_collectives::registry::{Adjust, Balance, Split};
 use gradkit_collectives::{cost, reducer_for, Algo, Flat, Op, Params};
-use gradkit_comm::{dist, Comm, PhaseCounts, World};
+use gradkit_comm::dist::{self, Round};
+use gradkit_comm::{Comm, PhaseCounts, World};
 use gradkit_core::cli::IoArgs;
+use gradkit_core::io::{KeyScan, TableWriter, TensorSteps, TensorStream};
 use gradkit_core::trace::{self, Layout, MetricSink};
-use gradkit_core::{
-    read_table, read_tensor, write_table, Input, Meta, MetricRow, Output, PlanRow, TensorRow,
-};
+use gradkit_core::{read_table, write_table, Input, Meta, MetricRow, Output, PlanRow, TensorRow};
 
 use crate::state;
 
@@ -73,8 +73,18 @@ pub struct ReduceArgs {
     /// Seed for algorithms with randomness
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Where selection and compression run: cpu, or cuda / cuda:N (a build with
+    /// `--features cuda` on a GPU node; the CUDA kernels are not implemented yet, so it
+    /// stops with one line saying why — docs/GPU.md)
+    #[arg(long, value_name = "cpu|cuda[:N]", default_value = "cpu", value_parser = device)]
+    pub device: gradkit_cuda::Device,
     #[command(flatten)]
     pub memory: gradkit_core::budget::MemoryArgs,
+}
+
+/// `--device`'s parser: a typo is a usage error (exit 2) listing the values.
+fn device(s: &str) -> std::result::Result<gradkit_cuda::Device, String> {
+    s.parse()
 }
 
 /// `--algo`'s values, from [`Algo::ALL`]: `--help` lists every name with its family and
@@ -193,51 +203,136 @@ impl ReduceArgs {
     }
 }
 
-/// What the I/O rank reads before any rank starts.
+/// What the I/O rank prepares before any rank starts: the trace opened and its first step
+/// read and checked, the `--state` file, the output opened (docs/MEMORY.md).
 struct Prepared {
-    trace: gradkit_core::Loaded<TensorRow>,
     /// Elements of the flat index space (the 1-bit state file records it).
     n: u64,
     /// `--state`: every rank's saved 1-bit errors ([`state::to_rows`]; none when the file
     /// does not exist yet); `None` without `--state`.
     state: Option<Vec<TensorRow>>,
+    /// The trace and the output, for rank 0 while the ranks run.
+    io: IoRank,
 }
 
-/// Checks the trace on the I/O rank: complete steps, ranks equal to the world's size; reads
-/// the `--state` file when it exists and checks it fits this run.
-fn load(args: &ReduceArgs, world: &World) -> Result<Prepared> {
+/// The I/O rank's side of the reduction: the trace one step (every rank's rows) at a time,
+/// each step checked as the whole-trace check did, and the reduced tensor written as each
+/// step completes (one row group per step). Memory: one step of the trace, not the trace.
+struct IoRank {
+    /// The input's name, for messages.
+    source: String,
+    steps: TensorSteps,
+    /// The first step, read by [`load`] for its checks and not yet handed out.
+    first: Option<Vec<TensorRow>>,
+    /// The first pass over the keys: the layers' shapes as the whole trace gives them.
+    scan: KeyScan,
+    /// The layers of the first step, which every step must have.
+    layout: Layout,
+    algo: Algo,
+    /// The trace's ranks (the world's size).
+    p: usize,
+    /// The reduced tensor, finished by [`write_outputs`].
+    writer: TableWriter<TensorRow>,
+    /// Why the I/O rank stopped handing out steps (a bad step, a failed write); reported at
+    /// the last agreement point, once, by the I/O rank.
+    failed: Option<anyhow::Error>,
+}
+
+impl IoRank {
+    /// The next round of the feed: the next step's rows by rank, the end of the trace, or a
+    /// stop once something failed.
+    fn next_round(&mut self) -> Round<Vec<Vec<TensorRow>>> {
+        if self.failed.is_some() {
+            return Round::Stop;
+        }
+        match self.next_step() {
+            Ok(Some(rows)) => {
+                let mut per: Vec<Vec<TensorRow>> = (0..self.p).map(|_| Vec::new()).collect();
+                for r in rows {
+                    per[r.rank as usize % self.p].push(r);
+                }
+                Round::Rows(per)
+            }
+            Ok(None) => Round::End,
+            Err(e) => {
+                self.failed = Some(e);
+                Round::Stop
+            }
+        }
+    }
+
+    fn next_step(&mut self) -> Result<Option<Vec<TensorRow>>> {
+        if let Some(rows) = self.first.take() {
+            return Ok(Some(rows));
+        }
+        let Some((_, rows)) = self.steps.next_step()? else {
+            return Ok(None);
+        };
+        check_step(&rows, &self.layout, self.p, self.algo, &self.source)?;
+        Ok(Some(rows))
+    }
+
+    /// Appends a step's reduced rows to the output (nothing once something failed).
+    fn write(&mut self, rows: Vec<TensorRow>) {
+        if self.failed.is_none() {
+            if let Err(e) = self.writer.write_owned(rows) {
+                self.failed = Some(e);
+            }
+        }
+    }
+}
+
+/// What the whole-trace check (`trace::check_complete`, and for alltoall the embedding rows)
+/// said of one step, with its messages: every rank has rows, each the layers of `layout`.
+fn check_step(
+    rows: &[TensorRow],
+    layout: &Layout,
+    p: usize,
+    algo: Algo,
+    source: &str,
+) -> Result<()> {
+    gradkit_core::io::check_step(rows, layout, p, None).with_context(|| format!("in {source}"))?;
+    if algo == Algo::AllToAll {
+        gradkit_collectives::alltoall::check_embedding_rows(rows)
+            .with_context(|| format!("in {source}"))?;
+    }
+    Ok(())
+}
+
+/// Opens the trace on the I/O rank and checks what can be checked before any rank starts:
+/// ranks equal to the world's size, the first step complete (the others are checked as they
+/// are read), the memory the run needs, `--plan`; reads the `--state` file when it exists and
+/// checks it fits this run; opens the output. The trace is read one step at a time
+/// ([`TensorStream`]); a trace not ordered by step may be read whole (docs/MEMORY.md).
+fn load(args: &ReduceArgs, world: &World, out: &Output) -> Result<Prepared> {
     let input = args.io.input()?;
-    let t = read_tensor(&input, args.io.read_options())?;
-    if t.rows.is_empty() {
-        bail!("{}: the trace has no rows", t.source);
+    let stream = TensorStream::open(&input, args.io.read_options())?;
+    let scan = stream.scan()?;
+    let source = stream.source.clone();
+    if scan.rows == 0 {
+        bail!("{source}: the trace has no rows");
     }
-    let layout = Layout::of_rows(&t.rows);
-    trace::check_complete(&t.rows, &layout, None).with_context(|| format!("in {}", t.source))?;
-    if args.algo == Algo::AllToAll {
-        gradkit_collectives::alltoall::check_embedding_rows(&t.rows)
-            .with_context(|| format!("in {}", t.source))?;
-    }
-    let (steps, ranks) = trace::steps_and_ranks(&t.rows);
-    if ranks.len() != world.size() {
+    gradkit_core::io::check_ranks(&scan.ranks).with_context(|| format!("in {source}"))?;
+    let p = scan.ranks.len();
+    let meta_in = stream.meta.clone();
+    let mut steps = stream.steps(&scan)?;
+    let Some((first_step, first)) = steps.next_step()? else {
+        bail!("{source}: the trace has no rows");
+    };
+    let mut layout = Layout::of_rows(&first);
+    scan.complete_shapes(&mut layout);
+    check_step(&first, &layout, p, args.algo, &source)?;
+    if p != world.size() {
         bail!(
-            "{} holds {} ranks but this run has {} (flag --ranks, or mpirun -np)",
-            t.source,
-            ranks.len(),
+            "{source} holds {p} ranks but this run has {} (flag --ranks, or mpirun -np)",
             world.size()
         );
     }
     let ranks_here = world.backend().ranks_per_process(world.size());
-    check_memory(
-        args.algo.name(),
-        &t.rows,
-        &layout,
-        steps.len(),
-        ranks_here,
-        world.size(),
-    )
-    .with_context(|| format!("in {}", t.source))?;
+    check_memory(args.algo.name(), &first, &layout, ranks_here, world.size())
+        .with_context(|| format!("in {source}"))?;
     if let Some(path) = &args.plan {
-        check_plan(path, args.algo, &layout, world.size(), steps[0])
+        check_plan(path, args.algo, &layout, world.size(), first_step)
             .with_context(|| format!("--plan {}", path.display()))?;
     }
     let n = layout.total();
@@ -248,7 +343,38 @@ fn load(args: &ReduceArgs, world: &World) -> Result<Prepared> {
         (Some(_), Some(_)) => Some(Vec::new()),
         _ => None,
     };
-    Ok(Prepared { trace: t, n, state })
+    // Last, once every check passed: rows go out as the steps complete.
+    let writer = TableWriter::create(out, &out_meta(args, world, &meta_in))?;
+    Ok(Prepared {
+        n,
+        state,
+        io: IoRank {
+            source,
+            steps,
+            first: Some(first),
+            scan,
+            layout,
+            algo: args.algo,
+            p,
+            writer,
+            failed: None,
+        },
+    })
+}
+
+/// The reduced tensor's metadata.
+fn out_meta(args: &ReduceArgs, world: &World, meta_in: &Meta) -> Meta {
+    let mut meta = Meta::producer("gradallreduce");
+    meta.set("world_size", world.size())
+        .set("method", args.algo)
+        .set("algo", args.algo)
+        .set("op", args.op)
+        .set("density", args.density)
+        .set("backend", world.backend());
+    if let Some(m) = meta_in.get("gradkit.method") {
+        meta.set("input_method", m);
+    }
+    meta
 }
 
 /// Checks a `--plan` against the trace with the validator every plan consumer shares
@@ -281,14 +407,14 @@ fn check_plan(
 /// Stops before any rank starts when the trace's layer sizes (column `numel`) would need
 /// more memory than the run may use, or a flat index space that u32 indices cannot address.
 /// Estimate: algorithms with a dense result hold 4 dense buffers of the model per rank
-/// (input, working copy, received chunks, result; 1-bit: error buffers) and rank 0 keeps one
-/// result per step; sparse algorithms densify their region (n/P; counted twice for the
-/// temporaries) and, for dense input, keep a residual of the model per rank.
+/// (input, working copy, received chunks, result; 1-bit: error buffers) and rank 0 one more,
+/// the result being written (the trace streams one step at a time: docs/MEMORY.md); sparse
+/// algorithms densify their region (n/P; counted twice for the temporaries) and, for dense
+/// input, keep a residual of the model per rank. `rows`: the first step.
 fn check_memory(
     algo: &str,
     rows: &[TensorRow],
     layout: &Layout,
-    steps: usize,
     ranks_here: usize,
     world: usize,
 ) -> Result<()> {
@@ -305,7 +431,7 @@ fn check_memory(
         );
     }
     let bytes = if dense_result {
-        budget::product(&[n, 4, 4 * ranks_here as u128 + steps as u128])
+        budget::product(&[n, 4, 4 * ranks_here as u128 + 1])
     } else {
         let regions = budget::product(&[n, 4, 2, ranks_here as u128]) / world.max(1) as u128;
         let residuals = if any_sparse {
@@ -343,17 +469,26 @@ fn check_paths(args: &ReduceArgs) -> Result<()> {
     )
 }
 
-/// What one rank returns: result rows (rank 0 only), its metrics rows, and (rank 0 only,
-/// with `--state`) every rank's state rows after the last step.
-type RankOut = (Vec<TensorRow>, Vec<MetricRow>, Vec<TensorRow>);
+/// What one rank returns: its metrics rows (rank 0: every rank's), with `--state` (rank 0)
+/// every rank's state rows after the last step, and (rank 0) the output being written, or why
+/// the I/O rank stopped.
+struct RankOut {
+    metrics: Vec<MetricRow>,
+    state: Vec<TensorRow>,
+    io: Option<Result<TableWriter<TensorRow>>>,
+}
 
 pub fn run(args: ReduceArgs) -> Result<()> {
     args.memory.apply();
     let world = World::init(args.ranks)?;
-    // Checks every rank makes alike (flags, the algorithm's parameters), then the I/O rank's
-    // (output, input): each is an agreement point, so a mistake is reported once under mpirun.
+    // The device's kernels first (`--device cuda` without CUDA stops here, before any file is
+    // touched), then the checks every rank makes alike (flags, the algorithm's parameters),
+    // then the I/O rank's (output, input): each is an agreement point, so a mistake is
+    // reported once under mpirun.
+    let kernels = world.agree(gradkit_cuda::kernels_for(args.device).map_err(Into::into))?;
     world.agree(check_paths(&args))?;
-    let params = world.agree(args.params().and_then(|params| {
+    let params = world.agree(args.params().and_then(|mut params| {
+        params.kernels = kernels;
         // Validate the algorithm's parameters before reading anything.
         reducer_for(args.algo, &params)?;
         Ok(params)
@@ -361,51 +496,63 @@ pub fn run(args: ReduceArgs) -> Result<()> {
     let prepared = if world.is_io_rank() {
         args.io.output().and_then(|out| {
             let metrics = gradkit_core::cli::output_flag("--metrics", args.metrics.as_deref())?;
-            Ok(Some(((out, metrics), load(&args, &world)?)))
+            let loaded = load(&args, &world, &out)?;
+            Ok(Some((metrics, loaded)))
         })
     } else {
         Ok(None)
     };
-    let (out, loaded) = world.agree(prepared)?.unzip();
-    let meta_in = loaded.as_ref().map(|p| p.trace.meta.clone());
+    let (metrics_out, loaded) = world.agree(prepared)?.unzip();
     let n = loaded.as_ref().map_or(0, |p| p.n);
-    let (rows, state_in) = loaded.map(|p| (p.trace.rows, p.state)).unzip();
+    let (io, state_in) = loaded.map(|p| (p.io, p.state)).unzip();
     let state_in = state_in.flatten();
+    // Rank 0 streams the trace to every rank, step by step, and writes the output.
+    let io = std::sync::Mutex::new(io);
+    let feed = dist::Feed::<TensorRow>::new(world.backend(), world.size());
     let run_name = args.run.clone().unwrap_or_else(|| args.algo.to_string());
     let quiet = args.io.quiet;
 
     let results = world.run(|comm| {
         let inputs = RankIn {
-            rows: rows.as_deref(),
+            feed: &feed,
             state: state_in.as_deref(),
         };
-        reduce_rank(comm, &args, &params, inputs, &run_name, quiet)
+        let io = match comm.rank() {
+            0 => io.lock().unwrap_or_else(|e| e.into_inner()).take(),
+            _ => None,
+        };
+        reduce_rank(comm, &args, &params, inputs, io, &run_name, quiet)
     })?;
 
-    let written = match (out, results.into_iter().reduce(merge)) {
-        (Some(out), Some((result_rows, metric_rows, state_rows))) => write_outputs(
-            &args,
-            &world,
-            meta_in.as_ref(),
-            &out,
-            &result_rows,
-            &metric_rows,
-            (n, state_rows),
-        ),
+    let written = match (metrics_out, results.into_iter().reduce(merge)) {
+        (Some(metrics_out), Some(r)) => match r.io {
+            Some(Ok(writer)) => write_outputs(
+                &args,
+                &world,
+                metrics_out.as_ref(),
+                writer,
+                &r.metrics,
+                (n, r.state),
+            ),
+            // A bad step or a failed write: the I/O rank stopped every rank.
+            Some(Err(e)) => Err(e),
+            None => Err(anyhow::anyhow!("internal: rank 0 returned no output")),
+        },
         _ => Ok(()),
     };
-    // The last agreement point: the other ranks wait here while rank 0 writes.
+    // The last agreement point: the other ranks wait here while rank 0 writes, and learn of
+    // an error the I/O rank met while streaming (printed once, by it).
     world.agree(written)
 }
 
-/// The I/O rank's outputs: the `--state` file, the reduced tensor, the metrics, the summary
-/// on stderr.
+/// The I/O rank's outputs: the `--state` file, the metrics, the reduced tensor (its rows
+/// already written step by step: here it is finished and given its name), the summary on
+/// stderr.
 fn write_outputs(
     args: &ReduceArgs,
     world: &World,
-    meta_in: Option<&Meta>,
-    (out, metrics_out): &(Output, Option<Output>),
-    result_rows: &[TensorRow],
+    metrics_out: Option<&Output>,
+    writer: TableWriter<TensorRow>,
     metric_rows: &[MetricRow],
     (n, state_rows): (u64, Vec<TensorRow>),
 ) -> Result<()> {
@@ -413,22 +560,12 @@ fn write_outputs(
         let errors = state::errors_by_rank(state_rows, world.size())?;
         state::StateFile::save(path, variant, n as usize, &errors)?;
     }
-    let mut meta = Meta::producer("gradallreduce");
-    meta.set("world_size", world.size())
-        .set("method", args.algo)
-        .set("algo", args.algo)
-        .set("op", args.op)
-        .set("density", args.density)
-        .set("backend", world.backend());
-    if let Some(m) = meta_in.and_then(|m| m.get("gradkit.method")) {
-        meta.set("input_method", m);
-    }
     if let Some(m) = metrics_out {
         let mut mm = Meta::producer("gradallreduce");
         mm.set("algo", args.algo).set("world_size", world.size());
         write_table(m, &mm, metric_rows)?;
     }
-    write_table(out, &meta, result_rows)?;
+    writer.finish()?;
     if !args.io.quiet {
         summarize(metric_rows, world.size());
     }
@@ -436,30 +573,34 @@ fn write_outputs(
 }
 
 fn merge(mut a: RankOut, b: RankOut) -> RankOut {
-    a.0.extend(b.0);
-    a.1.extend(b.1);
-    a.2.extend(b.2);
+    a.metrics.extend(b.metrics);
+    a.state.extend(b.state);
+    a.io = a.io.or(b.io);
     a
 }
 
-/// What the I/O rank read, as every rank sees it (in-process ranks share it; under mpirun
-/// only rank 0 holds it and scatters it).
+/// What every rank gets from the I/O rank: the feed of the trace's steps, and the `--state`
+/// rows (in-process ranks share them; under mpirun only rank 0 holds them and scatters them).
 #[derive(Clone, Copy)]
 struct RankIn<'a> {
-    rows: Option<&'a [TensorRow]>,
+    feed: &'a dist::Feed<TensorRow>,
     state: Option<&'a [TensorRow]>,
 }
 
+/// One rank's reduction, step by step: in every round rank 0 (`io`) reads the next step and
+/// hands each rank its rows ([`dist::Feed`]), every rank reduces them with its long-lived
+/// reducer, and rank 0 writes the result before the next round. When the I/O rank stops (a
+/// bad step, a failed write) every rank leaves the loop at the same round and skips the
+/// collectives that follow; the error travels in the result to the last agreement point.
 fn reduce_rank(
     comm: &dyn Comm,
     args: &ReduceArgs,
     params: &Params,
     inputs: RankIn<'_>,
+    mut io: Option<IoRank>,
     run_name: &str,
     quiet: bool,
 ) -> Result<RankOut> {
-    let mine = dist::scatter(comm, inputs.rows, |r: &TensorRow| r.rank as usize)?;
-    let layout = Layout::of_rows(&mine);
     let mut reducer = reducer_for(args.algo, params)?;
     // --state: this rank's saved errors, before the first step (none on a fresh start).
     if let Some(path) = &args.state {
@@ -470,79 +611,119 @@ fn reduce_rank(
     }
     let algo = args.algo.name();
     let mut sink = MetricSink::new(run_name, "gradallreduce", algo, comm.size() as u32);
-    let mut results = Vec::new();
-    let groups = trace::group_step_rank(&mine);
-    let bar = gradkit_core::cli::progress("reduce", groups.len() as u64, quiet || comm.rank() != 0);
+    let steps = io.as_ref().map_or(0, |io| io.steps.steps.len());
+    let bar = gradkit_core::cli::progress("reduce", steps as u64, quiet || comm.rank() != 0);
     let rank = comm.rank() as u32;
     // EmbRace's exchange takes sparse embedding rows beside dense layers: the layers given
     // sparse are the embedding tables (their 2-D shape stays in the layout the reducer sees).
     let hybrid = args.algo == Algo::AllToAll;
-    let reducer_layout = if hybrid {
-        let mut l = layout.clone();
-        for info in &mut l.layers {
-            if mine
-                .iter()
-                .any(|r| r.layer_id == info.layer_id && r.is_dense())
-            {
-                info.shape = None;
+    // (layout, reducer_layout), from this rank's rows of the first step: every step has the
+    // same layers (the I/O rank checks each); rank 0 takes the shapes the whole trace gives.
+    let mut layouts: Option<(Layout, Layout)> = None;
+    let mut stopped = false;
+    loop {
+        let round = io.as_mut().map(IoRank::next_round);
+        let mut mine = match inputs.feed.round(comm, round)? {
+            Round::Rows(rows) => rows,
+            Round::End => break,
+            Round::Stop => {
+                stopped = true;
+                break;
             }
-        }
-        l
-    } else {
-        layout.clone()
-    };
-    for g in groups {
-        let dense = g.rows.iter().all(|r| r.is_dense()) && !hybrid;
-        let sparse = g.rows.iter().all(|r| !r.is_dense()) || hybrid;
+        };
+        // Each rank's rows of a step in `layer_id` order, as `trace::group_step_rank` gives them.
+        mine.sort_by_key(|r| r.layer_id);
+        let step = mine
+            .first()
+            .map(|r| r.step)
+            .context("internal: a step without rows for this rank")?;
+        let (layout, reducer_layout) = layouts.get_or_insert_with(|| {
+            let mut layout = Layout::of_rows(&mine);
+            if let Some(io) = &io {
+                io.scan.complete_shapes(&mut layout);
+            }
+            let reducer_layout = if hybrid {
+                let mut l = layout.clone();
+                for info in &mut l.layers {
+                    if mine
+                        .iter()
+                        .any(|r| r.layer_id == info.layer_id && r.is_dense())
+                    {
+                        info.shape = None;
+                    }
+                }
+                l
+            } else {
+                layout.clone()
+            };
+            (layout, reducer_layout)
+        });
+        let dense = mine.iter().all(|r| r.is_dense()) && !hybrid;
+        let sparse = mine.iter().all(|r| !r.is_dense()) || hybrid;
         if !dense && !sparse {
             bail!(
-                "step {} rank {}: mixed dense and sparse rows (column `indices`); give all-dense or all-sparse input",
-                g.step,
-                g.rank
+                "step {step} rank {rank}: mixed dense and sparse rows (column `indices`); give all-dense or all-sparse input"
             );
         }
         let n = layout.total();
         let k_in = if dense {
             params.k_for(n)
         } else {
-            g.rows.iter().map(|r| r.stored() as u64).sum()
+            mine.iter().map(|r| r.stored() as u64).sum()
         };
-        let input = if dense {
-            Flat::Dense(trace::flatten_dense(&g.rows))
-        } else {
-            Flat::Sparse(trace::flatten_sparse(&g.rows, &layout))
+        let input = {
+            let rows: Vec<&TensorRow> = mine.iter().collect();
+            if dense {
+                Flat::Dense(trace::flatten_dense(&rows))
+            } else {
+                Flat::Sparse(trace::flatten_sparse(&rows, layout))
+            }
         };
+        // The step's rows are in `input` now.
+        drop(mine);
         let before = comm.traffic().snapshot();
         let t0 = std::time::Instant::now();
         let out = reducer
-            .reduce(comm, g.step, &reducer_layout, input)
-            .with_context(|| format!("step {}", g.step))?;
+            .reduce(comm, step, reducer_layout, input)
+            .with_context(|| format!("step {step}"))?;
         let wall = t0.elapsed().as_secs_f64();
         let after = comm.traffic().snapshot();
-        record(&mut sink, g.step, rank, &before, &after, wall);
+        record(&mut sink, step, rank, &before, &after, wall);
         for (name, v) in &out.metrics {
-            sink.push(g.step, rank, name, *v);
+            sink.push(step, rank, name, *v);
         }
         let nnz = match &out.result {
             Flat::Dense(v) => v.iter().filter(|x| **x != 0.0).count(),
             Flat::Sparse(s) => s.len(),
         };
-        sink.push(g.step, rank, "nnz", nnz as f64);
+        sink.push(step, rank, "nnz", nnz as f64);
         // The paper's formula beside the measurement (Ok-Topk Table 1: TopkDSA's best case,
         // Ok-Topk's worst case; k = the target for dense input, the input's nnz for sparse).
         if let Some(c) = cost::by_algo(args.algo, comm.size(), n as f64, k_in as f64) {
-            sink.push(g.step, rank, "model_bytes_sent", c.bytes());
+            sink.push(step, rank, "model_bytes_sent", c.bytes());
         }
-        if comm.rank() == 0 {
-            results.extend(match &out.result {
-                Flat::Dense(v) => trace::unflatten_dense(v, &layout, g.step, 0),
-                Flat::Sparse(s) => trace::unflatten_sparse(s, &layout, g.step, 0),
+        if let Some(io) = io.as_mut() {
+            io.write(match &out.result {
+                Flat::Dense(v) => trace::unflatten_dense(v, layout, step, 0),
+                Flat::Sparse(s) => trace::unflatten_sparse(s, layout, step, 0),
             });
         }
         bar.inc(1);
     }
-    reducer.finish(comm)?;
     bar.finish_and_clear();
+    if stopped {
+        // Every rank left at the same round: none runs the collectives below.
+        return Ok(RankOut {
+            metrics: Vec::new(),
+            state: Vec::new(),
+            io: io.map(|io| {
+                Err(io
+                    .failed
+                    .unwrap_or_else(|| anyhow::anyhow!("internal: stopped without an error")))
+            }),
+        });
+    }
+    reducer.finish(comm)?;
     // --state: every rank's errors after the last step, to the I/O rank, which saves them.
     let saved = if args.state.is_some() {
         dist::gather(comm, state::rank_rows(rank, reducer.state()))?.unwrap_or_default()
@@ -550,7 +731,14 @@ fn reduce_rank(
         Vec::new()
     };
     let metrics = dist::gather(comm, sink.rows)?.unwrap_or_default();
-    Ok((results, metrics, saved))
+    Ok(RankOut {
+        metrics,
+        state: saved,
+        io: io.map(|io| match io.failed {
+            Some(e) => Err(e),
+            None => Ok(io.writer),
+        }),
+    })
 }
 
 /// Writes the step's traffic: totals and one row per phase (`bytes_sent:<phase>`, …).
