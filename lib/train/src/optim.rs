@@ -108,6 +108,21 @@ pub trait Optimizer: Send {
     }
 }
 
+/// Adam-family first and second moments as checkpoint state (PyTorch's names).
+fn moments_state(m: &[f32], v: &[f32]) -> State {
+    vec![
+        ("exp_avg".into(), m.to_vec()),
+        ("exp_avg_sq".into(), v.to_vec()),
+    ]
+}
+
+/// Restores [`moments_state`], checking the lengths.
+fn load_moments(st: &State, m: &mut Vec<f32>, v: &mut Vec<f32>) -> Result<()> {
+    *m = take(st, "exp_avg", m.len())?;
+    *v = take(st, "exp_avg_sq", v.len())?;
+    Ok(())
+}
+
 fn take(st: &State, name: &str, n: usize) -> Result<Vec<f32>> {
     match st.iter().find(|(k, _)| k == name) {
         Some((_, v)) if v.len() == n => Ok(v.clone()),
@@ -197,15 +212,10 @@ impl Optimizer for Adam {
         }
     }
     fn state(&self) -> State {
-        vec![
-            ("exp_avg".into(), self.m.clone()),
-            ("exp_avg_sq".into(), self.v.clone()),
-        ]
+        moments_state(&self.m, &self.v)
     }
     fn load_state(&mut self, st: &State) -> Result<()> {
-        self.m = take(st, "exp_avg", self.m.len())?;
-        self.v = take(st, "exp_avg_sq", self.v.len())?;
-        Ok(())
+        load_moments(st, &mut self.m, &mut self.v)
     }
 }
 
@@ -265,15 +275,10 @@ impl Optimizer for Lamb {
         }
     }
     fn state(&self) -> State {
-        vec![
-            ("exp_avg".into(), self.m.clone()),
-            ("exp_avg_sq".into(), self.v.clone()),
-        ]
+        moments_state(&self.m, &self.v)
     }
     fn load_state(&mut self, st: &State) -> Result<()> {
-        self.m = take(st, "exp_avg", self.m.len())?;
-        self.v = take(st, "exp_avg_sq", self.v.len())?;
-        Ok(())
+        load_moments(st, &mut self.m, &mut self.v)
     }
 }
 
@@ -549,15 +554,10 @@ impl OnebitAdam {
         self.apply(w, lr, compressed_bound(&self.cfg));
     }
     pub fn state(&self) -> State {
-        vec![
-            ("exp_avg".into(), self.m.clone()),
-            ("exp_avg_sq".into(), self.v.clone()),
-        ]
+        moments_state(&self.m, &self.v)
     }
     pub fn load_state(&mut self, st: &State) -> Result<()> {
-        self.m = take(st, "exp_avg", self.m.len())?;
-        self.v = take(st, "exp_avg_sq", self.v.len())?;
-        Ok(())
+        load_moments(st, &mut self.m, &mut self.v)
     }
 }
 
