@@ -3,8 +3,8 @@
 //! relaunches itself under mpirun with `GRADKIT_CONFORMANCE_MPI=1`, running only
 //! `mpi_rank_entry`). Broken backends (wrappers that each break one rule) must fail it.
 
-use std::process::{Command, ExitCode, Stdio};
-use std::time::{Duration, Instant};
+use std::process::ExitCode;
+use std::time::Duration;
 
 use gradkit_comm::conformance::{self, Options};
 use gradkit_comm::{run_local, Backend, Buf, Comm, CommResult, Kind, Traffic, World};
@@ -275,7 +275,7 @@ fn timeout_rank_entry() -> anyhow::Result<()> {
 
 #[test]
 fn under_mpi_a_wait_past_the_limit_is_an_error_and_abandoned_sends_stay_valid() {
-    if !mpirun_available() {
+    if !gradkit_testkit::mpi::available() {
         return;
     }
     let (ok, out, err) = mpirun_self(
@@ -300,22 +300,9 @@ fn under_mpi_a_wait_past_the_limit_is_an_error_and_abandoned_sends_stay_valid() 
     );
 }
 
-fn mpirun_available() -> bool {
-    let ok = Command::new("mpirun")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("skipped: mpirun is not installed (make deps installs Open MPI)");
-    }
-    ok
-}
-
 #[test]
 fn mpi_backend_passes_for_np_1_to_4() {
-    if !mpirun_available() {
+    if !gradkit_testkit::mpi::available() {
         return;
     }
     for np in 1..=4usize {
@@ -333,46 +320,19 @@ fn mpi_backend_passes_for_np_1_to_4() {
 /// on a passing run): a job still running after 600 s is killed and the test fails.
 fn mpirun_self(np: usize, env: &[(&str, &str)]) -> (bool, String, String) {
     let me = std::env::current_exe().unwrap();
-    let mut cmd = Command::new("mpirun");
-    cmd.args(["-np", &np.to_string(), "--oversubscribe"])
-        .arg(&me)
-        .args([
-            "--exact",
-            "mpi_rank_entry",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    let mut cmd = gradkit_testkit::mpi::command(np);
+    cmd.arg(&me).args([
+        "--exact",
+        "mpi_rank_entry",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().expect("start mpirun");
-    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-    let out = std::thread::spawn(move || {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut out, &mut s).ok();
-        s
-    });
-    let err = std::thread::spawn(move || {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut err, &mut s).ok();
-        s
-    });
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if t0.elapsed() > Duration::from_secs(600) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("mpirun -np {np} hung: still running after 600 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    (status.success(), out.join().unwrap(), err.join().unwrap())
+    let child = cmd.spawn().expect("start mpirun");
+    let what = format!("mpirun -np {np}");
+    let (status, out, err) =
+        gradkit_testkit::mpi::wait_bounded(child, Duration::from_secs(600), &what);
+    (status.success(), out, err)
 }

@@ -3,6 +3,7 @@
 //! fixtures every plan consumer must treat alike.
 
 pub mod cli;
+pub mod mpi;
 pub mod plans;
 pub mod rng;
 pub mod traces;

@@ -3,25 +3,12 @@
 //! `pipelines/stress-mpi-errors.sh` runs the same cases hundreds of times under load.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
+use std::time::Duration;
 
 use gradkit_core::{write_table, Meta, Output, TensorRow};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gradallreduce");
-
-fn mpirun_available() -> bool {
-    let ok = Command::new("mpirun")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("skipped: mpirun is not installed (make deps installs Open MPI)");
-    }
-    ok
-}
 
 fn tmpdir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!(
@@ -64,13 +51,8 @@ struct Ran {
 /// Runs `mpirun -np P BIN args…` with stdout to `stdout_to` (or null) and a hang guard: a run
 /// still going after 300 s is killed and the test fails as a hang.
 fn mpirun(p: usize, args: &[&str], env: &[(&str, &str)], stdout_to: Option<&Path>) -> Ran {
-    let mut cmd = Command::new("mpirun");
-    cmd.args(["-np", &p.to_string(), "--oversubscribe", BIN])
-        .args(args)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped());
+    let mut cmd = gradkit_testkit::mpi::command(p);
+    cmd.arg(BIN).args(args);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -78,28 +60,13 @@ fn mpirun(p: usize, args: &[&str], env: &[(&str, &str)], stdout_to: Option<&Path
         Some(f) => cmd.stdout(std::fs::File::create(f).unwrap()),
         None => cmd.stdout(Stdio::null()),
     };
-    let mut child = cmd.spawn().expect("start mpirun");
-    let mut err = child.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut err, &mut s).ok();
-        s
-    });
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if t0.elapsed() > Duration::from_secs(300) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("mpirun {args:?} hung: still running after 300 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let child = cmd.spawn().expect("start mpirun");
+    let what = format!("mpirun {args:?}");
+    let (status, _, stderr) =
+        gradkit_testkit::mpi::wait_bounded(child, Duration::from_secs(300), &what);
     Ran {
         code: status.code(),
-        stderr: reader.join().unwrap(),
+        stderr,
     }
 }
 
@@ -109,7 +76,7 @@ fn count(hay: &str, needle: &str) -> usize {
 
 #[test]
 fn table_to_stdout_under_mpirun_is_refused_once_and_never_hangs() {
-    if !mpirun_available() {
+    if !gradkit_testkit::mpi::available() {
         return;
     }
     let d = tmpdir("stdout");
@@ -143,7 +110,7 @@ fn table_to_stdout_under_mpirun_is_refused_once_and_never_hangs() {
 
 #[test]
 fn a_check_failing_on_rank_0_is_reported_once_before_any_rank_exits() {
-    if !mpirun_available() {
+    if !gradkit_testkit::mpi::available() {
         return;
     }
     let d = tmpdir("mismatch");
@@ -171,7 +138,7 @@ fn a_check_failing_on_rank_0_is_reported_once_before_any_rank_exits() {
 
 #[test]
 fn a_usage_error_is_printed_once_under_mpirun() {
-    if !mpirun_available() {
+    if !gradkit_testkit::mpi::available() {
         return;
     }
     let d = tmpdir("usage");
@@ -192,7 +159,7 @@ fn a_usage_error_is_printed_once_under_mpirun() {
 
 #[test]
 fn a_rank_failing_inside_the_collectives_ends_the_job_with_its_message() {
-    if !mpirun_available() {
+    if !gradkit_testkit::mpi::available() {
         return;
     }
     let d = tmpdir("fault");
@@ -231,7 +198,7 @@ fn a_rank_failing_inside_the_collectives_ends_the_job_with_its_message() {
 
 #[test]
 fn a_stuck_rank_is_ended_by_the_watchdog() {
-    if !mpirun_available() {
+    if !gradkit_testkit::mpi::available() {
         return;
     }
     let d = tmpdir("stall");

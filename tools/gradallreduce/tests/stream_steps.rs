@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gradkit_core::{
     read_table, read_tensor, write_table, Input, Meta, MetricRow, Output, TensorRow,
@@ -311,56 +311,21 @@ fn a_bad_late_step_ends_the_run_with_one_message_and_no_output() {
     assert!(left.is_empty(), "temporary files left: {left:?}");
 }
 
-fn mpirun_available() -> bool {
-    let ok = Command::new("mpirun")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("skipped: mpirun is not installed (make deps installs Open MPI)");
-    }
-    ok
-}
-
 /// `mpirun -np P BIN args…`: exit code and stderr; a run still going after 300 s is killed
 /// and the test fails as a hang.
 fn mpirun(p: usize, args: &[&str]) -> (Option<i32>, String) {
-    let mut child = Command::new("mpirun")
-        .args(["-np", &p.to_string(), "--oversubscribe", BIN])
-        .args(args)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start mpirun");
-    let mut err = child.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut err, &mut s).ok();
-        s
-    });
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if t0.elapsed() > Duration::from_secs(300) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("mpirun {args:?} hung: still running after 300 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    (status.code(), reader.join().unwrap())
+    let mut cmd = gradkit_testkit::mpi::command(p);
+    cmd.arg(BIN).args(args).stdout(Stdio::null());
+    let child = cmd.spawn().expect("start mpirun");
+    let what = format!("mpirun {args:?}");
+    let (status, _, err) =
+        gradkit_testkit::mpi::wait_bounded(child, Duration::from_secs(300), &what);
+    (status.code(), err)
 }
 
 #[test]
 fn under_mpirun_steps_stream_and_a_bad_late_step_is_reported_once() {
-    if !mpirun_available() {
+    if !gradkit_testkit::mpi::available() {
         return;
     }
     let d = tmpdir("mpi");

@@ -1,0 +1,64 @@
+//! Running jobs under `mpirun` from tests: whether it is installed, the command every test
+//! starts from, and a bounded wait that turns a hang into a failing test.
+
+use std::io::Read;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Whether `mpirun` runs here; prints why a test is skipped when it does not.
+pub fn available() -> bool {
+    let ok = Command::new("mpirun")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipped: mpirun is not installed (make deps installs Open MPI)");
+    }
+    ok
+}
+
+/// `mpirun -np NP --oversubscribe` allowed to run as root, stdin closed, stdout and stderr
+/// piped (a test may redirect them before spawning).
+pub fn command(np: usize) -> Command {
+    let mut c = Command::new("mpirun");
+    c.args(["-np", &np.to_string(), "--oversubscribe"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+fn drain(r: Option<impl Read + Send + 'static>) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(mut r) = r {
+            r.read_to_string(&mut s).ok();
+        }
+        s
+    })
+}
+
+/// Waits for `child`, reading its piped stdout and stderr meanwhile (a stream that is not
+/// piped reads as ""). A hang guard only, never a time limit on a passing run: a job still
+/// running after `limit` is killed and the test fails naming `what`.
+pub fn wait_bounded(mut child: Child, limit: Duration, what: &str) -> (ExitStatus, String, String) {
+    let (out, err) = (drain(child.stdout.take()), drain(child.stderr.take()));
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} hung: still running after {} s", limit.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status, out.join().unwrap(), err.join().unwrap())
+}
