@@ -360,7 +360,7 @@ impl Reducer for DenseReducer {
         layout: &Layout,
         input: Flat,
     ) -> Result<StepOutput> {
-        let mut data = input.to_dense(layout.total() as usize);
+        let mut data = input.into_dense(layout.total() as usize);
         if self.name == "ring" {
             ring_with_scratch(comm, &mut data, &mut self.scratch)?;
             if self.op == Op::Mean {

@@ -40,6 +40,13 @@ pub enum Flat {
 }
 
 impl Flat {
+    /// The dense vector, moved out of a `Dense` (no copy) or expanded from a `Sparse`.
+    pub fn into_dense(self, n: usize) -> Vec<f32> {
+        match self {
+            Flat::Dense(v) => v,
+            Flat::Sparse(s) => s.to_dense(n),
+        }
+    }
     pub fn to_dense(&self, n: usize) -> Vec<f32> {
         match self {
             Flat::Dense(v) => v.clone(),

@@ -340,10 +340,7 @@ impl Reducer for OneBitReducer {
         input: Flat,
     ) -> Result<StepOutput> {
         let n = layout.total() as usize;
-        let mut data = match input {
-            Flat::Dense(v) => v,
-            s @ Flat::Sparse(_) => s.to_dense(n),
-        };
+        let mut data = input.into_dense(n);
         if data.len() != n {
             bail!(
                 "1-bit input has {} values but the layout has {n}",

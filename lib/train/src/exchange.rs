@@ -327,16 +327,14 @@ impl Exchange for Sparse {
         if io.step < self.dense_warmup {
             return self.warmup_step(comm, io, g);
         }
-        let input = match self.fold_lr {
-            Some(_) => {
-                let (lr, wd) = (io.lr, self.weight_decay);
-                g.iter()
-                    .zip(&self.rep.params)
-                    .map(|(gi, w)| lr * (gi + wd * w))
-                    .collect()
+        let mut input = g;
+        if self.fold_lr.is_some() {
+            // α·(G + wd·w) in place: the accumulator's input, no second gradient buffer.
+            let (lr, wd) = (io.lr, self.weight_decay);
+            for (gi, w) in input.iter_mut().zip(&self.rep.params) {
+                *gi = lr * (*gi + wd * w);
             }
-            None => g,
-        };
+        }
         let out = self
             .reducer
             .reduce(comm, io.step, &self.layout, Flat::Dense(input))?;
@@ -435,7 +433,7 @@ impl Exchange for OneBit {
         let out = self
             .reducer
             .reduce(comm, io.step, &self.layout, Flat::Dense(m))?;
-        let m = out.result.to_dense(n);
+        let m = out.result.into_dense(n);
         io.extra.extend(out.metrics);
         let t = Instant::now();
         match &mut self.rep.opt {

@@ -134,7 +134,7 @@ fn one_iteration(
     match onebit {
         Some(r) => {
             let out = r.reduce(comm, 0, layout, Flat::Dense(std::mem::take(data)))?;
-            *data = out.result.to_dense(layout.total() as usize);
+            *data = out.result.into_dense(layout.total() as usize);
         }
         None => dense::allreduce(comm, algo, Op::Sum, data)?,
     }
