@@ -6,8 +6,9 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use gradkit_core::cli::{self, Format};
+use gradkit_core::io::TensorStream;
 use gradkit_core::MetricRow;
-use gradkit_core::{read_tensor, Input, Output, ReadOptions};
+use gradkit_core::{Input, Output, ReadOptions};
 use gradreport::metrics::{self, Stat};
 use gradreport::model::{self, ModelParams};
 use gradreport::plot::{self, Kind, PlotOpts};
@@ -317,10 +318,15 @@ fn body(args: Args) -> Result<()> {
             format,
         } => {
             let input = Input::from_arg(file.as_deref())?;
-            let t = read_tensor(&input, ReadOptions { allow_nonfinite })?;
-            let stats = tensor::stats(&t.rows, step, rank);
+            // Streamed a record batch at a time: memory is one batch plus a line per row.
+            let mut chunks = TensorStream::open(&input, ReadOptions { allow_nonfinite })?.chunks();
+            let mut stats = Vec::new();
+            while let Some(rows) = chunks.next_chunk()? {
+                stats.extend(tensor::stats(&rows, step, rank));
+            }
+            stats.sort_by_key(|s| (s.step, s.rank, s.layer_id));
             if stats.is_empty() {
-                anyhow::bail!("no rows match --step/--rank in {}", t.source);
+                anyhow::bail!("no rows match --step/--rank in {}", chunks.source);
             }
             tensor::render(&stats).print(format)
         }
