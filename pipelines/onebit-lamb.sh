@@ -61,6 +61,24 @@ echo
 run $B/gradreport plot loss lamb.parquet onebit-lamb.parquet onebit-adam.parquet -o loss.svg >&2
 echo "Figure: data/out/onebit-lamb/loss.svg."
 echo
+# 1-bit Adam at its own learning rate (issue 17): the runs above share LAMB's lr, which is not
+# a fair comparison for the Adam family. Sweep Adam (dense) and 1-bit Adam over the same grid
+# and compare each at its best lr by the final evaluation loss.
+if [ "$FAST" != 0 ]; then LRS="0.003 0.01"; else LRS="0.0003 0.001 0.003 0.01"; fi
+SWEEP=()
+for lr in $LRS; do
+  run $B/gradtrain ${COMMON/--lr 0.01/--lr $lr} --optimizer adam --run adam-lr=$lr --metrics adam-$lr.parquet
+  run $B/gradtrain ${COMMON/--lr 0.01/--lr $lr} --optimizer onebit-adam --exchange onebit --freeze-step $FREEZE --run onebit-adam-lr=$lr --metrics onebit-adam-$lr.parquet
+  SWEEP+=(adam-$lr.parquet onebit-adam-$lr.parquet)
+done
+echo "Adam and 1-bit Adam (\`--freeze-step $FREEZE\`) over \`--lr\` in {${LRS// /, }}, otherwise as above:"
+echo
+run $B/gradreport table "${SWEEP[@]}" --by run --metric loss,eval_loss --stat last
+echo
+best() { $B/gradreport table "${SWEEP[@]}" --by run --metric eval_loss --stat last --format csv \
+  | awk -F, -v o="$1" 'NR > 1 && index($1, o "-lr=") == 1 && (b == "" || $2 < b) { b = $2; r = $1 } END { print r " (eval loss " b ")" }'; }
+echo "Best of each by final evaluation loss: $(best adam); $(best onebit-adam)."
+echo
 # The MLP parity question (issue 17) and the paper's "LAMB + basic 1-bit" ablation (§3.4):
 # LAMB's per-tensor scaling coefficients (Figs. 1-3) against 1-bit LAMB's r·c_avg and the
 # basic variant's frozen c_avg.
@@ -91,5 +109,5 @@ echo
 echo "Figure: data/out/onebit-lamb/coeff-fc1.svg (fc1.weight's coefficient per step)."
 } > section.md
 section onebit-lamb section.md
-expect section.md "^\| lamb +\| +[0-9]+ \|" "^\| onebit-lamb +\|" "^\| onebit-adam +\|" "measured volume reduction" "formula 1/\(w" "measured volume reduction, fp16" "lamb_coeff:fc1.weight"
+expect section.md "^\| lamb +\| +[0-9]+ \|" "^\| onebit-lamb +\|" "^\| onebit-adam +\|" "measured volume reduction" "formula 1/\(w" "measured volume reduction, fp16" "lamb_coeff:fc1.weight" "^\| onebit-adam-lr=" "Best of each by final evaluation loss: adam-lr=[0-9.]+ \(eval loss [0-9.]+\); onebit-adam-lr="
 cat section.md
