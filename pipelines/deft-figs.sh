@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# DEFT figures of issue 16 that the tools can make without new code: the density sweep (DEFT
+# DEFT figures of issue 16: the density sweep (DEFT
 # Fig. 8: build-up, measured and predicted selection speedup, and training loss per density)
 # and the error-norm curves (DEFT Figs. 5/6). Called at the end of pipelines/deft.sh
 # (`make repro-deft`); alone: `make repro-deft-figs`. Full runs write docs/results/deft-figs.md
@@ -95,27 +95,32 @@ echo "  feedback on); \`sparse_figs.py errnorm --red\` rebuilds the residuals fr
 echo "  u_t and checks u_t = Σ_i acc_i on u_t's support (worst relative difference in the table)."
 echo "- **topka**: \`gradallreduce --algo topka\` (Top-k with the allgather exchange; each rank's residual"
 echo "  keeps everything but its own top-k, since it sends only those)."
-echo "- **Top-k (union)** and **CLT-k**: no gradkit tool runs these exchanges, so \`sparse_figs.py errnorm"
-echo "  --simulate\` computes them from the trace with Alg. 1's loop: Top-k = union of every rank's exact"
-echo "  top-k (the paper's Top-k baseline: AllGather indices, AllReduce values on the union); CLT-k = the"
-echo "  exact top-k of the cyclic leader (rank t mod P), applied by every rank (the paper's CLT-k)."
+echo "- **Top-k (union)** and **CLT-k**: \`gradallreduce --algo topk-union\` (the paper's Top-k baseline:"
+echo "  every rank's exact top-k indices allgathered, every rank's values on their union allreduced, the"
+echo "  union zeroed in every residual) and \`gradallreduce --algo cltk\` (the exact top-k of the cyclic"
+echo "  leader, rank t mod P, applied by every rank); the error norm is the mean over ranks of the tools'"
+echo "  \`residual_norm\` metric, the build-up their result's \`nnz\` / k. \`sparse_figs.py errnorm --simulate"
+echo "  topk-union|cltk --tool-metrics\` recomputes both from the trace with Alg. 1's loop in NumPy and"
+echo "  reports the worst relative difference per step between the tool's error norm and its own."
 echo
 echo "Mean ‖e_t‖ per quarter of the steps, the last step's, and the mean build-up (|gathered set| / k)."
 echo "The paper: Top-k has clearly the lowest error (build-up), DEFT and CLT-k end higher, and DEFT at"
 echo "10× the density is about Top-k's (Figs. 5, 6; curves only)."
 echo
-echo "| run | P | k | steps | u_t rebuilt: worst rel. diff | ‖e‖ Q1 | Q2 | Q3 | Q4 | last step | build-up |"
+echo "| run | P | k | steps | checked: worst rel. diff | ‖e‖ Q1 | Q2 | Q3 | Q4 | last step | build-up |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 D10=$(awk -v d=$D 'BEGIN { print 10 * d }')
 run $B/gradallreduce --algo deft --ranks $E_P --density $D -q --run deft cnn.parquet -o red-deft.parquet --metrics ar-deft.m.parquet
 run $B/gradallreduce --algo deft --ranks $E_P --density $D10 -q --run deft10 cnn.parquet -o red-deft10.parquet --metrics ar-deft10.m.parquet
 run $B/gradallreduce --algo topka --ranks $E_P --density $D -q --run topka cnn.parquet -o red-topka.parquet --metrics ar-topka.m.parquet
+run $B/gradallreduce --algo topk-union --ranks $E_P --density $D -q --run topk-union cnn.parquet -o /dev/null --metrics ar-topk-union.m.parquet
+run $B/gradallreduce --algo cltk --ranks $E_P --density $D -q --run cltk cnn.parquet -o /dev/null --metrics ar-cltk.m.parquet
 fmt() { awk -F'\t' '{ printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11 }'; }
 run $FIGS errnorm cnn.parquet --density $D --red red-deft.parquet --rule result --label "deft d=$D" --metrics-out en-deft.m.parquet | fmt
 run $FIGS errnorm cnn.parquet --density $D10 --red red-deft10.parquet --rule result --label "deft 10×d=$D10" --metrics-out en-deft10.m.parquet | fmt
 run $FIGS errnorm cnn.parquet --density $D --red red-topka.parquet --rule sent --label "topka d=$D" --metrics-out en-topka.m.parquet | fmt
-run $FIGS errnorm cnn.parquet --density $D --simulate topk-union --label "Top-k (union) d=$D" --metrics-out en-topk-union.m.parquet | fmt
-run $FIGS errnorm cnn.parquet --density $D --simulate cltk --label "CLT-k d=$D" --metrics-out en-cltk.m.parquet | fmt
+run $FIGS errnorm cnn.parquet --density $D --simulate topk-union --tool-metrics ar-topk-union.m.parquet --label "Top-k (union) d=$D" --metrics-out en-topk-union.m.parquet | fmt
+run $FIGS errnorm cnn.parquet --density $D --simulate cltk --tool-metrics ar-cltk.m.parquet --label "CLT-k d=$D" --metrics-out en-cltk.m.parquet | fmt
 echo
 run $B/gradreport plot loss en-*.m.parquet --metric error_norm --title "DEFT Figs. 5/6 (CNN, P = $E_P): error norm per step" -o error-norm.svg >&2
 echo "Figure: data/out/deft-figs/error-norm.svg."

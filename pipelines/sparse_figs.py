@@ -20,7 +20,8 @@ Subcommands:
       and report xi_t = ||Topk_k(mean_i acc_i) - u_t/P|| / ||mean_i g_i||.
   deviation METRICS... [--quarters]
       Mean |nnz - k|/k of gradselect metrics per run (and per quarter of the steps).
-  errnorm TRACE --density D (--red RED --rule result|sent | --simulate topk-union|cltk) --label L
+  errnorm TRACE --density D (--red RED --rule result|sent | --simulate topk-union|cltk
+          [--tool-metrics M]) --label L
       DEFT Figs. 5/6: the error norm (1/P) sum_i ||e_i|| per step (see cmd_errnorm).
   balance METRICS...
       Fig. 7b: busiest rank's bytes with and without data balancing on the steps where the
@@ -270,9 +271,13 @@ def cmd_errnorm(a):
     --red RED --rule R: the accumulators of a gradallreduce run on the dense TRACE, rebuilt with
     the reducer's residual rule (result: every entry of u_t leaves every rank's residual, DEFT
     Alg. 1; sent: rank i's own exact top-k leaves, TopkA), checked against u_t.
-    --simulate topk-union|cltk: no tool runs these exchanges; computed here from the trace with
-    DEFT Alg. 1's loop (every rank zeroes the gathered index set): Top-k = union of every rank's
-    exact top-k, CLT-k = the cyclic leader's (rank t mod P) exact top-k.
+    --simulate topk-union|cltk: computed here from the trace with DEFT Alg. 1's loop (every rank
+    zeroes the gathered index set): Top-k = union of every rank's exact top-k, CLT-k = the
+    cyclic leader's (rank t mod P) exact top-k.
+    --tool-metrics M (with --simulate): the metrics/1 of `gradallreduce --algo topk-union|cltk`
+    on the same TRACE; the row is the tool's (error norm = mean over ranks of its
+    `residual_norm`, build-up = its result's `nnz` / k) and the worst-difference column is the
+    largest relative difference per step between the tool's error norm and the simulation's.
     """
     g, n = load_dense(a.trace)
     lay = pq.read_table(a.trace, columns=["layer_id", "numel"]).to_pandas()
@@ -317,14 +322,29 @@ def cmd_errnorm(a):
         norm = float(np.mean([np.linalg.norm(res[r].astype(np.float64)) for r in ranks]))
         rows.append(dict(step=s, error_norm=norm, buildup=union / k))
     d = pd.DataFrame(rows)
+    if a.tool_metrics:
+        w = wide(load_metrics([a.tool_metrics]), index=("step", "rank"))
+        if "residual_norm" not in w.columns:
+            sys.exit(f"error: --tool-metrics {a.tool_metrics}: no residual_norm metric (error feedback off?)")
+        tool = w.groupby("step").agg(error_norm=("residual_norm", "mean"), nnz=("nnz", "first"),
+                                     ranks=("rank", "nunique"))
+        if sorted(tool.index) != steps or (tool.ranks != P).any():
+            sys.exit(f"error: --tool-metrics {a.tool_metrics}: not a run over the trace's {len(steps)} steps "
+                     f"and {P} ranks")
+        sim = d.set_index("step")
+        worst = float((np.abs(tool.error_norm - sim.error_norm) / sim.error_norm.clip(lower=1e-30)).max())
+        d = pd.DataFrame(dict(step=steps, error_norm=tool.error_norm.loc[steps].values,
+                              buildup=tool.nnz.loc[steps].values / k))
     label = a.label
     if a.metrics_out:
         write_metrics(a.metrics_out, label, a.algo or label, P, d, ["error_norm", "buildup"], a)
     q = np.array_split(np.arange(len(d)), 4)
-    print(f"{label}\t{P}\t{k}\t{len(steps)}\t" + ("-" if red is None else f"{worst:.2e}") + "\t" +
+    checked = red is not None or a.tool_metrics
+    print(f"{label}\t{P}\t{k}\t{len(steps)}\t" + (f"{worst:.2e}" if checked else "-") + "\t" +
           "\t".join(f"{d.error_norm[i].mean():.4g}" for i in q) + f"\t{d.error_norm.iloc[-1]:.4g}\t{d.buildup.mean():.3g}")
     if worst > 1e-4:
-        print(f"warning: {label}: the rebuilt u_t differs from gradallreduce's by {worst:.2e}", file=sys.stderr)
+        what = "error norm" if a.tool_metrics else "rebuilt u_t"
+        print(f"warning: {label}: the {what} differs from gradallreduce's by {worst:.2e}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------- count deviation
@@ -391,9 +411,12 @@ def main():
     e.add_argument("--red"); e.add_argument("--rule", choices=["result", "sent"], default="result")
     e.add_argument("--simulate", choices=["topk-union", "cltk"]); e.add_argument("--label", required=True)
     e.add_argument("--algo"); e.add_argument("--metrics-out")
+    e.add_argument("--tool-metrics", help="with --simulate: the metrics/1 of gradallreduce's run of that exchange")
     a = p.parse_args()
     if a.cmd == "errnorm" and (a.red is None) == (a.simulate is None):
         p.error("errnorm: give exactly one of --red and --simulate")
+    if a.cmd == "errnorm" and a.tool_metrics and a.simulate is None:
+        p.error("errnorm: --tool-metrics goes with --simulate")
     {"threshold": cmd_threshold, "xi": cmd_xi, "deviation": cmd_deviation, "balance": cmd_balance,
      "errnorm": cmd_errnorm}[a.cmd](a)
 

@@ -68,6 +68,54 @@ impl std::fmt::Display for Balance {
     }
 }
 
+/// Ok-Topk's Step D on the re-evaluation steps (every τ' steps; Algorithm 1 lines 9–13).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReevalStepD {
+    /// The exact top-k of the gathered reduced values is the result, no Step D (the authors' code)
+    #[default]
+    Skip,
+    /// Line 13 on every step: keep |reduced| ≥ the new global threshold, balance_and_allgatherv
+    Run,
+}
+
+impl ReevalStepD {
+    /// Every policy, in the order `--help` lists them.
+    pub const ALL: &'static [ReevalStepD] = &[ReevalStepD::Skip, ReevalStepD::Run];
+
+    /// The `--reeval-step-d` name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ReevalStepD::Skip => "skip",
+            ReevalStepD::Run => "run",
+        }
+    }
+
+    /// One line for `--help`.
+    pub const fn help(self) -> Option<&'static str> {
+        match self {
+            ReevalStepD::Skip => Some(
+                "The exact top-k of the gathered reduced values is the result, no Step D (the authors' code)",
+            ),
+            ReevalStepD::Run => Some(
+                "Algorithm 1 line 13 on every step: keep |reduced| >= the new global threshold, balance_and_allgatherv",
+            ),
+        }
+    }
+}
+
+impl std::str::FromStr for ReevalStepD {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        parse_named("--reeval-step-d", s, ReevalStepD::ALL, ReevalStepD::name)
+    }
+}
+
+impl std::fmt::Display for ReevalStepD {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// How EmbRace splits an embedding table across ranks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Split {
@@ -127,6 +175,8 @@ pub struct Params {
     /// Ok-Topk: how reused thresholds are adjusted between re-evaluations (local and global).
     pub adjust: Adjust,
     pub balance: Balance,
+    /// Ok-Topk: whether Step D (`balance_and_allgatherv`) also runs on re-evaluation steps.
+    pub reeval_step_d: ReevalStepD,
     /// A `plan/1` table (Ok-Topk regions or DEFT ranges) instead of computing one.
     pub plan: Option<Vec<PlanRow>>,
     /// Error feedback for the algorithms' own selection of dense input.
@@ -148,6 +198,7 @@ impl Default for Params {
             reeval: 32,
             adjust: Adjust::Ladder,
             balance: Balance::Auto,
+            reeval_step_d: ReevalStepD::Skip,
             plan: None,
             residual: true,
             split: Split::Columns,
@@ -190,6 +241,7 @@ pub fn reducer_for(algo: Algo, params: &Params) -> Result<Box<dyn Reducer>> {
         Algo::OkTopk => Box::new(sparse::oktopk::OkTopk::new(params)?),
         Algo::Deft => Box::new(sparse::deft::Deft::new(params)?),
         Algo::CltK => Box::new(sparse::cltk::CltK::new(params)?),
+        Algo::TopkUnion => Box::new(sparse::topk_union::TopkUnion::new(params)?),
         // compressed and embedding collectives
         Algo::OneBit => Box::new(OneBitReducer::new(Variant::Server).with_kernels(params.kernels)),
         Algo::OneBitNaive => {

@@ -60,6 +60,7 @@ pub enum Algo {
     OkTopk,
     Deft,
     CltK,
+    TopkUnion,
     OneBit,
     OneBitNaive,
     AllToAll,
@@ -80,6 +81,7 @@ impl Algo {
         Algo::OkTopk,
         Algo::Deft,
         Algo::CltK,
+        Algo::TopkUnion,
         Algo::OneBit,
         Algo::OneBitNaive,
         Algo::AllToAll,
@@ -100,6 +102,7 @@ impl Algo {
             Algo::OkTopk => "oktopk",
             Algo::Deft => "deft",
             Algo::CltK => "cltk",
+            Algo::TopkUnion => "topk-union",
             Algo::OneBit => "onebit",
             Algo::OneBitNaive => "onebit-naive",
             Algo::AllToAll => "alltoall",
@@ -123,6 +126,9 @@ impl Algo {
             Algo::OkTopk => "Ok-Topk (split_and_reduce + balance_and_allgatherv), O(k) volume",
             Algo::Deft => "DEFT's exchange of disjoint per-worker selections",
             Algo::CltK => "CLT-k: the cyclic leader's top-k indices broadcast, every rank's values there allreduced",
+            Algo::TopkUnion => {
+                "Top-k (union): every rank's top-k indices allgathered, all ranks' values at the union allreduced"
+            }
             Algo::OneBit => "DeepSpeed's error-compensated 1-bit allreduce (average)",
             Algo::OneBitNaive => "allgather of every rank's signs and scale (baseline)",
             Algo::AllToAll => "EmbRace's AlltoAll of row-sparse embedding gradients + ring",
@@ -141,7 +147,8 @@ impl Algo {
             | Algo::GaussianK
             | Algo::OkTopk
             | Algo::Deft
-            | Algo::CltK => Family::Sparse,
+            | Algo::CltK
+            | Algo::TopkUnion => Family::Sparse,
             Algo::OneBit | Algo::OneBitNaive => Family::Compressed,
             Algo::AllToAll => Family::Embedding,
         }

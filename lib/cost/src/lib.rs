@@ -9,6 +9,8 @@
 //! * EmbRace Table 2 (embrace.md §3): AlltoAll, ring AllReduce, AllGather, PS.
 //! * CLT-k (deft.md §2): binomial broadcast of the leader's k indices + ring allreduce of
 //!   the k values.
+//! * Top-k (union) (DEFT Algorithm 1 with Top-k; deft.md §1.0): ring allgatherv of every
+//!   rank's k indices + ring allreduce of the values at their union.
 //!
 //! A [`Cost`] is `latency·α + words·β` with α in seconds per message and β in seconds per
 //! word. `log P` is ⌈log2 P⌉ (Table 1 assumes P a power of two).
@@ -146,6 +148,34 @@ pub fn cltk(p: usize, k: f64) -> Cost {
     }
 }
 
+/// Top-k (union) (DEFT Algorithm 1 with Top-k as `Sparsify`; deft.md §1.0) with a union of
+/// `u` indices (k ≤ u ≤ min(Pk, n)): the ring allgatherv of every rank's k `u32` indices
+/// (P−1 messages, k(P−1) words) then the ring allreduce of the u `f32` values (2(P−1)
+/// messages, 2u(P−1)/P words): 3(P−1) α, k(P−1) + 2u(P−1)/P words. Exact per rank when P
+/// divides u; [`topk_union_bytes_sent`] is exact for every rank.
+pub fn topk_union(p: usize, k: f64, u: f64) -> Cost {
+    if p <= 1 {
+        return Cost {
+            latency: 0.0,
+            words: 0.0,
+        };
+    }
+    Cost {
+        latency: 3.0 * (pf(p) - 1.0),
+        words: k * (pf(p) - 1.0) + 2.0 * u * (pf(p) - 1.0) / pf(p),
+    }
+}
+
+/// Exact bytes rank `r` sends in gradkit's Top-k (union) exchange
+/// (`collectives::sparse::topk_union`) when every rank selects k entries and their union has
+/// u: 4k(P−1) for the allgatherv plus [`ring_bytes_sent`]`(P, u, r)`.
+pub fn topk_union_bytes_sent(p: usize, k: usize, u: usize, r: usize) -> u64 {
+    if p <= 1 {
+        return 0;
+    }
+    4 * (k as u64) * (p as u64 - 1) + ring_bytes_sent(p, u, r)
+}
+
 /// Length of the 1-bit buffer after padding n to a multiple of P·lcm(P, 8).
 pub fn onebit_padded(p: usize, n: usize) -> usize {
     let l = lcm(p, 8) * p;
@@ -214,6 +244,8 @@ pub fn by_algo(algo: Algo, p: usize, n: f64, k: f64) -> Option<Cost> {
         Algo::GaussianK => gaussiank(p, k),
         Algo::OkTopk => oktopk_worst(p, k),
         Algo::CltK => cltk(p, k),
+        // Best case: the ranks' top-k coincide (union of k); the worst is min(Pk, n).
+        Algo::TopkUnion => topk_union(p, k, k),
         Algo::OneBit => onebit(p, n as usize),
         Algo::Deft | Algo::OneBitNaive | Algo::AllToAll => return None,
     })

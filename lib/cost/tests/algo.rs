@@ -18,6 +18,7 @@ const EXPECTED: &[(&str, &str)] = &[
     ("oktopk", "sparse"),
     ("deft", "sparse"),
     ("cltk", "sparse"),
+    ("topk-union", "sparse"),
     ("onebit", "compressed"),
     ("onebit-naive", "compressed"),
     ("alltoall", "embedding"),
@@ -66,6 +67,7 @@ fn families_display_their_names() {
 /// k = 80: dense 2n(P−1)/P = 14000 words; TopkA 2k(P−1) = 1120; TopkDSA best
 /// 4k(P−1)/P = 280; gTopk 4k log P = 960; Gaussiank 2k(P−1) = 1120; Ok-Topk worst
 /// 6k(P−1)/P = 420; CLT-k log P + 2(P−1) = 17 α, k log P + 2k(P−1)/P = 240 + 140 = 380;
+/// Top-k (union) best case (union of k) 3(P−1) = 21 α, k(P−1) + 2k(P−1)/P = 560 + 140 = 700;
 /// tree n log P = 24000; 1-bit: n padded to 8·lcm(8,8) = 64 → 8000,
 /// 2(P−1)/P·8000/8 + 2(P−1)·4 = 1806 bytes.
 #[test]
@@ -83,6 +85,7 @@ fn by_algo_picks_each_algorithms_formula() {
         ("oktopk", Some((22.0, 420.0))),
         ("deft", None),
         ("cltk", Some((17.0, 380.0))),
+        ("topk-union", Some((21.0, 700.0))),
         ("onebit", Some((28.0, 1806.0 / 4.0))),
         ("onebit-naive", None),
         ("alltoall", None),

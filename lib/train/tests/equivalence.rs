@@ -138,12 +138,13 @@ fn gradtrain_sparse_exchanges_are_gradallreduce_reducers() {
                 "oktopk",
                 "deft",
                 "cltk",
+                "topk-union",
             ]
             .contains(&e.1)
         })
         .map(|e| (e.0, e.1))
         .collect();
-    assert_eq!(sparse.len(), 7, "every sparse exchange is covered");
+    assert_eq!(sparse.len(), 8, "every sparse exchange is covered");
     for (exchange, algo) in sparse {
         for p in 1..=5usize {
             let dir = tempfile::tempdir().unwrap();

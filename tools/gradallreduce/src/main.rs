@@ -28,15 +28,17 @@ Algorithms (--algo):
   ring, rabenseifner, tree, native   dense; --op sum|mean
   ring-fp16                          the ring with fp16 messages (half the bytes)
   topka, topkdsa, gtopk, gaussiank   sparse baselines of Ok-Topk's Table 1
-  oktopk                             Ok-Topk (--period, --reeval, --balance, --plan)
+  oktopk                             Ok-Topk (--period, --reeval, --balance, --plan, …)
   deft                               DEFT's exchange (dense input, --plan or computed)
   cltk                               CLT-k: cyclic leader's top-k, all ranks' values (dense input)
+  topk-union                         Top-k (union) of DEFT's Alg. 1: union of top-k (dense input)
   onebit, onebit-naive               1-bit compressed allreduce (--state)
   alltoall                           EmbRace's AlltoAll for embedding layers (--split)
 Sparse algorithms sum (Ok-Topk's u); dense input to them is first selected with --density
 and error feedback across steps, as Ok-Topk's Algorithm 1 does. --op mean divides any sum
 by P; the 1-bit allreduces always average, so --op does not apply to them. A flag read only
-by other algorithms (--state, --plan, --period, --reeval, --balance, --split) is refused.
+by other algorithms (--state, --plan, --period, --reeval, --adjust, --balance,
+--reeval-step-d, --split) is refused.
 
 Examples:
   gradtrace synthetic --shape mlp --ranks 4 --steps 3 --seed 1 \\

@@ -6,7 +6,7 @@ use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gradallreduce");
 
-const ALGOS: &str = "ring, ring-fp16, rabenseifner, tree, native, topka, topkdsa, gtopk, gaussiank, oktopk, deft, cltk, onebit, onebit-naive, alltoall";
+const ALGOS: &str = "ring, ring-fp16, rabenseifner, tree, native, topka, topkdsa, gtopk, gaussiank, oktopk, deft, cltk, topk-union, onebit, onebit-naive, alltoall";
 
 fn out(args: &[&str]) -> (Option<i32>, String, String) {
     let o = Command::new(BIN).args(args).output().unwrap();
@@ -30,6 +30,7 @@ fn help_lists_every_value() {
         "dense",
         "dense",
         "dense",
+        "sparse",
         "sparse",
         "sparse",
         "sparse",

@@ -22,7 +22,7 @@
 
 use std::time::Instant;
 
-use anyhow::{ensure, Result};
+use anyhow::Result;
 use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::{Layout, Sparse};
 
@@ -47,27 +47,13 @@ pub fn exchange(
         let _ph = comm.phase("broadcast_indices");
         comm.broadcast(leader, sel)?
     };
-    for w in indices.windows(2) {
-        ensure!(
-            w[0] < w[1],
-            "cltk: leader {leader} sent indices that are not strictly ascending ({} then {})",
-            w[0],
-            w[1]
-        );
-    }
-    if let Some(&last) = indices.last() {
-        ensure!(
-            (last as usize) < acc.len(),
-            "cltk: leader {leader} sent index {last}, outside the model's {} elements",
-            acc.len()
-        );
-    }
-    let mut values: Vec<f32> = indices.iter().map(|&i| acc[i as usize]).collect();
-    {
-        let _ph = comm.phase("allreduce_values");
-        crate::dense::ring_in_caller_phase(comm, &mut values)?;
-    }
-    Ok(Sparse { indices, values })
+    super::allreduce_at(
+        comm,
+        "cltk",
+        &format!("leader {leader}'s indices"),
+        acc,
+        indices,
+    )
 }
 
 /// `--algo cltk`. Reads `k`/`density`, `residual`, `kernels`, `op`.

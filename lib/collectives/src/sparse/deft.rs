@@ -53,15 +53,7 @@ pub fn exchange(comm: &dyn Comm, acc: &[f32], sel: Vec<u32>) -> Result<Sparse> {
         "deft: ranks selected overlapping indices ({} duplicates): the plan's ranges overlap (--plan)",
         before - union.len()
     );
-    let mut values: Vec<f32> = union.iter().map(|&i| acc[i as usize]).collect();
-    {
-        let _ph = comm.phase("allreduce_values");
-        crate::dense::ring_in_caller_phase(comm, &mut values)?;
-    }
-    Ok(Sparse {
-        indices: union,
-        values,
-    })
+    super::allreduce_at(comm, "deft", "the gathered indices", acc, union)
 }
 
 /// `--algo deft`. Reads `k`/`density`, `plan`, `residual`.

@@ -15,6 +15,7 @@
 //! | [`oktopk`] | oktopk | `space_repartition`, `split_and_reduce`, `th_re_evaluate`, `th_adjust`, `balance_and_allgatherv` |
 //! | [`deft`] | deft | `plan`, `allgather_counts`, `allgather_indices`, `allreduce_values` |
 //! | [`cltk`] | cltk | `broadcast_indices`, `allreduce_values` |
+//! | [`topk_union`] | topk-union | `allgather_indices`, `allreduce_values` |
 //!
 //! Residual rule for dense input (Ok-Topk Algorithm 2, DEFT Algorithm 1): after a step the
 //! residual is the accumulator with the entries zeroed that this rank *sent and that are in the
@@ -26,6 +27,7 @@ pub mod deft;
 pub mod gaussiank;
 pub mod gtopk;
 pub mod oktopk;
+pub mod topk_union;
 pub mod topka;
 pub mod topkdsa;
 
@@ -342,6 +344,41 @@ pub(crate) fn exchange_sparse(
         res.push(Sparse { indices, values });
     }
     Ok(res)
+}
+
+/// The second half of the exchanges in which every rank sends its accumulator values at a
+/// common index set (DEFT Algorithm 1 lines 4–6; deft.md §1.0, §1.5): DEFT, CLT-k and the
+/// paper's Top-k (union). Checks `indices` (strictly ascending, below `acc.len()`; `what`
+/// names their origin in the error), then sums `acc` at them over the ranks with the ring
+/// allreduce (phase `allreduce_values`), so every rank gets the same bits.
+pub(crate) fn allreduce_at(
+    comm: &dyn Comm,
+    algo: &str,
+    what: &str,
+    acc: &[f32],
+    indices: Vec<u32>,
+) -> Result<Sparse> {
+    for w in indices.windows(2) {
+        ensure!(
+            w[0] < w[1],
+            "{algo}: {what} are not strictly ascending ({} then {})",
+            w[0],
+            w[1]
+        );
+    }
+    if let Some(&last) = indices.last() {
+        ensure!(
+            (last as usize) < acc.len(),
+            "{algo}: {what} include {last}, outside the model's {} elements",
+            acc.len()
+        );
+    }
+    let mut values: Vec<f32> = indices.iter().map(|&i| acc[i as usize]).collect();
+    {
+        let _ph = comm.phase("allreduce_values");
+        crate::dense::ring_in_caller_phase(comm, &mut values)?;
+    }
+    Ok(Sparse { indices, values })
 }
 
 /// Sum-allreduce of a few u64 (Ok-Topk's boundary consensus): recursive doubling among the

@@ -17,9 +17,13 @@
 //!    in buckets of min(4, P−1) non-blocking messages, and the scatter-add of bucket b−1 into
 //!    the dense region buffer runs on a second thread while bucket b is on the wire.
 //!    Rank r sends exactly 8·|S_r outside region r| bytes in 2(P−1) messages.
-//! 4. On re-evaluation calls, [`th_re_evaluate`]: allgatherv of all reduced non-zeros, the
-//!    exact top-k of them is the result and its k-th largest |value| the global threshold
-//!    (as the reference code does, Step D is skipped on these calls).
+//! 4. On re-evaluation calls, [`th_re_evaluate`]: allgatherv of all reduced non-zeros, and
+//!    their k-th largest |value| is the global threshold. With `--reeval-step-d skip` (the
+//!    default, as the reference code does) the exact top-k of them is the result and Step D is
+//!    skipped on these calls; with `run` (Algorithm 1 as written: line 13 on every step) each
+//!    rank keeps `{j ∈ region r : |reduced_j| ≥ global_th}` (the gathered top-k when the
+//!    magnitudes are distinct, every tie at the k-th largest too) and Step D follows, charged
+//!    to `balance_and_allgatherv` as on the other steps.
 //!    Otherwise the reused global threshold, with `--adjust ladder` (the default), is first
 //!    adjusted collectively ([`th_adjust`]: every rank counts its reduced entries above a
 //!    ladder of candidate thresholds around it, one integer allreduce (phase `th_adjust`) sums
@@ -56,7 +60,7 @@ use super::{
     allgatherv_sparse, allreduce_sum_u64, check_plan_workers, concat, exact_threshold,
     exchange_sparse, flat_range, k_of, output, plan_at, topk_sparse, Feedback,
 };
-use crate::registry::Balance;
+use crate::registry::{Balance, ReevalStepD};
 use crate::{Flat, Params, Reducer, StepOutput};
 
 /// Step B: region boundaries (P−1 of them, region i = `[b[i−1], b[i])`) from every rank's
@@ -312,8 +316,8 @@ pub fn plan_bounds(layout: &Layout, rows: &[&PlanRow], p: usize, n: u64) -> Resu
 }
 
 /// `--algo oktopk`: Algorithm 1 with its state across steps (boundaries, thresholds,
-/// residual). Reads `k`/`density`, `period` τ, `reeval` τ', `adjust`, `balance`, `plan`,
-/// `residual`.
+/// residual). Reads `k`/`density`, `period` τ, `reeval` τ', `adjust`, `balance`,
+/// `reeval_step_d`, `plan`, `residual`.
 pub struct OkTopk {
     params: Params,
     fb: Feedback,
@@ -341,8 +345,9 @@ impl OkTopk {
     }
 
     /// Algorithm 1's global selection: the exact threshold on re-evaluation steps
-    /// (`th_re_evaluate`), otherwise the reused one (adjusted by the `--adjust` policy) and
-    /// `balance_and_allgatherv`. Returns the result and whether balancing ran.
+    /// (`th_re_evaluate`; its exact top-k is the result under `--reeval-step-d skip`, Step D
+    /// runs with the new threshold under `run`), otherwise the reused one (adjusted by the
+    /// `--adjust` policy) and Step D. Returns the result and whether balancing ran.
     fn global_selection(
         &mut self,
         comm: &dyn Comm,
@@ -351,40 +356,62 @@ impl OkTopk {
         reeval: bool,
         metrics: &mut Vec<(String, f64)>,
     ) -> Result<(Sparse, bool)> {
-        Ok(if reeval {
+        let kern = self.params.kernels;
+        if reeval {
             let _ph = comm.phase("th_re_evaluate");
-            let (res, th) = th_re_evaluate(comm, self.params.kernels, reduced, k)?;
+            if self.params.reeval_step_d == ReevalStepD::Skip {
+                let (res, th) = th_re_evaluate(comm, kern, reduced, k)?;
+                self.global_th = Some(th);
+                return Ok((res, false));
+            }
+            // Lines 9–12, then line 13 below with the exact threshold.
+            let all = concat(allgatherv_sparse(comm, reduced.clone())?);
+            let th = exact_threshold(kern, &all.values, k);
             self.global_th = Some(th);
-            (res, false)
-        } else {
-            let th = self.global_th.expect("threshold from the first call");
-            let th = match self.params.adjust {
-                Adjust::Ladder => {
-                    let (th, before, rounds) = {
-                        let _ph = comm.phase("th_adjust");
-                        th_adjust(comm, &reduced.values, th, k)?
-                    };
-                    if let Some(b) = before {
-                        metrics.push(("global_count_reused_th".into(), b as f64));
-                    }
-                    metrics.push(("th_adjust_rounds".into(), f64::from(rounds)));
-                    th
+            drop(_ph);
+            // th is the k-th largest |sum| (0: at most k non-zeros, all pass): `≥` keeps
+            // exactly the gathered top-k when the magnitudes are distinct.
+            let keep = |v: f32| if th > 0.0 { v.abs() >= th } else { v != 0.0 };
+            return self.step_d(comm, &reduced, keep);
+        }
+        let th = self.global_th.expect("threshold from the first call");
+        let th = match self.params.adjust {
+            Adjust::Ladder => {
+                let (th, before, rounds) = {
+                    let _ph = comm.phase("th_adjust");
+                    th_adjust(comm, &reduced.values, th, k)?
+                };
+                if let Some(b) = before {
+                    metrics.push(("global_count_reused_th".into(), b as f64));
                 }
-                // Algorithm 1 line 13 as written; the reference code nudges th after the step.
-                Adjust::Paper | Adjust::Reference(_) => th,
-            };
-            // The threshold in force this step; it carries over to the next reuse step.
-            self.global_th = Some(th);
-            let keep: Vec<usize> = (0..reduced.len())
-                .filter(|&i| reduced.values[i].abs() > th)
-                .collect();
-            let mine = Sparse {
-                indices: keep.iter().map(|&i| reduced.indices[i]).collect(),
-                values: keep.iter().map(|&i| reduced.values[i]).collect(),
-            };
-            let _ph = comm.phase("balance_and_allgatherv");
-            balance_and_allgatherv(comm, mine, self.params.balance)?
-        })
+                metrics.push(("th_adjust_rounds".into(), f64::from(rounds)));
+                th
+            }
+            // Algorithm 1 line 13 as written; the reference code nudges th after the step.
+            Adjust::Paper | Adjust::Reference(_) => th,
+        };
+        // The threshold in force this step; it carries over to the next reuse step.
+        self.global_th = Some(th);
+        self.step_d(comm, &reduced, |v: f32| v.abs() > th)
+    }
+
+    /// Step D (Algorithm 1 line 13): this rank keeps the entries of its reduced region that
+    /// pass `keep`, then [`balance_and_allgatherv`] (phase `balance_and_allgatherv`).
+    fn step_d(
+        &self,
+        comm: &dyn Comm,
+        reduced: &Sparse,
+        keep: impl Fn(f32) -> bool,
+    ) -> Result<(Sparse, bool)> {
+        let kept: Vec<usize> = (0..reduced.len())
+            .filter(|&i| keep(reduced.values[i]))
+            .collect();
+        let mine = Sparse {
+            indices: kept.iter().map(|&i| reduced.indices[i]).collect(),
+            values: kept.iter().map(|&i| reduced.values[i]).collect(),
+        };
+        let _ph = comm.phase("balance_and_allgatherv");
+        balance_and_allgatherv(comm, mine, self.params.balance)
     }
 }
 
@@ -425,6 +452,8 @@ impl Reducer for OkTopk {
                 let acc = self.fb.accumulate(g);
                 let (st, values) = self.local.select_values_at(reeval, &acc, k);
                 self.local_th = st.threshold;
+                // Passes over acc beyond the one streaming pass (0 in the common case).
+                metrics.push(("local_rescans".into(), f64::from(st.rescans)));
                 let sel = Sparse {
                     indices: st.indices,
                     values,

@@ -1,0 +1,93 @@
+//! The paper's Top-k exchange, "Top-k (union)": the baseline DEFT compares with (Yoon & Oh,
+//! ICPP'23, Algorithm 1 with Top-k as `Sparsify`; deft.md §1.0). Per step, on every rank i:
+//! 1. `acc_i = residual_i + g_i` (error feedback);
+//! 2. `idx_i` = the exact top-k of `acc_i` by magnitude (exactly min(k, n) entries, ties to
+//!    the lower index, as gradselect's `--method topk`);
+//! 3. `idx = AllGather(idx_i)` (ring allgatherv of the `u32` indices; `allgather_indices`),
+//!    and its union, ascending;
+//! 4. every rank's `acc_i` at the whole union is summed by the ring allreduce
+//!    (`allreduce_values`), so every rank gets the same bits;
+//! 5. every rank zeroes the union in its accumulator (`Leaves::Result`): the rest is its
+//!    new residual.
+//!
+//! Result: `Σ_i acc_i` at `∪_i idx_i` (divided by P for `Op::Mean`); its support is between k
+//! and min(Pk, n) entries (DEFT's "gradient build-up", deft.md §5.2). Unlike TopkA
+//! (`--algo topka`), which sends each rank's own (index, value) pairs and leaves the values a
+//! rank did not select in its residual, every rank here contributes at every union index.
+//!
+//! Traffic per rank and step: the allgatherv sends 4k(P−1) bytes in P−1 messages; the ring
+//! allreduce of the u = |∪ idx_i| values sends `cost::ring_bytes_sent(P, u, r)` bytes in
+//! 2(P−1) messages (`cost::topk_union_bytes_sent`).
+//!
+//! Needs dense input: every rank sends its values at indices other ranks selected, which a
+//! sparse selection does not have.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use gradkit_comm::{Comm, CommExt};
+use gradkit_core::trace::{Layout, Sparse};
+
+use super::{allreduce_at, k_of, output, secs, select_topk, Feedback};
+use crate::{Flat, Params, Reducer, StepOutput};
+
+/// The Top-k (union) exchange of one step given this rank's selection `sel` (ascending, from
+/// `acc`): allgather of the indices, their union, every rank's `acc` summed there.
+pub fn exchange(comm: &dyn Comm, acc: &[f32], sel: Vec<u32>) -> Result<Sparse> {
+    let mut union: Vec<u32> = {
+        let _ph = comm.phase("allgather_indices");
+        comm.allgatherv(sel)?.concat()
+    };
+    union.sort_unstable();
+    union.dedup();
+    allreduce_at(comm, "topk-union", "the gathered indices", acc, union)
+}
+
+/// `--algo topk-union`. Reads `k`/`density`, `residual`, `kernels`, `op`.
+pub struct TopkUnion {
+    params: Params,
+    fb: Feedback,
+}
+
+impl TopkUnion {
+    pub fn new(params: &Params) -> Result<Self> {
+        Ok(TopkUnion {
+            params: params.clone(),
+            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::Result),
+        })
+    }
+}
+
+impl Reducer for TopkUnion {
+    fn name(&self) -> &'static str {
+        "topk-union"
+    }
+    super::feedback_state!("topk-union");
+    fn reduce(
+        &mut self,
+        comm: &dyn Comm,
+        _step: u32,
+        layout: &Layout,
+        input: Flat,
+    ) -> Result<StepOutput> {
+        let (n, g) = self.fb.check_dense(
+            "topk-union",
+            layout,
+            input,
+            "every rank sends its accumulator values at the union of all ranks' top-k indices",
+        )?;
+        let k = k_of(&self.params, n);
+        let t = Instant::now();
+        let acc = self.fb.accumulate(g);
+        let sel = select_topk(self.params.kernels, &acc, k);
+        let mut metrics = vec![
+            ("time_select_s".to_string(), secs(t)),
+            ("local_nnz".to_string(), sel.len() as f64),
+        ];
+        let res = exchange(comm, &acc, sel.clone())?;
+        if let Some(norm) = self.fb.settle(acc, &sel, &res.indices) {
+            metrics.push(("residual_norm".into(), norm));
+        }
+        Ok(output(comm, self.params.op, res, k, Some(sel), metrics))
+    }
+}
