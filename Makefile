@@ -16,7 +16,7 @@ BIN := target/release
 FAST ?= 0
 export FAST
 
-.PHONY: all help deps deps-apt deps-rust deps-py build demo test test-cuda-feature bench stress-mpi lint fmt clean \
+.PHONY: all help deps deps-apt deps-rust deps-py deps-bench build demo test test-cuda-feature bench stress-mpi lint fmt clean \
         repro repro-oktopk repro-deft repro-onebit-lamb repro-embrace
 
 all: build
@@ -81,7 +81,14 @@ test-cuda-feature:
 	  [ $$rc = 1 ] && [ "$$(printf '%s\n' "$$err" | wc -l)" = 1 ] && [ "$${err#error: }" != "$$err" ] \
 	  || { echo "error: expected exit 1 and one 'error:' line from --device cuda" >&2; exit 1; }
 
-bench: deps build
+## deps-bench: mpi4py in the venv, the MPI baseline of make bench (built against
+## libopenmpi-dev, which deps-apt installs). make test does not need it.
+deps-bench: $(VENV)/.ok-bench-1
+$(VENV)/.ok-bench-1: $(VENV)/.ok-2
+	$(VENV)/bin/pip install -q --disable-pip-version-check mpi4py
+	touch $@
+
+bench: deps deps-bench build
 	@bash pipelines/bench.sh
 
 ## stress-mpi: every mpirun error path RUNS times under a CPU hog (docs/RELIABILITY.md)

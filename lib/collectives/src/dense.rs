@@ -67,12 +67,10 @@ pub fn ring_in_caller_phase(comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
 /// buffer, once it holds the sum, is sent on as it is: one copy of a chunk per call (the
 /// first message) and no allocation per step; the sum `data + got` is written to both
 /// `data` and `got` in one pass.
-fn ring_reduce_scatter(comm: &dyn Comm, data: &mut [f32], first: Vec<f32>) -> Result<Vec<f32>> {
+fn ring_reduce_scatter(comm: &dyn Comm, data: &mut [f32], mut first: Vec<f32>) -> Result<Vec<f32>> {
     let (p, r, n) = (comm.size(), comm.rank(), data.len());
     let (right, left) = ((r + 1) % p, (r + p - 1) % p);
-    let mut buf = first;
-    buf.clear();
-    buf.extend_from_slice(&data[chunk(n, p, r)]);
+    let mut buf = message(&mut first, &data[chunk(n, p, r)]);
     for s in 0..p - 1 {
         let recv_c = (r + 2 * p - s - 1) % p;
         let mut got: Vec<f32> = comm.sendrecv(right, buf, left)?;
@@ -178,7 +176,31 @@ fn fp16_hop(
 /// run recursive-halving reduce-scatter and recursive-doubling allgather, and the folded
 /// ranks get the result back.
 pub fn rabenseifner(comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
-    let (p, r, n) = (comm.size(), comm.rank(), data.len());
+    rabenseifner_with_scratch(comm, data, &mut Vec::new())
+}
+
+/// Moves a copy of `src` out in `scratch`'s memory (its capacity is reused: a message built
+/// here allocates nothing once `scratch` has grown; when it must grow, a large one gets
+/// huge pages, [`gradkit_comm::huge_vec`]).
+fn message(scratch: &mut Vec<f32>, src: &[f32]) -> Vec<f32> {
+    let mut m = std::mem::take(scratch);
+    m.clear();
+    gradkit_comm::reserve_huge(&mut m, src.len());
+    m.extend_from_slice(src);
+    m
+}
+
+/// [`rabenseifner`] that builds its messages in `scratch` and keeps the last received
+/// buffer there for the next message (and the next call): each step sends the scratch and
+/// receives the buffer that becomes the next scratch, so a caller that keeps `scratch`
+/// across calls allocates nothing per step on a backend that reuses its receive buffers.
+/// Same messages, same sums.
+pub fn rabenseifner_with_scratch(
+    comm: &dyn Comm,
+    data: &mut [f32],
+    scratch: &mut Vec<f32>,
+) -> Result<()> {
+    let (p, r) = (comm.size(), comm.rank());
     if p == 1 {
         return Ok(());
     }
@@ -189,67 +211,87 @@ pub fn rabenseifner(comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
         let _ph = comm.phase("fold");
         if r < 2 * q {
             if r % 2 == 0 {
-                comm.send(r + 1, data.to_vec())?;
+                comm.send(r + 1, message(scratch, data))?;
                 None
             } else {
                 let got: Vec<f32> = comm.recv(r - 1)?;
                 add_into(data, &got);
+                *scratch = got;
                 Some(r / 2)
             }
         } else {
             Some(r - q)
         }
     };
-    let real = |nr: usize| if nr < q { 2 * nr + 1 } else { nr + q };
     if let Some(nr) = newrank {
-        // Recursive halving: keep the half of the current range on this rank's side.
-        let mut ranges = Vec::new();
-        let (mut lo, mut hi) = (0usize, n);
-        let mut mask = pp >> 1;
-        {
-            let _ph = comm.phase("reduce_scatter");
-            while mask > 0 {
-                let partner = real(nr ^ mask);
-                let mid = lo + (hi - lo) / 2;
-                let (keep, give) = if nr & mask == 0 {
-                    ((lo, mid), (mid, hi))
-                } else {
-                    ((mid, hi), (lo, mid))
-                };
-                let got: Vec<f32> =
-                    comm.sendrecv(partner, data[give.0..give.1].to_vec(), partner)?;
-                add_into(&mut data[keep.0..keep.1], &got);
-                ranges.push((lo, hi));
-                (lo, hi) = keep;
-                mask >>= 1;
-            }
-        }
-        // Recursive doubling: retrace the halving steps in reverse.
-        let _ph = comm.phase("allgather");
-        let mut mask = 1;
-        while mask < pp {
-            let partner = real(nr ^ mask);
-            let (plo, phi) = ranges.pop().expect("one range per halving step");
-            let mid = plo + (phi - plo) / 2;
-            let other = if nr & mask == 0 {
-                (mid, phi)
-            } else {
-                (plo, mid)
-            };
-            let got: Vec<f32> = comm.sendrecv(partner, data[lo..hi].to_vec(), partner)?;
-            data[other.0..other.1].copy_from_slice(&got);
-            (lo, hi) = (plo, phi);
-            mask <<= 1;
-        }
+        halving_doubling(comm, data, scratch, nr, pp, q)?;
     }
     let _ph = comm.phase("unfold");
     if r < 2 * q {
         if r % 2 == 1 {
-            comm.send(r - 1, data.to_vec())?;
+            comm.send(r - 1, message(scratch, data))?;
         } else {
             let got: Vec<f32> = comm.recv(r + 1)?;
             data.copy_from_slice(&got);
+            *scratch = got;
         }
+    }
+    Ok(())
+}
+
+/// The power-of-two core of [`rabenseifner_with_scratch`] on new rank `nr` of `pp`:
+/// recursive-halving reduce-scatter, then recursive-doubling allgather retracing the halving
+/// steps in reverse (Thakur, Rabenseifner & Gropp 2005, Rabenseifner's allreduce).
+fn halving_doubling(
+    comm: &dyn Comm,
+    data: &mut [f32],
+    scratch: &mut Vec<f32>,
+    nr: usize,
+    pp: usize,
+    q: usize,
+) -> Result<()> {
+    let real = |nr: usize| if nr < q { 2 * nr + 1 } else { nr + q };
+    // Recursive halving: keep the half of the current range on this rank's side.
+    let mut ranges = Vec::new();
+    let (mut lo, mut hi) = (0usize, data.len());
+    let mut mask = pp >> 1;
+    {
+        let _ph = comm.phase("reduce_scatter");
+        while mask > 0 {
+            let partner = real(nr ^ mask);
+            let mid = lo + (hi - lo) / 2;
+            let (keep, give) = if nr & mask == 0 {
+                ((lo, mid), (mid, hi))
+            } else {
+                ((mid, hi), (lo, mid))
+            };
+            let send = message(scratch, &data[give.0..give.1]);
+            let got: Vec<f32> = comm.sendrecv(partner, send, partner)?;
+            add_into(&mut data[keep.0..keep.1], &got);
+            *scratch = got;
+            ranges.push((lo, hi));
+            (lo, hi) = keep;
+            mask >>= 1;
+        }
+    }
+    // Recursive doubling: retrace the halving steps in reverse.
+    let _ph = comm.phase("allgather");
+    let mut mask = 1;
+    while mask < pp {
+        let partner = real(nr ^ mask);
+        let (plo, phi) = ranges.pop().expect("one range per halving step");
+        let mid = plo + (phi - plo) / 2;
+        let other = if nr & mask == 0 {
+            (mid, phi)
+        } else {
+            (plo, mid)
+        };
+        let send = message(scratch, &data[lo..hi]);
+        let got: Vec<f32> = comm.sendrecv(partner, send, partner)?;
+        data[other.0..other.1].copy_from_slice(&got);
+        *scratch = got;
+        (lo, hi) = (plo, phi);
+        mask <<= 1;
     }
     Ok(())
 }
@@ -257,6 +299,12 @@ pub fn rabenseifner(comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
 /// Binomial-tree allreduce (sum) in place: reduce to rank 0 (each rank adds its children's
 /// vectors, then sends the sum to its parent), then a binomial broadcast.
 pub fn tree(comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
+    tree_with_scratch(comm, data, &mut Vec::new())
+}
+
+/// [`tree`] that builds the message to its parent (and the root's broadcast) in `scratch`
+/// and keeps a received buffer there. Same messages, same sums.
+pub fn tree_with_scratch(comm: &dyn Comm, data: &mut [f32], scratch: &mut Vec<f32>) -> Result<()> {
     let (p, r) = (comm.size(), comm.rank());
     if p == 1 {
         return Ok(());
@@ -274,17 +322,19 @@ pub fn tree(comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
             if r + bit < p {
                 let got: Vec<f32> = comm.recv(r + bit)?;
                 add_into(data, &got);
+                *scratch = got;
             }
             bit <<= 1;
         }
         if r != 0 {
             let hb = usize::BITS - 1 - r.leading_zeros();
-            comm.send(r - (1 << hb), data.to_vec())?;
+            comm.send(r - (1 << hb), message(scratch, data))?;
         }
     }
     let _ph = comm.phase("broadcast");
-    let res = comm.broadcast(0, (r == 0).then(|| data.to_vec()))?;
+    let res = comm.broadcast(0, (r == 0).then(|| message(scratch, data)))?;
     data.copy_from_slice(&res);
+    *scratch = res;
     Ok(())
 }
 
@@ -297,6 +347,23 @@ pub fn native(comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
 
 /// A dense allreduce (sum) in place.
 pub type DenseFn = fn(&dyn Comm, &mut [f32]) -> Result<()>;
+
+/// A dense allreduce (sum) in place that may build its messages in, and leave a buffer in,
+/// the caller's scratch `Vec` (kept across calls by [`DenseReducer`]).
+pub type DenseScratchFn = fn(&dyn Comm, &mut [f32], &mut Vec<f32>) -> Result<()>;
+
+/// The dense algorithms by `--algo` name, in their scratch-reusing form (native and
+/// ring-fp16 use no scratch).
+pub fn by_name_reusing(name: &str) -> Option<DenseScratchFn> {
+    Some(match name {
+        "ring" => ring_with_scratch,
+        "rabenseifner" => rabenseifner_with_scratch,
+        "tree" => tree_with_scratch,
+        "native" => |c, d, _| native(c, d),
+        "ring-fp16" => |c, d, _| ring_fp16(c, d),
+        _ => return None,
+    })
+}
 
 /// The dense algorithms by `--algo` name.
 pub fn by_name(name: &str) -> Option<DenseFn> {
@@ -312,10 +379,22 @@ pub fn by_name(name: &str) -> Option<DenseFn> {
 
 /// Allreduce with `op` by the named algorithm.
 pub fn allreduce(comm: &dyn Comm, name: &str, op: Op, data: &mut [f32]) -> Result<()> {
-    let Some(f) = by_name(name) else {
+    allreduce_reusing(comm, name, op, data, &mut Vec::new())
+}
+
+/// [`allreduce`] with a scratch buffer kept by the caller across calls ([`by_name_reusing`]):
+/// same messages and bits, no per-call allocation once `scratch` has grown.
+pub fn allreduce_reusing(
+    comm: &dyn Comm,
+    name: &str,
+    op: Op,
+    data: &mut [f32],
+    scratch: &mut Vec<f32>,
+) -> Result<()> {
+    let Some(f) = by_name_reusing(name) else {
         bail!("unknown dense algorithm `{name}`")
     };
-    f(comm, data)?;
+    f(comm, data, scratch)?;
     if op == Op::Mean {
         let inv = 1.0 / comm.size() as f32;
         data.iter_mut().for_each(|v| *v *= inv);
@@ -327,7 +406,8 @@ pub fn allreduce(comm: &dyn Comm, name: &str, op: Op, data: &mut [f32]) -> Resul
 pub struct DenseReducer {
     name: &'static str,
     op: Op,
-    /// The ring's message buffer, kept across steps ([`ring_with_scratch`]).
+    /// The message buffer of ring, Rabenseifner and tree, kept across steps
+    /// ([`allreduce_reusing`]).
     scratch: Vec<f32>,
 }
 
@@ -361,15 +441,7 @@ impl Reducer for DenseReducer {
         input: Flat,
     ) -> Result<StepOutput> {
         let mut data = input.into_dense(layout.total() as usize);
-        if self.name == "ring" {
-            ring_with_scratch(comm, &mut data, &mut self.scratch)?;
-            if self.op == Op::Mean {
-                let inv = 1.0 / comm.size() as f32;
-                data.iter_mut().for_each(|v| *v *= inv);
-            }
-        } else {
-            allreduce(comm, self.name, self.op, &mut data)?;
-        }
+        allreduce_reusing(comm, self.name, self.op, &mut data, &mut self.scratch)?;
         Ok(StepOutput::new(Flat::Dense(data)))
     }
 }

@@ -26,7 +26,7 @@ pub mod mpi;
 mod traffic;
 
 pub use backend::Backend;
-pub use buf::{Buf, DeviceMemory, Elem, Kind, Location};
+pub use buf::{huge_vec, reserve_huge, Buf, DeviceMemory, Elem, Kind, Location};
 pub use error::{is_peer_failure, CommError, Waiting};
 pub use launch::{Launch, World};
 pub use local::run_local;

@@ -1,11 +1,18 @@
 //! The MPI backend: one rank per process under `mpirun`, on the `mpi` crate (rsmpi) and the
 //! system MPI library. Messages are typed MPI messages; a receive probes for the length.
 //! Host memory only: a device buffer is refused with [`CommError::UnsupportedLocation`].
+//!
+//! Buffer reuse (issue 19): the buffers of sends that have gone out are kept in a small pool
+//! ([`BufPool`], at most two large buffers) and a large receive lands in one of them instead
+//! of a fresh allocation, so a ring that sends one chunk and receives one per step
+//! allocates and page-faults nothing once warm. The native allreduce runs in place
+//! (`MPI_IN_PLACE`) on the caller's buffer.
 
 use mpi::point_to_point::{Destination, MatchedReceiveVec, Source};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::CommunicatorCollectives;
 
+use crate::buf::BufPool;
 use crate::{
     check_exchange, Backend, Buf, Comm, CommError, CommResult, Elem, Kind, Traffic, Waiting,
 };
@@ -55,6 +62,8 @@ pub struct MpiComm {
     world: SimpleCommunicator,
     traffic: Traffic,
     timeout: Option<std::time::Duration>,
+    /// Sent buffers kept for later receives.
+    pool: BufPool,
 }
 
 impl MpiComm {
@@ -63,12 +72,29 @@ impl MpiComm {
             world,
             traffic: Traffic::default(),
             timeout: comm_timeout(),
+            pool: BufPool::default(),
         }
     }
 
     /// Ends the whole job (every rank) with `code`.
     pub fn abort(&self, code: i32) -> ! {
         self.world.abort(code)
+    }
+
+    /// Receives a probed message of kind `k`: into a pooled buffer when one fits, else into
+    /// a new one.
+    fn receive(
+        &self,
+        m: (mpi::point_to_point::Message, mpi::point_to_point::Status),
+        k: Kind,
+    ) -> Buf {
+        match k {
+            Kind::F32 => receive_pooled::<f32>(&self.pool, m),
+            Kind::F64 => receive_pooled::<f64>(&self.pool, m),
+            Kind::U32 => receive_pooled::<u32>(&self.pool, m),
+            Kind::U64 => receive_pooled::<u64>(&self.pool, m),
+            Kind::U8 => receive_pooled::<u8>(&self.pool, m),
+        }
     }
 
     /// Waits for the next message from `src` with tag `t`, under the watchdog.
@@ -85,6 +111,30 @@ impl MpiComm {
             }
             poll.tick(src, Waiting::Recv)?;
         }
+    }
+}
+
+/// A matched message received into a buffer from `pool` when one fits (no allocation, no
+/// page faults), else into a new `Vec` of its length ([`crate::huge_vec`] when large).
+fn receive_pooled<T: Elem + mpi::traits::Equivalence>(
+    pool: &BufPool,
+    (msg, status): (mpi::point_to_point::Message, mpi::point_to_point::Status),
+) -> Buf {
+    let len = usize::try_from(status.count(T::equivalent_datatype())).ok();
+    match len.and_then(|n| pool.take::<T>(n)) {
+        Some(mut v) => {
+            msg.matched_receive_into(&mut v[..]);
+            T::wrap(v)
+        }
+        None => match len {
+            Some(n) if n * T::KIND.bytes() >= crate::buf::HUGE_PAGE_MIN_BYTES => {
+                let mut v = crate::huge_vec::<T>(n);
+                v.resize(n, T::default());
+                msg.matched_receive_into(&mut v[..]);
+                T::wrap(v)
+            }
+            _ => T::wrap((msg, status).matched_receive_vec().0),
+        },
     }
 }
 
@@ -217,13 +267,7 @@ impl Comm for MpiComm {
             let mut failed = None;
             for &(s, k) in recvs {
                 match self.probe(s, t) {
-                    Ok(m) => got.push(match k {
-                        Kind::F32 => f32::wrap(m.matched_receive_vec().0),
-                        Kind::F64 => f64::wrap(m.matched_receive_vec().0),
-                        Kind::U32 => u32::wrap(m.matched_receive_vec().0),
-                        Kind::U64 => u64::wrap(m.matched_receive_vec().0),
-                        Kind::U8 => u8::wrap(m.matched_receive_vec().0),
-                    }),
+                    Ok(m) => got.push(self.receive(m, k)),
                     Err(e) => {
                         failed = Some(e);
                         break;
@@ -259,6 +303,11 @@ impl Comm for MpiComm {
         if abandoned {
             // MPI may still read the abandoned sends' buffers: they must never be freed.
             std::mem::forget(sends);
+        } else {
+            // Every send has completed: its buffer can take a later receive.
+            for (_, b) in sends {
+                self.pool.put(b);
+            }
         }
         res
     }

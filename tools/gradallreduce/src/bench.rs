@@ -1,13 +1,17 @@
 //! `gradallreduce bench`: the nccl-tests table for the dense and 1-bit allreduces, with exact
 //! bytes/messages per rank from the counters and the α-β model's prediction beside the
-//! measurement. Every iteration's result is checked (`wrong` column).
+//! measurement. Every iteration's result is checked (`wrong` column). Each algorithm runs
+//! as the [`Reducer`] a training run uses, one per (algorithm, size) kept across the
+//! iterations, on one input buffer kept across them, so the timed steady state allocates
+//! what the algorithm allocates and nothing else; the page faults of each call
+//! (`getrusage`) are printed beside its time, with the spread of the times (issue 19).
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use gradkit_collectives::{cost, dense, make_reducer, Flat, Op, Params};
-use gradkit_comm::{Comm, CommExt, World};
+use gradkit_collectives::{cost, dense, make_reducer, Flat, Op, Params, Reducer};
+use gradkit_comm::{huge_vec, Backend, Comm, CommExt, World};
 use gradkit_core::cli::{fmt_num, Format, TextTable};
 use gradkit_core::trace::{Layout, MetricSink};
 use gradkit_core::{write_table, Meta, Output};
@@ -76,7 +80,12 @@ struct Point {
     algo: String,
     bytes: u64,
     count: usize,
+    /// Median over iterations of the slowest rank's time.
     time_s: f64,
+    /// Slowest over fastest iteration (each the slowest rank's time).
+    max_over_min: f64,
+    /// Page faults per call (minor, major): the median over iterations, max over ranks.
+    faults: (f64, f64),
     max_bytes_sent: u64,
     max_msgs: u64,
     wrong: Option<usize>,
@@ -98,9 +107,10 @@ fn sizes(spec: &str, factor: u64) -> Result<Vec<u64>> {
     Ok(v)
 }
 
-/// Buffers one rank holds per size: the pristine input, the working copy, the received
-/// chunks and (1-bit) the error buffers and the decompressed result.
-const BUFFERS_PER_RANK: u128 = 4;
+/// Buffers one rank holds per size: the pristine input, the working copy, the reducer's
+/// kept message buffer and up to two receive buffers kept by the backend (MPI; a tree's
+/// messages are the whole buffer), or (1-bit) the error buffers and the decompressed result.
+const BUFFERS_PER_RANK: u128 = 5;
 
 /// Stops before any rank starts when the largest size cannot be held by the ranks of this
 /// process (all of them in-process, or one under mpirun).
@@ -118,36 +128,61 @@ fn check_memory(sizes: &[u64], ranks_here: usize, spec: &str) -> Result<()> {
 }
 
 /// Rank r's input: small integers times (r+1), so the exact sum is representable in f32.
+/// On huge pages when large ([`huge_vec`]), as numpy allocates the mpi4py baseline's buffer.
 fn pattern(r: usize, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|i| ((i % 13) as f32) * (r as f32 + 1.0))
-        .collect()
+    let mut v = huge_vec(n);
+    v.extend((0..n).map(|i| ((i % 13) as f32) * (r as f32 + 1.0)));
+    v
 }
 
+/// One call of the reducer on `data`, which it moves in and back out (no copy).
 fn one_iteration(
     comm: &dyn Comm,
-    algo: &str,
     data: &mut Vec<f32>,
     layout: &Layout,
-    onebit: &mut Option<Box<dyn gradkit_collectives::Reducer>>,
+    reducer: &mut dyn Reducer,
 ) -> Result<()> {
-    match onebit {
-        Some(r) => {
-            let out = r.reduce(comm, 0, layout, Flat::Dense(std::mem::take(data)))?;
-            *data = out.result.into_dense(layout.total() as usize);
-        }
-        None => dense::allreduce(comm, algo, Op::Sum, data)?,
-    }
+    let out = reducer.reduce(comm, 0, layout, Flat::Dense(std::mem::take(data)))?;
+    *data = out.result.into_dense(layout.total() as usize);
     Ok(())
 }
 
-/// The 1-bit reducer for `onebit*`, `None` for a dense algorithm, an error for the rest.
-fn bench_reducer(algo: &str) -> Result<Option<Box<dyn gradkit_collectives::Reducer>>> {
+/// The reducer for `algo` and whether it is a dense (exact) one; an error for the rest.
+fn bench_reducer(algo: &str) -> Result<(Box<dyn Reducer>, bool)> {
     Ok(match algo {
-        "onebit" | "onebit-naive" => Some(make_reducer(algo, &Params::default())?),
-        a if dense::by_name(a).is_some() => None,
+        "onebit" | "onebit-naive" => (make_reducer(algo, &Params::default())?, false),
+        a if dense::by_name(a).is_some() => (Box::new(dense::DenseReducer::new(a, Op::Sum)?), true),
         a => bail!("bench supports ring, rabenseifner, tree, native, onebit, onebit-naive; not `{a}` (flag --algo)"),
     })
+}
+
+/// Page faults (minor, major) so far, from `getrusage`: of the calling thread when ranks are
+/// threads of one process, of the whole process when each rank is a process (MPI, whose
+/// library may fault in threads of its own).
+fn page_faults(thread: bool) -> (u64, u64) {
+    #[cfg(target_os = "linux")]
+    let who = if thread {
+        libc::RUSAGE_THREAD
+    } else {
+        libc::RUSAGE_SELF
+    };
+    #[cfg(not(target_os = "linux"))]
+    let who = {
+        let _ = thread;
+        libc::RUSAGE_SELF
+    };
+    // SAFETY: an all-zero `rusage` is a valid value of this plain C struct, and getrusage
+    // writes only into the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(who, &mut u) } != 0 {
+        return (0, 0);
+    }
+    (u.ru_minflt as u64, u.ru_majflt as u64)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn measure(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> Result<Point> {
@@ -156,22 +191,30 @@ fn measure(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> Result<
     let pristine = pattern(r, n);
     let tri = (p * (p + 1) / 2) as f32;
     let layout = Layout::new(vec![(0, "buffer".into(), n as u64, None)]);
-    let mut onebit = bench_reducer(algo)?;
+    let (mut reducer, exact) = bench_reducer(algo)?;
+    let per_thread = comm.backend() != Backend::MPI;
     let mut times = Vec::with_capacity(args.iters);
+    let (mut minflt, mut majflt) = (Vec::new(), Vec::new());
     let mut wrong = 0usize;
     let (mut sent, mut msgs) = (0u64, 0u64);
+    let mut data = huge_vec(n);
     for it in 0..args.warmup + args.iters {
-        let mut data = pristine.clone();
+        data.clear();
+        data.extend_from_slice(&pristine);
         comm.barrier()?;
         comm.traffic().reset();
+        let f0 = page_faults(per_thread);
         let t0 = std::time::Instant::now();
-        one_iteration(comm, algo, &mut data, &layout, &mut onebit)?;
+        one_iteration(comm, &mut data, &layout, reducer.as_mut())?;
         let dt = t0.elapsed().as_secs_f64();
+        let f1 = page_faults(per_thread);
         let t = comm.traffic().total();
         (sent, msgs) = (t.bytes_sent, t.msgs_sent);
         if it >= args.warmup {
             times.push(dt);
-            if onebit.is_none() {
+            minflt.push(f1.0.saturating_sub(f0.0) as f64);
+            majflt.push(f1.1.saturating_sub(f0.1) as f64);
+            if exact {
                 wrong += data
                     .iter()
                     .enumerate()
@@ -182,19 +225,28 @@ fn measure(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> Result<
     }
     // Per iteration, the slowest rank's time; then the median over iterations.
     let all = comm.allgatherv(times)?;
-    let mut per_iter: Vec<f64> = (0..args.iters)
+    let per_iter: Vec<f64> = (0..args.iters)
         .map(|i| all.iter().map(|t| t[i]).fold(0.0, f64::max))
         .collect();
-    per_iter.sort_by(f64::total_cmp);
-    let maxes = comm.allreduce_max_f64(&[sent as f64, msgs as f64, wrong as f64])?;
+    let lo = per_iter.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = per_iter.iter().copied().fold(0.0, f64::max);
+    let maxes = comm.allreduce_max_f64(&[
+        sent as f64,
+        msgs as f64,
+        wrong as f64,
+        median(minflt),
+        median(majflt),
+    ])?;
     Ok(Point {
         algo: algo.to_string(),
         bytes,
         count: n,
-        time_s: per_iter.get(per_iter.len() / 2).copied().unwrap_or(0.0),
+        time_s: median(per_iter),
+        max_over_min: if lo > 0.0 { hi / lo } else { f64::NAN },
+        faults: (maxes[3], maxes[4]),
         max_bytes_sent: maxes[0] as u64,
         max_msgs: maxes[1] as u64,
-        wrong: onebit.is_none().then_some(maxes[2] as usize),
+        wrong: exact.then_some(maxes[2] as usize),
     })
 }
 
@@ -252,6 +304,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "count",
         "algo",
         "time_us",
+        "max/min",
+        "minflt",
+        "majflt",
         "algbw_GBps",
         "busbw_GBps",
         "bytes_sent",
@@ -271,6 +326,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             pt.count.to_string(),
             pt.algo.clone(),
             fmt_num(pt.time_s * 1e6, 4),
+            fmt_num(pt.max_over_min, 3),
+            fmt_num(pt.faults.0, 3),
+            fmt_num(pt.faults.1, 3),
             fmt_num(algbw, 3),
             fmt_num(busbw, 3),
             pt.max_bytes_sent.to_string(),
@@ -283,6 +341,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         for (m, v) in [
             ("size_bytes", pt.bytes as f64),
             ("time_s", pt.time_s),
+            ("time_max_over_min", pt.max_over_min),
+            ("minflt_per_call", pt.faults.0),
+            ("majflt_per_call", pt.faults.1),
             ("algbw_GBps", algbw),
             ("busbw_GBps", busbw),
             ("bytes_sent", pt.max_bytes_sent as f64),
