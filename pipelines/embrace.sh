@@ -8,13 +8,16 @@ PY=${PYTHON:-$ROOT/.venv/bin/python}
 if [ "$FAST" != 0 ]; then
   V=3000; NTOK=30000; PS="2 4"; STEPS=2; MODEL="--d-model 16 --layers 1 --heads 2 --seq-len 16"; BATCH=4
   SWEEP_V=500; SWEEP_B="1 8"; EQ_STEPS=4
+  RSS_V=20000; RSS_D=64; RSS_PS="1 2"
 else
   V=50000; NTOK=30000; PS="2 4 8"; STEPS=4; MODEL="--d-model 64 --layers 2 --heads 4 --seq-len 32"; BATCH=4
-  SWEEP_V=2000; SWEEP_B="1 4 16 64"; EQ_STEPS=10
+  SWEEP_V=2000; SWEEP_B="1 4 16 64 256"; EQ_STEPS=10
+  RSS_V=100000; RSS_D=256; RSS_PS="1 2 4 8"
 fi
 # A Zipf(1.1) token stream over V ids (i.i.d.; gradtrain's synthetic-lm builds a V×V Markov
 # matrix, which does not fit in memory at V = 50k). Token V−1 appears once so vocab = V.
-"$PY" - "$V" "$NTOK" <<'PY'
+for zv in $V $RSS_V; do
+"$PY" - "$zv" "$NTOK" <<'PY'
 import sys, numpy as np, pyarrow as pa, pyarrow.parquet as pq
 v, n = int(sys.argv[1]), int(sys.argv[2])
 rng = np.random.default_rng(1)
@@ -23,6 +26,7 @@ t = rng.choice(v, size=n, p=p).astype(np.int32); t[0] = v - 1
 rows = [t[i:i + 1000].tolist() for i in range(0, n, 1000)]
 pq.write_table(pa.table({"tokens": pa.array(rows, pa.list_(pa.int32()))}), f"zipf-{v}.parquet")
 PY
+done
 TR="$B/gradtrain --model transformer-lm $MODEL --batch $BATCH -q"
 {
 echo "Made by \`make repro-embrace\`$( [ "$FAST" != 0 ] && echo ' (FAST=1)') on $(date -u +%F), $(nproc) cores."
@@ -35,7 +39,8 @@ echo
 echo "\`bytes_emb\` = forward lookup AlltoAll + gradient exchange (embrace), or the AllGather of"
 echo "row-sparse gradients: \`allgather\` coalesces duplicate rows first (one row per distinct"
 echo "token), \`allgather-raw\` sends one row per token as Horovod/PyTorch DDP do; \`bytes_dense\` = ring allreduce of every other layer"
-echo "(\`lm_head\` is a dense V × d layer here). \`dense\` ring-allreduces the whole gradient"
+echo "(\`lm_head\` is an untied dense V × d layer here: \`bytes_lm_head\` is its own ring allreduce,"
+echo "\`bytes_dense_other\` the other dense layers). \`dense\` ring-allreduces the whole gradient"
 echo "(embedding included: its \`bytes_sent\` is the total). Medians over steps and ranks."
 echo
 for P in $PS; do
@@ -44,7 +49,16 @@ for P in $PS; do
         --run $ex-P$P --metrics m-$ex-P$P.parquet
   done
 done
-run $B/gradreport table m-*.parquet --by run --metric bytes_emb,bytes_dense,bytes_sent,time_step_s,time_compute_s --no-range
+run $B/gradreport table m-*.parquet --by run --metric bytes_emb,bytes_dense,bytes_lm_head,bytes_dense_other,bytes_sent,time_step_s,time_compute_s --no-range
+echo
+echo "The output head's share of embrace's bytes per rank and step (median):"
+echo
+echo "| P | bytes_lm_head | bytes_sent (all) | lm_head share |"
+echo "|---:|---:|---:|---:|"
+for P in $PS; do
+  $B/gradreport table m-embrace-P$P.parquet --by run --metric bytes_lm_head,bytes_sent --format csv \
+    | awk -F, -v P=$P 'NR==2 { printf "| %d | %.0f | %.0f | %.1f %% |\n", P, $2, $5, 100*$2/$5 }'
+done
 echo
 echo "Embedding bytes per rank vs P (median; dense = its total minus embrace's dense part):"
 echo
@@ -75,17 +89,24 @@ echo
 echo "synthetic-lm (Zipf/Markov), tokens per rank = batch × seq-len; embedding bytes per rank"
 echo "(median over steps and ranks); dense's embedding share is 2(P−1)/P·4·V·d."
 echo
-echo "| batch | tokens/V | coalesced rows/V | dense | allgather | allgather-raw | embrace |"
-echo "|---:|---:|---:|---:|---:|---:|---:|"
+echo "\`embrace-unique\` is \`--lookup unique\`: the forward AlltoAll sends one row slice per distinct"
+echo "token of the receiving rank instead of one per token (issue 17; not the paper's). ρ = coalesced"
+echo "rows per token; per-token embrace beats coalesced allgather iff ρ > 1/(P−1) = 1/3, unique"
+echo "embrace for every ρ at P ≥ 3 (docs/ALGORITHMS.md)."
+echo
+echo "| batch | tokens/V | ρ (rows/token) | dense | allgather | allgather-raw | embrace | embrace-unique |"
+echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
 for b in $SWEEP_B; do
-  for ex in allgather allgather-raw embrace; do
+  for ex in allgather allgather-raw embrace embrace-unique; do
+    case $ex in embrace-unique) fl="--exchange embrace --lookup unique";; *) fl="--exchange $ex";; esac
     run $B/gradtrain --model transformer-lm $MODEL --data synthetic-lm --vocab $SWEEP_V --tokens 200000 \
-        --batch $b --ranks 4 --steps 2 --lr 0.05 -q --exchange $ex --schedule fifo --run s-$ex-b$b --metrics s-$ex-b$b.parquet
+        --batch $b --ranks 4 --steps 2 --lr 0.05 -q $fl --schedule fifo --run s-$ex-b$b --metrics s-$ex-b$b.parquet
   done
   ag=$($B/gradreport table s-allgather-b$b.parquet --by run --metric bytes_emb --format csv | awk -F, 'NR==2{print $2}')
   agr=$($B/gradreport table s-allgather-raw-b$b.parquet --by run --metric bytes_emb --format csv | awk -F, 'NR==2{print $2}')
+  emu=$($B/gradreport table s-embrace-unique-b$b.parquet --by run --metric bytes_emb --format csv | awk -F, 'NR==2{print $2}')
   emr=$($B/gradreport table s-embrace-b$b.parquet --by run --metric bytes_emb,rows_coalesced,tokens --format csv | awk -F, 'NR==2{print $2" "$5" "$8}')
-  echo "$b $ag $agr $emr $SWEEP_V $DM" | awk '{v=$7; d=$8; printf "| %d | %.3f | %.3f | %.0f | %.0f | %.0f | %.0f |\n", $1, $6/v, $5/v, 2*3/4*4*v*d, $2, $3, $4}'
+  echo "$b $ag $agr $emr $SWEEP_V $DM $emu" | awk '{v=$7; d=$8; printf "| %d | %.3f | %.3f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", $1, $6/v, $5/$6, 2*3/4*4*v*d, $2, $3, $4, $9}'
 done
 echo
 
@@ -108,28 +129,123 @@ echo
 echo "### Memory per rank for the token embedding (Adam: table + 2 moments)"
 echo
 PM=$(echo $PS | awk '{print $NF}')
-for s in fifo embrace; do
+for s in fifo embrace 2d; do
   run $TR --data zipf-$V.parquet --ranks $PM --steps $STEPS --exchange embrace --optimizer adam --lr 0.01 \
       --schedule $s --run sched-$s --metrics sched-$s.parquet
 done
 run $TR --data zipf-$V.parquet --ranks $PM --steps 1 --exchange allgather --optimizer adam --lr 0.01 --run mem-allgather --metrics mem-allgather.parquet
 run $B/gradreport table sched-fifo.parquet mem-allgather.parquet --by run,rank --metric mem_emb_table_bytes,mem_emb_state_bytes,mem_emb_dense_equiv_bytes --no-range
 echo
-echo "(Our candle model still holds a V × d lookup buffer and its dense gradient per rank; see"
-echo "docs/gradtrain.md.)"
+echo "These are the tables of record; the model itself holds no V × d embedding, lookup buffer"
+echo "or gradient under embrace/allgather (measured below)."
+echo
+
+echo "### Peak RSS per rank (measured, mpirun)"
+echo
+echo "lstm-lm (--d-model $RSS_D --hidden 8 --seq-len 8, batch 2, so the V × d token embedding dominates: the"
+echo "untied head is only V × 8) on a Zipf file over V = $RSS_V ids, SGD, 3 steps,"
+echo "\`mpirun -np P gradtrain ... --rss\`: one process per rank. \`peak_rss_bytes\` is each process's"
+echo "VmHWM (= getrusage ru_maxrss) after every step; the table gives, per P, the largest rank's"
+echo "peak over the steps in MB. After the last step rank 0 evaluates (its V-wide logits of"
+echo "the evaluation windows) and gathers the table for the report: not in these numbers."
+echo "V × d·4 = $(awk -v v=$RSS_V -v d=$RSS_D 'BEGIN{printf "%.1f", v*d*4/1e6}') MB."
+echo
+if command -v mpirun >/dev/null; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  echo "| P | dense | allgather | embrace | embrace: smallest rank |"
+  echo "|---:|---:|---:|---:|---:|"
+  for P in $RSS_PS; do
+    for ex in dense allgather embrace; do
+      run mpirun --oversubscribe -np $P $B/gradtrain --model lstm-lm --d-model $RSS_D --hidden 8 --seq-len 8 \
+          --batch 2 --data zipf-$RSS_V.parquet --steps 3 --lr 0.05 -q --exchange $ex --schedule fifo \
+          --rss --run rss-$ex-P$P --metrics rss-$ex-P$P.parquet
+    done
+    row="$P"
+    for ex in dense allgather embrace; do
+      row="$row $($B/gradreport table rss-$ex-P$P.parquet --by rank --metric peak_rss_bytes --stat max --format csv \
+        | awk -F, 'NR>1 { if ($2>m) m=$2; if (n==0 || $2<s) s=$2; n++ } END { printf "%.1f %.1f", m/1e6, s/1e6 }')"
+    done
+    echo "$row" | awk '{ printf "| %d | %s | %s | %s | %s |\n", $1, $2, $4, $6, $7 }'
+  done
+else
+  echo "(mpirun not found: skipped.)"
+fi
 echo
 
 echo "### FIFO vs EmbRace scheduling (P = $PM, Adam)"
 echo
 echo "stall_s = step wall time − compute − update (time the step waits on communication); under"
-echo "\`embrace\` the delayed rows travel while the next step computes (time_overlapped_s)."
+echo "\`embrace\` (vertical only) the delayed rows travel while the next step computes"
+echo "(time_overlapped_s); under \`2d\` (vertical + horizontal, embrace.md §2.1) each dense block's"
+echo "allreduce and update also overlap the next forward, which waits per block (time_fwd_wait_s)."
 echo
 run $B/gradreport table sched-*.parquet --by run --metric stall_s,time_step_s,time_compute_s,time_overlapped_s,rows_prior,rows_delayed,rows_coalesced,bytes_emb --stat mean --no-range
 echo
-echo "Identical parameters: final loss per schedule (must be equal):"
+echo "Identical parameters: final loss per schedule (must be equal; \`2d\` to float rounding at P ≥ 3):"
 echo
 run $B/gradreport table sched-*.parquet --by run --metric loss,eval_loss --stat last --no-range
 echo
+
+# The stall each schedule removes: fifo, embrace, 2d interleaved, REPS repeats, medians over
+# steps ≥ 2 of the rank mean (step: the slowest rank). In-process in the full mode; across
+# the hosts of a cluster when GRADKIT_CLUSTER names one (docs/CLUSTER.md), e.g.
+#   pipelines/cluster.sh up --hosts 4 --rate 100mbit
+#   GRADKIT_CLUSTER=data/cluster/cluster.env bash pipelines/embrace.sh
+stall_table() {
+  "$PY" - "$@" <<'PY'
+import csv, statistics as st, subprocess, sys
+b, files = sys.argv[1], sys.argv[2:]
+cols = ["stall_s", "time_step_s", "time_compute_s", "time_overlapped_s", "time_comm_s", "time_fwd_wait_s"]
+def med(f):
+    out = subprocess.run([b + "/gradreport", "table", f, "--by", "step,rank", "--no-range", "--format", "csv",
+                          "--metric", ",".join(cols if "-2d-" in f else cols[:-1])],
+                         capture_output=True, text=True, check=True).stdout
+    rows = [r for r in csv.DictReader(out.splitlines()) if int(r["step"]) >= 2]
+    steps = sorted({r["step"] for r in rows})
+    res = {}
+    for c in cols:
+        agg = max if c == "time_step_s" else (lambda xs: sum(xs) / len(xs))
+        v = [agg([float(r[c]) for r in rows if r["step"] == s]) for s in steps if c in rows[0]]
+        res[c] = st.median(v) if v else float("nan")
+    return res
+runs = {}
+for f in files:
+    sched = f.split("-")[1]
+    runs.setdefault(sched, []).append(med(f))
+print("| schedule | runs | stall ms | step ms | compute ms | overlapped ms | comm ms | fwd wait ms | stall removed vs fifo |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+base = None
+for sched in ["fifo", "embrace", "2d"]:
+    if sched not in runs:
+        continue
+    m = {c: 1000 * st.median([r[c] for r in runs[sched]]) for c in cols}
+    base = m["stall_s"] if sched == "fifo" else base
+    rem = "" if base is None or sched == "fifo" else f"{base - m['stall_s']:.1f} ms ({100 * (base - m['stall_s']) / base:.0f} %)"
+    fw = "" if m["time_fwd_wait_s"] != m["time_fwd_wait_s"] else f"{m['time_fwd_wait_s']:.1f}"
+    print(f"| {sched} | {len(runs[sched])} | {m['stall_s']:.1f} | {m['time_step_s']:.1f} | {m['time_compute_s']:.1f} | "
+          f"{m['time_overlapped_s']:.1f} | {m['time_comm_s']:.1f} | {fw} | {rem} |")
+PY
+}
+if [ "$FAST" = 0 ] || [ -n "${GRADKIT_CLUSTER:-}" ]; then
+  REPS=${REPS:-3}
+  WHERE=$([ -n "${GRADKIT_CLUSTER:-}" ] && echo "across the cluster's hosts (\`$(basename "$GRADKIT_CLUSTER")\`)" || echo "in-process ranks")
+  echo "### The stall each schedule removes (P = 4, $WHERE)"
+  echo
+  echo "transformer-lm (--d-model 64, 2 blocks, seq 32) on synthetic-lm with V = 4096, batch 8 per"
+  echo "rank, SGD, 20 steps; fifo, embrace and 2d interleaved, $REPS repeats; each number is the"
+  echo "median over repeats of the median over steps ≥ 2 of the rank mean (step: slowest rank)."
+  echo "Load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo
+  for rep in $(seq $REPS); do
+    for s in fifo embrace 2d; do
+      launch 4 $B/gradtrain --model transformer-lm --data synthetic-lm --vocab 4096 --tokens 100000 \
+          --d-model 64 --batch 8 --steps 20 --optimizer sgd --lr 0.1 --exchange embrace --schedule $s -q \
+          --run stall-$s-$rep --metrics $PWD/stall-$s-$rep.parquet
+    done
+  done
+  stall_table $B stall-*.parquet
+  echo
+fi
 
 echo "### Training equality with dense ($EQ_STEPS steps, P = 4, SGD)"
 echo

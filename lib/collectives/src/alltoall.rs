@@ -6,7 +6,9 @@
 //! Library functions for `gradtrain`: [`embedding_forward`] (§1.2 step 2: every rank looks up
 //! its column slice for all ranks' token ids and alltoalls the slices back) and
 //! [`embedding_backward`] (§1.2 step 4–5: coalesce duplicate rows, send each owner its column
-//! slice with the row ids, owners sum). [`sparse_allgather`] (rows coalesced first) and
+//! slice with the row ids, owners sum); [`embedding_forward_unique`] is the forward with
+//! each rank's duplicate lookups removed (one row per distinct id, expanded by the receiver;
+//! issue 17, not the paper's). [`sparse_allgather`] (rows coalesced first) and
 //! [`sparse_allgather_raw`] (one row per token, as Horovod/DDP send them) are the AllGather
 //! baseline of §1.3.
 //!
@@ -211,6 +213,7 @@ pub fn embedding_backward(
 /// column slice of the `v × d` table (`v × w_r`, row-major), `ids_per_rank[j]` the token ids
 /// of rank j's batch (the gathered batch, identical on every rank). Looks up its columns for
 /// every rank's ids, alltoalls the slices back and returns this rank's `T_r × d` rows.
+/// Bytes sent by rank r: `4·w_r·Σ_{j≠r} T_j` (one row slice per token, the paper's).
 pub fn embedding_forward(
     comm: &dyn Comm,
     shard: &[f32],
@@ -218,10 +221,56 @@ pub fn embedding_forward(
     d: usize,
     ids_per_rank: &[Vec<u32>],
 ) -> Result<Vec<f32>> {
+    lookup_exchange(comm, shard, v, d, ids_per_rank)
+}
+
+/// Deduplicated forward exchange (issue 17; not in the paper): as [`embedding_forward`],
+/// but owner r sends rank j only its columns of the **distinct** ids of rank j's batch, in
+/// ascending id order. No index map travels: the owner derives the distinct ids from the
+/// gathered batch it already holds, and rank j expands the `|U_j|` rows to its `T_j` tokens
+/// with the inverse index of its own ids. Returns the same `T_r × d` rows as
+/// [`embedding_forward`], bit for bit. Bytes sent by rank r: `4·w_r·Σ_{j≠r} |U_j|`.
+pub fn embedding_forward_unique(
+    comm: &dyn Comm,
+    shard: &[f32],
+    v: usize,
+    d: usize,
+    ids_per_rank: &[Vec<u32>],
+) -> Result<Vec<f32>> {
+    let uniq: Vec<Vec<u32>> = ids_per_rank
+        .iter()
+        .map(|ids| {
+            let mut u = ids.clone();
+            u.sort_unstable();
+            u.dedup();
+            u
+        })
+        .collect();
+    let rows = lookup_exchange(comm, shard, v, d, &uniq)?;
+    let (mine, u) = (&ids_per_rank[comm.rank()], &uniq[comm.rank()]);
+    let mut out = Vec::with_capacity(mine.len() * d);
+    for id in mine {
+        let k = u
+            .binary_search(id)
+            .expect("every id is among the distinct ids");
+        out.extend_from_slice(&rows[k * d..(k + 1) * d]);
+    }
+    Ok(out)
+}
+
+/// The forward AlltoAll itself: owner r sends rank j its columns of the rows `req[j]` (in
+/// that order); returns the full-width rows of `req[this rank]`. Phase `alltoall_forward`.
+fn lookup_exchange(
+    comm: &dyn Comm,
+    shard: &[f32],
+    v: usize,
+    d: usize,
+    req: &[Vec<u32>],
+) -> Result<Vec<f32>> {
     let (p, r) = (comm.size(), comm.rank());
     let my_cols = slice(d, p, r);
     let w = my_cols.len();
-    if ids_per_rank.len() != p {
+    if req.len() != p {
         bail!("embedding_forward needs the ids of all {p} ranks");
     }
     if shard.len() != v * w {
@@ -231,7 +280,7 @@ pub fn embedding_forward(
         );
     }
     let mut sends = Vec::with_capacity(p);
-    for ids in ids_per_rank {
+    for ids in req {
         let mut m = Vec::with_capacity(ids.len() * w);
         for &id in ids {
             if id as usize >= v {
@@ -246,7 +295,7 @@ pub fn embedding_forward(
         let _ph = comm.phase("alltoall_forward");
         comm.alltoallv(sends)?
     };
-    let t = ids_per_rank[r].len();
+    let t = req[r].len();
     let mut out = vec![0f32; t * d];
     for (i, block) in got.into_iter().enumerate() {
         let c = slice(d, p, i);

@@ -4,7 +4,8 @@
 #![allow(clippy::needless_range_loop)]
 
 use gradkit_collectives::alltoall::{
-    check_embedding_rows, embedding_backward, embedding_forward, sparse_allgather, Rows,
+    check_embedding_rows, embedding_backward, embedding_forward, embedding_forward_unique,
+    sparse_allgather, Rows,
 };
 use gradkit_collectives::registry::Split;
 use gradkit_collectives::{make_reducer, Flat, Params};
@@ -216,6 +217,57 @@ fn forward_returns_the_rows_of_the_full_table_and_formula_bytes() {
             assert_eq!(out, &want, "P={p} rank {r}");
             let others: usize = (0..p).filter(|&j| j != r).map(|j| ids[j].len()).sum();
             assert_eq!(*sent as usize, 4 * others * width(d, p, r));
+        }
+    }
+}
+
+#[test]
+fn unique_forward_equals_per_token_forward_and_sends_distinct_rows_only() {
+    // Batches longer than the vocabulary: every rank has duplicates (pigeonhole).
+    let (v, d) = (12usize, 9usize);
+    let mut g = Rng::new(11);
+    let table: Vec<f32> = (0..v * d).map(|_| g.val()).collect();
+    for p in 1usize..=5 {
+        let ids: Vec<Vec<u32>> = (0..p)
+            .map(|r| (0..(v + 1 + 3 * r)).map(|_| g.below(v) as u32).collect())
+            .collect();
+        let res = run_local(p, |comm| {
+            let r = comm.rank();
+            let lo = d * r / p;
+            let w = width(d, p, r);
+            let shard: Vec<f32> = (0..v)
+                .flat_map(|row| table[row * d + lo..row * d + lo + w].to_vec())
+                .collect();
+            let per_token = embedding_forward(comm, &shard, v, d, &ids)?;
+            let s0 = comm.traffic().total().bytes_sent;
+            let uniq = embedding_forward_unique(comm, &shard, v, d, &ids)?;
+            Ok((per_token, uniq, comm.traffic().total().bytes_sent - s0))
+        })
+        .unwrap();
+        for (r, (per_token, uniq, sent)) in res.iter().enumerate() {
+            assert_eq!(uniq, per_token, "P={p} rank {r}: unique = per-token lookup");
+            let want: Vec<f32> = ids[r]
+                .iter()
+                .flat_map(|&i| table[i as usize * d..(i as usize + 1) * d].to_vec())
+                .collect();
+            assert_eq!(uniq, &want, "P={p} rank {r}: rows of the full table");
+            // Owner r sends each other rank j its w_r columns of j's distinct ids, no ids.
+            let distinct = |x: &[u32]| {
+                let mut seen = vec![false; v];
+                x.iter()
+                    .filter(|&&i| !std::mem::replace(&mut seen[i as usize], true))
+                    .count()
+            };
+            let others: usize = (0..p).filter(|&j| j != r).map(|j| distinct(&ids[j])).sum();
+            assert_eq!(
+                *sent as usize,
+                4 * others * width(d, p, r),
+                "P={p} rank {r}"
+            );
+            if p > 1 && r == 0 {
+                let tokens: usize = (1..p).map(|j| ids[j].len()).sum();
+                assert!(others < tokens, "P={p}: the batches have duplicates");
+            }
         }
     }
 }

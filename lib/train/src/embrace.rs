@@ -4,22 +4,32 @@
 //! gradient allgathered): `--exchange allgather` coalesces duplicate rows before sending (one
 //! row per distinct token), `--exchange allgather-raw` sends one row per token, duplicates
 //! included, as Horovod's and PyTorch DDP's sparse allreduce do; with
-//! `--schedule fifo|embrace` (embrace.md §2).
+//! `--schedule fifo|embrace|2d` (embrace.md §2).
 //!
-//! `allgather-raw`'s values: candle returns the table gradient (duplicates already summed),
-//! not the per-token output gradients, so the first occurrence of a row in the rank's token
-//! order carries the row's summed gradient and each later occurrence a zero row. The message
-//! (ids and row count: tokens·(1 + d) words) and the reduced result are those of the raw
-//! exchange; only the split of a row's sum among its duplicate slots differs from Horovod's.
+//! `allgather-raw` sends each token's own output gradient row (the model returns per-token
+//! row gradients, see below), tokens·(1 + d) words per rank, as Horovod does.
 //!
-//! ## How the model sees a sharded table
-//! The candle model keeps its `Embedding` layer. Before the forward pass the rows this rank's
-//! batch reads (`E[X_r]`, returned by the forward AlltoAll) are written into that layer, so
-//! the model's forward and backward are exactly those of a full table; the gradient of the
-//! layer is nonzero only on those rows and is read back as the coalesced row gradient
-//! (candle's autodiff scatter-adds duplicate tokens, which is embrace.md §2.2's coalescing).
-//! The other rows of the candle layer are a stale lookup buffer, never read. The table's
-//! values of record are the shard `E_r = E[:, cols_r]` (V × w_r) and its optimiser state.
+//! ## How the model sees a sharded table (issue 17: shard only)
+//! Under these exchanges the candle model is built **without** its token embedding
+//! ([`Model::new_sharded`]): no rank allocates the V × d table, a V × d lookup buffer or a
+//! V × d gradient. The forward AlltoAll returns the rows this rank's batch reads (`E[X_r]`,
+//! T × d, one row per token), and the model's forward starts from them
+//! ([`Model::loss_and_grad_rows`]); its backward returns the gradient of each token's row,
+//! which is coalesced here (duplicates summed in token order, embrace.md §2.2). The table's
+//! values of record are the shard `E_r = E[:, cols_r]` (V × w_r) and its optimiser state
+//! (`allgather`/`allgather-raw`: the full V × d replica, the baseline's memory).
+//! Evaluation looks up rank 0's evaluation tokens through the same AlltoAll; only the final
+//! report gathers the whole table, on rank 0, after the last step.
+//!
+//! ## Forward lookup (`--lookup`, issue 17)
+//! `per-token` (the paper's): the owner sends one row slice per token;
+//! `unique`: one per distinct token of the receiving rank, expanded by the receiver
+//! ([`embedding_forward_unique`]; no index map travels).
+//!
+//! ## The output head
+//! `lm_head` is an untied dense V × d layer (plus bias): it is ring-allreduced with the
+//! other dense layers, as its own allreduce so its bytes are reported apart
+//! (`bytes_lm_head`; `bytes_dense` is all dense layers, `bytes_dense_other` the rest).
 //!
 //! ## Row-wise optimiser (embrace.md §2.3, §6)
 //! The embedding rows are updated by a row-local ("lazy") rule applied only to rows that
@@ -40,25 +50,37 @@
 //!   own thread, which owns the `Comm`, acts as the communication thread). Delayed rows are not
 //!   read by the next forward (they are not in its batch), and every row's update uses its own
 //!   step's learning rate and bias correction, so the parameters equal the fifo run's.
+//!   This is the vertical schedule only (embrace.md §2.2, Algorithm 1).
+//! - `2d` (vertical + horizontal, embrace.md §2.1, [`crate::schedule`]): after BP every
+//!   operation of the step goes into a priority queue keyed by FP order: prior rows, the next
+//!   step's lookup, each dense block (embedding level, block 1 … L, final LN + head: one
+//!   allreduce each, then that block's optimiser update), delayed rows. The next step pops
+//!   the prior rows and the lookup (its first FP stage needs both), then runs its forward on
+//!   a compute thread that waits before each block for that block's update only, while this
+//!   thread (the communication thread) serves the rest of the queue. Every rank pushes the
+//!   same operations at once, so every rank pops the same order.
 //!
 //! What this is not: there is one fused backward (candle gives no per-block hooks), so dense
-//! allreduces cannot overlap the backward pass; the priority queue reduces to the fixed order
-//! above, which every rank follows (a dynamic queue would need rank agreement on readiness).
+//! allreduces cannot overlap the backward pass; in `2d` they overlap the next forward.
 
 use std::collections::BTreeSet;
 use std::time::Instant;
 
+use std::ops::Range;
+
 use anyhow::{bail, Context, Result};
 use gradkit_collectives::alltoall::{
-    embedding_backward, embedding_forward, slice, sparse_allgather, sparse_allgather_raw, Rows,
+    embedding_backward, embedding_forward, embedding_forward_unique, slice, sparse_allgather,
+    sparse_allgather_raw, Rows,
 };
 use gradkit_collectives::{dense, Op};
 use gradkit_comm::{Comm, CommExt};
 
 use crate::data::{Batch, Dataset, Shard};
 use crate::exchange::{Exchange, StepIo};
-use crate::model::Model;
+use crate::model::{Eval, Model};
 use crate::optim::Opt;
+use crate::schedule::{fp_groups, key, Class, PriorityQueue, Ready};
 use crate::train::TrainConfig;
 
 /// `--schedule` values.
@@ -69,7 +91,11 @@ pub const SCHEDULES: &[(&str, &str)] = &[
     ),
     (
         "embrace",
-        "2D: prior embedding rows first, dense next, delayed rows overlapped with the next step's compute",
+        "vertical split only (embrace.md Algorithm 1): prior embedding rows first, dense next, delayed rows overlapped with the next step's compute",
+    ),
+    (
+        "2d",
+        "vertical + horizontal (embrace.md §2.1): `embrace`'s rows, and each dense block allreduced and updated while the next forward runs, which waits per block",
     ),
 ];
 
@@ -89,8 +115,9 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
     }
     if !SCHEDULES.iter().any(|s| s.0 == cfg.schedule) {
         bail!(
-            "unknown --schedule `{}` (known: fifo, embrace) (flag --schedule)",
-            cfg.schedule
+            "unknown --schedule `{}` (known: {}) (flag --schedule)",
+            cfg.schedule,
+            SCHEDULES.iter().map(|s| s.0).collect::<Vec<_>>().join(", ")
         );
     }
     match cfg.opt.name.as_str() {
@@ -118,6 +145,45 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `--lookup` values.
+pub const LOOKUPS: &[(&str, &str)] = &[
+    (
+        "per-token",
+        "the paper's forward AlltoAll: one row slice per token",
+    ),
+    (
+        "unique",
+        "one row slice per distinct token of the receiving rank, expanded by the receiver",
+    ),
+];
+
+/// `--lookup`: known, and other than `per-token` only with `--exchange embrace`.
+pub fn check_lookup(cfg: &TrainConfig) -> Result<()> {
+    if !LOOKUPS.iter().any(|l| l.0 == cfg.lookup) {
+        bail!(
+            "unknown --lookup `{}` (known: per-token, unique) (flag --lookup)",
+            cfg.lookup
+        );
+    }
+    if cfg.lookup != "per-token" && cfg.exchange != "embrace" {
+        bail!(
+            "--lookup {} applies to --exchange embrace only, not `{}` (flag --lookup)",
+            cfg.lookup,
+            cfg.exchange
+        );
+    }
+    Ok(())
+}
+
+/// Peak resident set size of this process so far, in bytes (`VmHWM` of /proc/self/status,
+/// what getrusage's `ru_maxrss` reports); `None` where that file does not exist.
+pub fn peak_rss_bytes() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb = s.lines().find_map(|l| l.strip_prefix("VmHWM:"))?;
+    let kb: f64 = kb.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kb * 1024.0)
 }
 
 /// Row-local optimiser for embedding rows (see the module docs).
@@ -206,14 +272,32 @@ fn rows_of(g: &[f32], off: usize, d: usize, ids: &[u32]) -> Vec<f32> {
     out
 }
 
-/// Index of the token embedding in the layout.
-fn embedding_layer(model: &Model) -> Result<usize> {
-    model
+/// The rows `ids` (a subset of `co.ids`, any order) of the coalesced gradient `co`.
+fn pick_rows(co: &Rows, ids: &[u32]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(ids.len() * co.width);
+    for i in ids {
+        let k = co
+            .ids
+            .binary_search(i)
+            .expect("a subset of the coalesced rows");
+        out.extend_from_slice(co.row(k));
+    }
+    out
+}
+
+/// The output head's parameters (`lm_head.*`, adjacent in the sorted layout) as a range
+/// of the model's flat vector (empty if it has none).
+fn lm_head_range(model: &Model) -> Range<usize> {
+    let heads: Vec<_> = model
         .layout()
         .layers
         .iter()
-        .position(|l| l.name == "wte.weight" || l.name == "emb.weight")
-        .context("the model has no token embedding (`wte.weight` or `emb.weight`)")
+        .filter(|l| l.name.starts_with("lm_head."))
+        .map(|l| l.offset as usize..(l.offset + l.numel) as usize)
+        .collect();
+    let lo = heads.iter().map(|r| r.start).min().unwrap_or(0);
+    let hi = heads.iter().map(|r| r.end).max().unwrap_or(0);
+    lo..hi.max(lo)
 }
 
 fn lm_ids(b: &Batch) -> Result<&[u32]> {
@@ -240,9 +324,10 @@ fn grad_exchange(
     }
 }
 
-/// `allgather-raw`'s message: one row per token of `tokens` (in token order, duplicates
-/// included); the first occurrence of a row carries its summed gradient (from the coalesced
-/// `u`/`gu`), later occurrences zero rows (see the module docs).
+/// A raw (one row per token, duplicates included) message rebuilt from coalesced rows
+/// `u`/`gu` when only the table gradient is known: the first occurrence of a row carries
+/// its summed gradient, later occurrences zero rows. `allgather-raw` itself now sends each
+/// token's own row gradient (the model returns them); this keeps the same volume and sum.
 pub fn per_token_rows(tokens: &[u32], u: &[u32], gu: &[f32], d: usize) -> Result<Rows> {
     let mut seen = BTreeSet::new();
     let mut vals = Vec::with_capacity(tokens.len() * d);
@@ -278,20 +363,24 @@ pub struct Embrace {
     method: String,
     rank: usize,
     p: usize,
-    /// Offset and size of the embedding in the flat layout; its rows and width.
+    /// Offset of the embedding in the full model's flat layout; its rows and width.
     eoff: usize,
-    enumel: usize,
     v: usize,
     d: usize,
-    /// The dense part: every other layer, (offset, numel) in layout order.
-    dsrc: Vec<(usize, usize)>,
+    /// `--lookup unique`: the deduplicated forward AlltoAll.
+    lookup_unique: bool,
+    /// The output head (`lm_head.*`) in the dense part.
+    head: Range<usize>,
     /// Every rank's shard (batches are deterministic, so no id exchange is needed).
     shards: Vec<Shard>,
     seed: u64,
     batch: usize,
-    /// The full flat vector the candle model reads (embedding rows filled per batch).
-    params: Vec<f32>,
+    /// The dense part: the parameters the candle model holds (every layer but the token
+    /// embedding, [`Model::new_sharded`]), in its layout order.
     dparams: Vec<f32>,
+    /// This step's looked-up rows (`T × d`, token order), then their per-token gradients.
+    rows: Vec<f32>,
+    g_rows: Vec<f32>,
     dopt: Opt,
     table: Vec<f32>,
     row_opt: RowOpt,
@@ -301,17 +390,21 @@ pub struct Embrace {
     /// Token ids of every rank for the step being trained, and for the next one.
     ids_now: Vec<Vec<u32>>,
     ids_next: Option<Vec<Vec<u32>>>,
+    /// `--schedule 2d`: the block-level priority queue and its dense groups.
+    two_d: Option<TwoD>,
     /// Per-step accounting carried from `compute` to `update`.
     t_step: Option<Instant>,
     wait_s: f64,
     overlap_s: f64,
-    bytes: [u64; 3],
+    bytes: [u64; 4],
 }
 
-/// Indices into [`Embrace::bytes`].
+/// Indices into [`Embrace::bytes`]: forward lookups, embedding gradients, the dense layers
+/// but the output head, the output head.
 const FWD: usize = 0;
 const GRAD: usize = 1;
 const DENSE: usize = 2;
+const HEAD: usize = 3;
 
 impl Embrace {
     /// Rank `rank` of `p`: its column shard of the model's embedding (or the full replica),
@@ -324,42 +417,26 @@ impl Embrace {
         data: &Dataset,
     ) -> Result<Self> {
         check_config(cfg)?;
+        check_lookup(cfg)?;
         let allgather = cfg.exchange.starts_with("allgather");
-        let layout = model.layout();
-        let e = embedding_layer(model)?;
-        let (eoff, enumel) = (
-            layout.layers[e].offset as usize,
-            layout.layers[e].numel as usize,
-        );
-        let shape = layout.layers[e].shape.clone().unwrap_or_default();
-        let (v, d) = (shape[0] as usize, shape[1] as usize);
-        let (mut dsegs, mut dsrc, mut nd) = (Vec::new(), Vec::new(), 0usize);
-        for (i, l) in layout.layers.iter().enumerate() {
-            if i != e {
-                dsegs.push((nd, l.numel as usize));
-                dsrc.push((l.offset as usize, l.numel as usize));
-                nd += l.numel as usize;
-            }
-        }
+        let ext = model.external_embedding().context(
+            "--exchange embrace needs the model built without its token embedding (Model::new_sharded)",
+        )?;
+        let (eoff, v, d) = (ext.offset, ext.vocab, ext.width);
+        let dsegs = model
+            .layout()
+            .layers
+            .iter()
+            .map(|l| (l.offset as usize, l.numel as usize))
+            .collect();
         let shards: Vec<Shard> = (0..p)
             .map(|j| Shard::new(data, j, p, cfg.batch, cfg.model.seq_len))
             .collect::<Result<_>>()?;
-        let params = model.get_flat()?;
-        let full = &params[eoff..eoff + enumel];
-        // The table of record: this rank's column shard (embrace) or the full replica.
-        let table: Vec<f32> = if allgather {
-            full.to_vec()
-        } else {
-            let cols = slice(d, p, rank);
-            full.chunks_exact(d)
-                .flat_map(|row| row[cols.clone()].iter().copied())
-                .collect()
-        };
-        let twidth = if allgather {
-            d
-        } else {
-            slice(d, p, rank).len()
-        };
+        // The table of record: this rank's column shard (embrace) or the full replica,
+        // drawn directly (the full table is never formed).
+        let cols = if allgather { 0..d } else { slice(d, p, rank) };
+        let twidth = cols.len();
+        let table = model.embedding_init(cols)?;
         let adam = (cfg.opt.name == "adam").then_some((cfg.opt.beta1, cfg.opt.beta2, cfg.opt.eps));
         let mut ex = Embrace {
             allgather,
@@ -373,47 +450,51 @@ impl Embrace {
             rank,
             p,
             eoff,
-            enumel,
             v,
             d,
-            dsrc,
+            lookup_unique: cfg.lookup == "unique",
+            head: lm_head_range(model),
             shards,
             seed: cfg.seed,
             batch: cfg.batch,
-            dparams: Vec::new(),
+            dparams: model.get_flat()?,
+            rows: Vec::new(),
+            g_rows: Vec::new(),
             dopt: Opt::new(&cfg.opt, dsegs)?,
             table,
             row_opt: RowOpt::new(adam, v, twidth),
-            params,
             pending: None,
             dense_algo: crate::exchange::dense_algo(cfg),
             ids_now: Vec::new(),
             ids_next: None,
+            two_d: (!allgather && cfg.schedule == "2d")
+                .then(|| TwoD::new(cfg, model, usize::MAX))
+                .transpose()?,
             t_step: None,
             wait_s: 0.0,
             overlap_s: 0.0,
-            bytes: [0; 3],
+            bytes: [0; 4],
         };
-        ex.dparams = ex.gather_dense(&ex.params);
+        if ex.method.starts_with("embrace") && ex.lookup_unique {
+            ex.method = ex.method.replacen("embrace", "embrace-unique", 1);
+        }
         Ok(ex)
     }
 
-    /// The dense part of a flat vector, layers concatenated in layout order.
-    fn gather_dense(&self, flat: &[f32]) -> Vec<f32> {
-        let mut out = Vec::with_capacity(self.dparams.len());
-        for &(o, len) in &self.dsrc {
-            out.extend_from_slice(&flat[o..o + len]);
-        }
-        out
+    /// Keeps the per-token row gradients of a forward/backward for `update`; returns the
+    /// loss and the dense gradient.
+    fn keep_row_grads(&mut self, r: Result<(f32, Vec<f32>, Vec<f32>)>) -> Result<(f32, Vec<f32>)> {
+        let (loss, g, gr) = r?;
+        self.g_rows = gr;
+        Ok((loss, g))
     }
 
-    /// Writes the dense part into `self.params`.
-    fn scatter_dense(&mut self) {
-        let mut at = 0;
-        for &(o, len) in &self.dsrc {
-            self.params[o..o + len].copy_from_slice(&self.dparams[at..at + len]);
-            at += len;
-        }
+    /// This rank's coalesced embedding gradient (ids ascending, duplicates summed in token
+    /// order, embrace.md §2.2) from the per-token row gradients of the last backward.
+    fn coalesced_grad(&mut self) -> Result<Rows> {
+        let ids = self.ids_now[self.rank].clone();
+        let g = std::mem::take(&mut self.g_rows);
+        Ok(Rows::new(ids, self.d, g)?.coalesce())
     }
 
     /// Every rank's token ids at `step`.
@@ -441,6 +522,7 @@ impl Embrace {
 
     /// Exchanges and applies the delayed rows still waiting (before evaluation or the end).
     fn flush(&mut self, comm: &dyn Comm) -> Result<()> {
+        self.flush_2d(comm)?;
         if let Some(pd) = self.pending.take() {
             let got = grad_exchange(comm, false, self.v, self.d, &pd.ids, &pd.grads)?;
             self.apply(&got, pd.lr, pd.step);
@@ -448,25 +530,25 @@ impl Embrace {
         Ok(())
     }
 
-    /// Forward lookup: the full rows of this rank's tokens, written into the model's buffer.
+    /// Forward lookup (embrace.md §1.2 steps 1–2): the full rows of this rank's tokens
+    /// (`T × d`, token order) into `self.rows`, the model's input.
     fn lookup(&mut self, comm: &dyn Comm) -> Result<()> {
         let t = Instant::now();
         let my_ids = &self.ids_now[self.rank];
-        let rows: Vec<f32> = if self.allgather {
+        self.rows = if self.allgather {
             rows_of(&self.table, 0, self.d, my_ids)
         } else {
             let s0 = comm.traffic().total().bytes_sent;
-            let r = embedding_forward(comm, &self.table, self.v, self.d, &self.ids_now)?;
+            let f = if self.lookup_unique {
+                embedding_forward_unique
+            } else {
+                embedding_forward
+            };
+            let r = f(comm, &self.table, self.v, self.d, &self.ids_now)?;
             self.bytes[FWD] += comm.traffic().total().bytes_sent - s0;
             r
         };
         self.wait_s += t.elapsed().as_secs_f64();
-        let d = self.d;
-        for (k, &id) in self.ids_now[self.rank].iter().enumerate() {
-            let a = self.eoff + id as usize * d;
-            self.params[a..a + d].copy_from_slice(&rows[k * d..(k + 1) * d]);
-        }
-        self.scatter_dense();
         Ok(())
     }
 
@@ -480,13 +562,21 @@ impl Embrace {
         u: Vec<u32>,
         gu: Vec<f32>,
         gd: &mut [f32],
+        raw: Option<Rows>,
     ) -> Result<(usize, usize)> {
         let d = self.d;
+        // The dense layers: the output head as its own allreduce (its bytes apart), the
+        // layers before and after it as two more.
         let dense = |me: &mut Self, gd: &mut [f32]| -> Result<()> {
             let t = Instant::now();
-            let s0 = comm.traffic().total().bytes_sent;
-            dense::allreduce(comm, me.dense_algo, Op::Mean, gd)?;
-            me.bytes[DENSE] += comm.traffic().total().bytes_sent - s0;
+            let (h, n) = (me.head.clone(), gd.len());
+            for (k, r) in [(DENSE, 0..h.start), (HEAD, h.clone()), (DENSE, h.end..n)] {
+                if !r.is_empty() {
+                    let s0 = comm.traffic().total().bytes_sent;
+                    dense::allreduce(comm, me.dense_algo, Op::Mean, &mut gd[r])?;
+                    me.bytes[k] += comm.traffic().total().bytes_sent - s0;
+                }
+            }
             me.wait_s += t.elapsed().as_secs_f64();
             Ok(())
         };
@@ -494,9 +584,8 @@ impl Embrace {
             // FIFO: gradient-generation order (dense blocks, then the embedding).
             dense(self, gd)?;
             let t = Instant::now();
-            let got = if self.raw {
+            let got = if let Some(msg) = raw {
                 let s0 = comm.traffic().total().bytes_sent;
-                let msg = per_token_rows(&self.ids_now[self.rank], &u, &gu, d)?;
                 let got = sparse_allgather_raw(comm, &msg)?;
                 self.bytes[GRAD] += comm.traffic().total().bytes_sent - s0;
                 got
@@ -542,7 +631,7 @@ impl Embrace {
     fn metrics(&self, io: &mut StepIo, step_s: f64, rows: (usize, usize, usize)) {
         let (u, n_prior, n_delayed) = rows;
         let (v, d, p, rank) = (self.v, self.d, self.p, self.rank);
-        let [fwd, grad, dn] = self.bytes.map(|b| b as f64);
+        let [fwd, grad, dn, head] = self.bytes.map(|b| b as f64);
         let my_ids = &self.ids_now[rank];
         let w = slice(d, p, rank).len();
         // Load of this rank as owner (values it serves: forward lookups + gradient rows)
@@ -560,7 +649,9 @@ impl Embrace {
             ("bytes_emb_forward", fwd),
             ("bytes_emb_grad", grad),
             ("bytes_emb", fwd + grad),
-            ("bytes_dense", dn),
+            ("bytes_dense", dn + head),
+            ("bytes_dense_other", dn),
+            ("bytes_lm_head", head),
             ("time_overlapped_s", self.overlap_s),
             ("time_step_s", step_s),
             // Communication stall: the step's wall time not spent computing or updating.
@@ -599,8 +690,11 @@ impl Exchange for Embrace {
         model: &Model,
         batch: &Batch,
     ) -> Result<(f32, Vec<f32>)> {
+        if self.two_d.is_some() {
+            return self.compute_2d(comm, io, model, batch);
+        }
         self.t_step = Some(Instant::now());
-        (self.wait_s, self.overlap_s, self.bytes) = (0.0, 0.0, [0; 3]);
+        (self.wait_s, self.overlap_s, self.bytes) = (0.0, 0.0, [0; 4]);
         self.ids_now = match self.ids_next.take() {
             Some(ids) => ids,
             None => self.ids_at(io.step)?,
@@ -609,17 +703,21 @@ impl Exchange for Embrace {
         self.ids_next = Some(self.ids_at(io.step + 1)?);
         // 1. Embedding forward: full rows of this rank's tokens.
         self.lookup(comm)?;
-        model.set_flat(&self.params)?;
+        model.set_flat(&self.dparams)?;
+        let rows = std::mem::take(&mut self.rows);
+        let fwd = || {
+            let t = Instant::now();
+            let r = model.loss_and_grad_rows(batch, &rows, &mut |_| Ok(()));
+            (r, t.elapsed().as_secs_f64())
+        };
         // 2. Forward/backward; the delayed rows of the previous step travel meanwhile.
         let Some(pd) = self.pending.take() else {
-            return crate::exchange::timed_loss_and_grad(io, model, batch);
+            let (r, c) = fwd();
+            io.compute_s = c;
+            return self.keep_row_grads(r);
         };
         let (res, compute_s, got) = std::thread::scope(|s| {
-            let h = s.spawn(|| {
-                let t = Instant::now();
-                let r = model.loss_and_grad(batch);
-                (r, t.elapsed().as_secs_f64())
-            });
+            let h = s.spawn(fwd);
             let t = Instant::now();
             let got = self.grad_exchange(comm, &pd.ids, &pd.grads);
             let ex = t.elapsed().as_secs_f64();
@@ -630,17 +728,22 @@ impl Exchange for Embrace {
         self.apply(&got, pd.lr, pd.step);
         self.overlap_s = ex;
         io.compute_s = compute_s;
-        res
+        self.keep_row_grads(res)
     }
 
     fn update(&mut self, comm: &dyn Comm, io: &mut StepIo, g: Vec<f32>) -> Result<()> {
-        let d = self.d;
-        let u = unique(&self.ids_now[self.rank]);
-        let gu = rows_of(&g, self.eoff, d, &u);
-        let mut gd = self.gather_dense(&g);
-        drop(g);
-        let n_u = u.len();
-        let (n_prior, n_delayed) = self.exchange_rows(comm, io, u, gu, &mut gd)?;
+        if self.two_d.is_some() {
+            return self.update_2d(io, g);
+        }
+        // allgather-raw's message: each token's own row gradient, duplicates included.
+        let raw = self
+            .raw
+            .then(|| Rows::new(self.ids_now[self.rank].clone(), self.d, self.g_rows.clone()))
+            .transpose()?;
+        let co = self.coalesced_grad()?;
+        let mut gd = g;
+        let n_u = co.ids.len();
+        let (n_prior, n_delayed) = self.exchange_rows(comm, io, co.ids, co.values, &mut gd, raw)?;
         let tu = Instant::now();
         self.dopt.step(&mut self.dparams, &gd, io.lr, io.step);
         io.update_s += tu.elapsed().as_secs_f64();
@@ -659,14 +762,59 @@ impl Exchange for Embrace {
         "dense parameters"
     }
 
-    /// Evaluation and the report need the whole current table: the delayed rows are
-    /// flushed and the column shards gathered.
+    /// The report needs the whole current table: the delayed rows are flushed and the
+    /// column shards gathered **on rank 0 only** (the full model's flat layout there; the
+    /// other ranks get an empty vector, so no other rank ever holds V × d).
     fn full_params(&mut self, comm: &dyn Comm) -> Result<Vec<f32>> {
         self.flush(comm)?;
-        let full = full_table(comm, self.allgather, &self.table, self.v, self.d)?;
-        self.params[self.eoff..self.eoff + self.enumel].copy_from_slice(&full);
-        self.scatter_dense();
-        Ok(self.params.clone())
+        let Some(full) = full_table(comm, self.allgather, &self.table, self.v, self.d)? else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::with_capacity(self.dparams.len() + full.len());
+        out.extend_from_slice(&self.dparams[..self.eoff]);
+        out.extend_from_slice(&full);
+        out.extend_from_slice(&self.dparams[self.eoff..]);
+        Ok(out)
+    }
+
+    /// Evaluation without the whole table: rank 0's evaluation tokens are looked up through
+    /// the (deduplicated) forward AlltoAll, and rank 0 evaluates from those rows.
+    fn evaluate(
+        &mut self,
+        comm: &dyn Comm,
+        model: &Model,
+        batches: &[Batch],
+    ) -> Result<Option<Eval>> {
+        self.flush(comm)?;
+        let mine: Vec<u32> = batches
+            .iter()
+            .map(lm_ids)
+            .collect::<Result<Vec<_>>>()?
+            .concat();
+        let rows = if self.allgather {
+            rows_of(&self.table, 0, self.d, &mine)
+        } else {
+            // Every owner needs rank 0's ids: they travel once, in phase `eval`.
+            let all = {
+                let _ph = comm.phase("eval");
+                comm.allgatherv(mine)?
+            };
+            let mut req = vec![Vec::new(); self.p];
+            req[0] = all.into_iter().next().unwrap_or_default();
+            embedding_forward_unique(comm, &self.table, self.v, self.d, &req)?
+        };
+        if comm.rank() != 0 {
+            return Ok(None);
+        }
+        let mut per_batch = Vec::with_capacity(batches.len());
+        let mut at = 0;
+        for b in batches {
+            let n = lm_ids(b)?.len() * self.d;
+            per_batch.push(rows[at..at + n].to_vec());
+            at += n;
+        }
+        model.set_flat(&self.dparams)?;
+        Ok(Some(model.evaluate_rows(batches, Some(&per_batch))?))
     }
 
     fn state(&self) -> Vec<(String, Vec<f32>)> {
@@ -680,23 +828,29 @@ impl Exchange for Embrace {
     }
 }
 
-/// The whole V × d table on every rank (allgather of the column shards; phase `final_gather`,
-/// outside the per-step counters).
+/// The whole V × d table on rank 0, `None` on the others (the column shards sent to rank
+/// 0 by one AlltoAll in which only rank 0 receives; phase `final_gather`, outside the
+/// per-step counters).
 fn full_table(
     comm: &dyn Comm,
     allgather: bool,
     table: &[f32],
     v: usize,
     d: usize,
-) -> Result<Vec<f32>> {
+) -> Result<Option<Vec<f32>>> {
     if allgather {
-        return Ok(table.to_vec());
+        return Ok((comm.rank() == 0).then(|| table.to_vec()));
     }
     let p = comm.size();
+    let mut sends = vec![Vec::new(); p];
+    sends[0] = table.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
     let parts = {
         let _ph = comm.phase("final_gather");
-        comm.allgatherv(table.iter().map(|x| x.to_bits()).collect::<Vec<u32>>())?
+        comm.alltoallv(sends)?
     };
+    if comm.rank() != 0 {
+        return Ok(None);
+    }
     let mut full = vec![0f32; v * d];
     for (k, part) in parts.iter().enumerate() {
         let c = slice(d, p, k);
@@ -714,5 +868,279 @@ fn full_table(
             }
         }
     }
-    Ok(full)
+    Ok(Some(full))
+}
+
+/// One operation of `--schedule 2d`'s queue ([`crate::schedule::Class`] gives its priority).
+enum Op2 {
+    /// Embedding-gradient rows (prior or delayed) of step `step`.
+    Rows {
+        ids: Vec<u32>,
+        grads: Vec<f32>,
+        lr: f32,
+        step: u32,
+    },
+    /// The next step's forward AlltoAll (run when the next step starts: it needs that step's ids).
+    Lookup,
+    /// Dense group `k`'s gradient, its layers concatenated.
+    Dense {
+        k: usize,
+        grad: Vec<f32>,
+        lr: f32,
+        step: u32,
+    },
+}
+
+/// A dense layer of a group: its index in the layout, offset in the flat gradient, size,
+/// offset in the dense part, and its own optimiser (SGD and Adam are elementwise, so one
+/// optimiser per layer computes exactly what one optimiser over the dense part does).
+struct GroupLayer {
+    li: usize,
+    off: usize,
+    numel: usize,
+    at: usize,
+    opt: Opt,
+}
+
+/// `--schedule 2d`'s state: the queue, the dense groups in FP order, the last step's waits.
+struct TwoD {
+    queue: PriorityQueue<Op2>,
+    groups: Vec<(String, Vec<GroupLayer>)>,
+    /// Seconds the last forward waited before each group.
+    waits: Vec<f64>,
+}
+
+impl TwoD {
+    /// Groups of `model`'s layout in FP order ([`crate::schedule::fp_groups`]), `e` the
+    /// sharded embedding. The dense part is the layout minus `e`, in layout order.
+    fn new(cfg: &TrainConfig, model: &Model, e: usize) -> Result<Self> {
+        let layers = &model.layout().layers;
+        let names: Vec<String> = layers.iter().map(|l| l.name.clone()).collect();
+        let mut at_of = vec![0usize; layers.len()];
+        let mut at = 0;
+        for (i, l) in layers.iter().enumerate() {
+            if i != e {
+                at_of[i] = at;
+                at += l.numel as usize;
+            }
+        }
+        let mut groups = Vec::new();
+        for (name, idx) in fp_groups(&names, e) {
+            let mut gl = Vec::with_capacity(idx.len());
+            for li in idx {
+                let numel = layers[li].numel as usize;
+                gl.push(GroupLayer {
+                    li,
+                    off: layers[li].offset as usize,
+                    numel,
+                    at: at_of[li],
+                    opt: Opt::new(&cfg.opt, vec![(0, numel)])?,
+                });
+            }
+            groups.push((name, gl));
+        }
+        Ok(TwoD {
+            queue: PriorityQueue::new(),
+            waits: vec![0.0; groups.len()],
+            groups,
+        })
+    }
+}
+
+impl Embrace {
+    /// Runs queued operations until the queue is empty, or (`until_lookup`) until the
+    /// lookup has run. A dense group's allreduce is followed by its optimiser update, its
+    /// layers written into `model` and its [`Ready`] slot set. Without a model (a flush
+    /// before evaluation) the lookup is dropped: the next step looks up afresh.
+    fn run_ops(
+        &mut self,
+        tw: &mut TwoD,
+        comm: &dyn Comm,
+        model: Option<&Model>,
+        ready: &Ready,
+        until_lookup: bool,
+    ) -> Result<()> {
+        while let Some(op) = tw.queue.try_pop() {
+            match op {
+                Op2::Rows {
+                    ids,
+                    grads,
+                    lr,
+                    step,
+                } => {
+                    let got = self.grad_exchange(comm, &ids, &grads)?;
+                    self.apply(&got, lr, step);
+                }
+                Op2::Lookup => {
+                    if let Some(m) = model {
+                        self.lookup(comm)?;
+                        m.set_flat(&self.dparams)?;
+                    }
+                    if until_lookup {
+                        return Ok(());
+                    }
+                }
+                Op2::Dense {
+                    k,
+                    mut grad,
+                    lr,
+                    step,
+                } => {
+                    if !grad.is_empty() {
+                        let s0 = comm.traffic().total().bytes_sent;
+                        dense::allreduce(comm, self.dense_algo, Op::Mean, &mut grad)?;
+                        // The group holding the output head counts as `bytes_lm_head`
+                        // (transformer-lm: lm_head + the final LN's 2·d values).
+                        let h = &self.head;
+                        let has_head = tw.groups[k]
+                            .1
+                            .iter()
+                            .any(|l| l.at < h.end && h.start < l.at + l.numel);
+                        let kind = if has_head { HEAD } else { DENSE };
+                        self.bytes[kind] += comm.traffic().total().bytes_sent - s0;
+                    }
+                    let mut from = 0;
+                    for l in &mut tw.groups[k].1 {
+                        let w = &mut self.dparams[l.at..l.at + l.numel];
+                        l.opt.step(w, &grad[from..from + l.numel], lr, step);
+                        if let Some(m) = model {
+                            m.set_layer(l.li, w)?;
+                        }
+                        from += l.numel;
+                    }
+                    ready.set(k);
+                }
+            }
+        }
+        if until_lookup {
+            // First step (or after a flush): nothing queued; look up and mark every block.
+            if let Some(m) = model {
+                self.lookup(comm)?;
+                m.set_flat(&self.dparams)?;
+            }
+            (0..tw.groups.len()).for_each(|k| ready.set(k));
+        }
+        Ok(())
+    }
+
+    /// `--schedule 2d`, forward and backward of step `io.step`: the prior rows and lookup
+    /// first, then the forward on a compute thread waiting per block while this thread
+    /// serves the dense blocks and delayed rows of the previous step.
+    fn compute_2d(
+        &mut self,
+        comm: &dyn Comm,
+        io: &mut StepIo,
+        model: &Model,
+        batch: &Batch,
+    ) -> Result<(f32, Vec<f32>)> {
+        self.t_step = Some(Instant::now());
+        (self.wait_s, self.overlap_s, self.bytes) = (0.0, 0.0, [0; 4]);
+        self.ids_now = match self.ids_next.take() {
+            Some(ids) => ids,
+            None => self.ids_at(io.step)?,
+        };
+        self.ids_next = Some(self.ids_at(io.step + 1)?);
+        let mut tw = self.two_d.take().context("--schedule 2d state")?;
+        let n = tw.groups.len();
+        let ready = Ready::new(n);
+        let t0 = Instant::now();
+        let first = self.run_ops(&mut tw, comm, Some(model), &ready, true);
+        let lead_s = t0.elapsed().as_secs_f64();
+        let res = first.and_then(|()| {
+            // The looked-up rows are the forward's input (the model holds no embedding).
+            let rows = std::mem::take(&mut self.rows);
+            std::thread::scope(|s| {
+                let (ready, rows) = (&ready, &rows);
+                let h = s.spawn(move || {
+                    let t = Instant::now();
+                    let mut waits = vec![0.0f64; n];
+                    let mut seen = vec![false; n];
+                    let r = model.loss_and_grad_rows(batch, rows, &mut |k| {
+                        waits[k] += ready.wait(k)?.as_secs_f64();
+                        seen[k] = true;
+                        Ok(())
+                    });
+                    (r, t.elapsed().as_secs_f64(), Instant::now(), waits, seen)
+                });
+                let t = Instant::now();
+                let ops = self.run_ops(&mut tw, comm, Some(model), ready, false);
+                if let Err(e) = &ops {
+                    ready.fail(&format!("{e:#}"));
+                }
+                let (busy, end) = (t.elapsed().as_secs_f64(), Instant::now());
+                let (r, comp_s, comp_end, waits, seen) = h.join().expect("compute thread panicked");
+                ops?;
+                if let Some(k) = seen.iter().position(|s| !s) {
+                    bail!("--schedule 2d: the forward pass never waited for block {k}");
+                }
+                let fwd_wait: f64 = waits.iter().sum();
+                let tail = end.saturating_duration_since(comp_end).as_secs_f64();
+                io.compute_s = comp_s - fwd_wait;
+                // Stall: what the compute thread waited for plus the queue's tail after BP.
+                self.wait_s = lead_s + fwd_wait + tail;
+                self.overlap_s = (busy - fwd_wait - tail).max(0.0);
+                tw.waits = waits;
+                r
+            })
+        });
+        self.two_d = Some(tw);
+        self.keep_row_grads(res)
+    }
+
+    /// `--schedule 2d` after BP of step `io.step`: every operation of the step into the
+    /// queue at once (the next step runs them), no communication here.
+    fn update_2d(&mut self, io: &mut StepIo, g: Vec<f32>) -> Result<()> {
+        let co = self.coalesced_grad()?;
+        let u = &co.ids;
+        let next = self.ids_next.as_ref().context("the next step's ids")?;
+        let (prior, delayed) = split_prior(u, next);
+        let (n_prior, n_delayed) = (prior.len(), delayed.len());
+        let (lr, step) = (io.lr, io.step);
+        let rows = |ids: Vec<u32>| Op2::Rows {
+            grads: pick_rows(&co, &ids),
+            ids,
+            lr,
+            step,
+        };
+        let mut ops = vec![
+            (key(step, Class::PriorGrad), rows(prior)),
+            (key(step, Class::Lookup), Op2::Lookup),
+            (key(step, Class::DelayedGrad), rows(delayed)),
+        ];
+        let tw = self.two_d.as_mut().context("--schedule 2d state")?;
+        for (k, (_, layers)) in tw.groups.iter().enumerate() {
+            let mut grad = Vec::with_capacity(layers.iter().map(|l| l.numel).sum());
+            for l in layers {
+                grad.extend_from_slice(&g[l.off..l.off + l.numel]);
+            }
+            ops.push((key(step, Class::Dense(k)), Op2::Dense { k, grad, lr, step }));
+        }
+        drop(g);
+        tw.queue.push_all(ops);
+        let waits: Vec<(String, f64)> = tw
+            .groups
+            .iter()
+            .zip(&tw.waits)
+            .map(|((name, _), w)| (format!("wait_s:{name}"), *w))
+            .collect();
+        let step_s = self.t_step.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        self.metrics(io, step_s, (u.len(), n_prior, n_delayed));
+        io.extra.push((
+            "time_fwd_wait_s".into(),
+            waits.iter().map(|w| w.1).sum::<f64>(),
+        ));
+        io.extra.extend(waits);
+        Ok(())
+    }
+
+    /// Runs what `--schedule 2d` still has queued (before evaluation and at the end).
+    fn flush_2d(&mut self, comm: &dyn Comm) -> Result<()> {
+        let Some(mut tw) = self.two_d.take() else {
+            return Ok(());
+        };
+        let ready = Ready::new(tw.groups.len());
+        let r = self.run_ops(&mut tw, comm, None, &ready, false);
+        self.two_d = Some(tw);
+        r
+    }
 }

@@ -72,9 +72,27 @@ pub trait Exchange {
         "parameters"
     }
     /// The whole flat parameter vector (collective: every rank calls it at the same step).
+    /// EmbRace returns it on rank 0 only (the others get an empty vector: no other rank
+    /// ever holds the whole table).
     fn full_params(&mut self, comm: &dyn Comm) -> Result<Vec<f32>> {
         let _ = comm;
         Ok(self.replicated().to_vec())
+    }
+    /// Evaluation of `batches` (rank 0's evaluation set; the other ranks pass none) on the
+    /// current parameters: `Some` on rank 0 (collective: every rank calls it at the same
+    /// step). EmbRace evaluates from looked-up rows, without the whole table.
+    fn evaluate(
+        &mut self,
+        comm: &dyn Comm,
+        model: &Model,
+        batches: &[Batch],
+    ) -> Result<Option<crate::model::Eval>> {
+        let full = self.full_params(comm)?;
+        if comm.rank() != 0 {
+            return Ok(None);
+        }
+        model.set_flat(&full)?;
+        Ok(Some(model.evaluate(batches)?))
     }
     /// Everything a checkpoint must hold to resume this rank, as named tensors.
     fn state(&self) -> Vec<(String, Vec<f32>)>;
@@ -119,6 +137,7 @@ pub fn make(
         period: cfg.period,
         reeval: cfg.reeval,
         adjust: cfg.adjust,
+        reeval_step_d: cfg.reeval_step_d,
         residual: true, // Algorithm 2: the reducer keeps this rank's residual
         seed: cfg.seed,
         ..Params::default()

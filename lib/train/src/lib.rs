@@ -11,7 +11,8 @@
 //!   1-bit compressed momentum), checksums across ranks, metrics, checkpoints;
 //!   [`train::dump_gradients`] for `gradtrace model`.
 //! - [`embrace`]: `--exchange embrace|allgather` (EmbRace's column-sharded embedding with
-//!   AlltoAll, the AllGather baseline, `--schedule fifo|embrace`).
+//!   AlltoAll, the AllGather baseline, `--schedule fifo|embrace|2d`).
+//! - [`schedule`]: EmbRace's block-level priority queue (embrace.md §2.1, `--schedule 2d`).
 //!
 //! Not here: the collectives themselves (gradkit-collectives), file formats (gradkit-core).
 
@@ -22,6 +23,7 @@ pub mod exchange;
 pub mod metrics_log;
 pub mod model;
 pub mod optim;
+pub mod schedule;
 pub mod train;
 
 pub use train::{dump_gradients, train, TrainConfig, TrainReport, EXCHANGES};

@@ -74,7 +74,8 @@ enum Net {
         side: usize,
     },
     Transformer {
-        wte: Embedding,
+        /// `None` when the token embedding lives outside the model (sharded, [`Model::new_sharded`]).
+        wte: Option<Embedding>,
         wpe: Tensor,
         blocks: Vec<Block>,
         lnf: (Tensor, Tensor),
@@ -82,7 +83,7 @@ enum Net {
         heads: usize,
     },
     Lstm {
-        emb: Embedding,
+        emb: Option<Embedding>,
         lstm: candle_nn::LSTM,
         head: Linear,
     },
@@ -94,6 +95,8 @@ pub struct Model {
     net: Net,
     vars: Vec<(String, Var)>,
     layout: Layout,
+    /// The token embedding when it is held outside the model ([`Model::new_sharded`]).
+    external: Option<ExternalEmbedding>,
     device: Device,
     /// Keeps the variables alive (the layers hold their tensors).
     _varmap: VarMap,
@@ -137,9 +140,37 @@ fn ln_params(vb: &VarBuilder, d: usize) -> candle_core::Result<(Tensor, Tensor)>
     ))
 }
 
+/// A token embedding the model does not hold (EmbRace's sharded table, issue 17): its name
+/// and shape, and where it sits in the full model's layout.
+#[derive(Clone, Debug)]
+pub struct ExternalEmbedding {
+    /// `wte.weight` or `emb.weight`.
+    pub name: String,
+    pub vocab: usize,
+    pub width: usize,
+    /// The full model's layout (the embedding included), for reports and checkpoints.
+    pub full_layout: Layout,
+    /// Its offset in that layout (the held parameters before it come first).
+    pub offset: usize,
+    seed: u64,
+}
+
 impl Model {
     /// Builds `spec.name` for `data`, with parameters drawn from `seed`.
     pub fn new(spec: &ModelSpec, data: &Dataset, seed: u64) -> Result<Model> {
+        Self::build(spec, data, seed, false)
+    }
+
+    /// As [`Model::new`] for a language model, but without its token embedding: no rank
+    /// allocates the V × d table (EmbRace, embrace.md §1.1: the table lives in column shards);
+    /// the forward takes the looked-up rows ([`Model::loss_and_grad_rows`]). The held
+    /// parameters and the embedding's initial values ([`Model::embedding_init`]) equal those of
+    /// `Model::new` with the same seed.
+    pub fn new_sharded(spec: &ModelSpec, data: &Dataset, seed: u64) -> Result<Model> {
+        Self::build(spec, data, seed, true)
+    }
+
+    fn build(spec: &ModelSpec, data: &Dataset, seed: u64, shard: bool) -> Result<Model> {
         let device = device()?;
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
@@ -177,36 +208,11 @@ impl Model {
                 ];
                 Net::Cnn { convs, fcs, side }
             }
-            ("transformer-lm", Dataset::Lm(l)) => {
-                let d = spec.d_model;
-                if spec.heads == 0 || !d.is_multiple_of(spec.heads) {
-                    bail!("--d-model {d} must be a multiple of --heads {} (flag --heads)", spec.heads);
-                }
-                let wte = candle_nn::embedding(l.vocab, d, vb.pp("wte"))?;
-                let wpe = vb.get_with_hints((spec.seq_len, d), "wpe.weight", candle_nn::Init::Const(0.0))?;
-                let mut blocks = Vec::new();
-                for i in 0..spec.layers {
-                    let b = vb.pp(format!("h{i}"));
-                    blocks.push(Block {
-                        ln1: ln_params(&b.pp("ln1"), d)?,
-                        qkv: candle_nn::linear(d, 3 * d, b.pp("attn_qkv"))?,
-                        proj: candle_nn::linear(d, d, b.pp("attn_proj"))?,
-                        ln2: ln_params(&b.pp("ln2"), d)?,
-                        fc: candle_nn::linear(d, 4 * d, b.pp("mlp_fc"))?,
-                        out: candle_nn::linear(4 * d, d, b.pp("mlp_out"))?,
-                    });
-                }
-                Net::Transformer {
-                    wte,
-                    wpe,
-                    blocks,
-                    lnf: ln_params(&vb.pp("lnf"), d)?,
-                    head: candle_nn::linear(d, l.vocab, vb.pp("lm_head"))?,
-                    heads: spec.heads,
-                }
-            }
+            ("transformer-lm", Dataset::Lm(l)) => transformer(spec, l.vocab, &vb, shard)?,
             ("lstm-lm", Dataset::Lm(l)) => Net::Lstm {
-                emb: candle_nn::embedding(l.vocab, spec.d_model, vb.pp("emb"))?,
+                emb: (!shard)
+                    .then(|| candle_nn::embedding(l.vocab, spec.d_model, vb.pp("emb")))
+                    .transpose()?,
                 lstm: candle_nn::lstm(
                     spec.d_model,
                     spec.hidden,
@@ -236,20 +242,31 @@ impl Model {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         vars.sort_by(|a, b| a.0.cmp(&b.0));
-        let layout = Layout::new(
-            vars.iter()
-                .enumerate()
-                .map(|(i, (n, v))| {
-                    let dims: Vec<u32> = v.dims().iter().map(|d| *d as u32).collect();
-                    (i as u32, n.clone(), v.elem_count() as u64, Some(dims))
-                })
-                .collect(),
-        );
+        let entries: Vec<(String, Vec<usize>)> = vars
+            .iter()
+            .map(|(n, v)| (n.clone(), v.dims().to_vec()))
+            .collect();
+        let external = match (shard, data) {
+            (true, Dataset::Lm(l)) => Some(ExternalEmbedding::new(
+                if spec.name == "lstm-lm" {
+                    "emb.weight"
+                } else {
+                    "wte.weight"
+                },
+                l.vocab,
+                spec.d_model,
+                &entries,
+                seed,
+            )),
+            (true, Dataset::Class(_)) => bail!("only a language model's embedding can be sharded"),
+            (false, _) => None,
+        };
         let m = Model {
             name: spec.name.clone(),
             net,
             vars,
-            layout,
+            layout: layout_of(&entries),
+            external,
             device,
             _varmap: varmap,
         };
@@ -257,29 +274,53 @@ impl Model {
         Ok(m)
     }
 
-    /// Seeded initial values: biases 0, LayerNorm gains 1, embeddings U(±0.1), other
-    /// weights U(±1/√fan_in) (PyTorch's default for Linear, Conv and LSTM).
-    pub fn init_params(&self, seed: u64) -> Vec<f32> {
-        let mut rng = StdRng::seed_from_u64(seed ^ 0x696e_6974);
-        let mut out = Vec::with_capacity(self.layout.total() as usize);
-        for (name, v) in &self.vars {
-            let n = v.elem_count();
-            let dims = v.dims();
-            let last = name.rsplit('.').next().unwrap_or("");
-            let is_ln = name.split('.').any(|p| p.starts_with("ln"));
-            if last.starts_with("bias") {
-                out.extend(std::iter::repeat_n(0.0, n));
-            } else if is_ln {
-                out.extend(std::iter::repeat_n(1.0, n));
-            } else if name.starts_with("wte") || name.starts_with("wpe") || name.starts_with("emb")
-            {
-                out.extend((0..n).map(|_| rng.gen_range(-0.1f32..0.1)));
-            } else {
-                let fan_in = (n / dims[0].max(1)).max(1);
-                let b = 1.0 / (fan_in as f32).sqrt();
-                out.extend((0..n).map(|_| rng.gen_range(-b..b)));
-            }
+    /// The token embedding held outside this model, if any ([`Model::new_sharded`]).
+    pub fn external_embedding(&self) -> Option<&ExternalEmbedding> {
+        self.external.as_ref()
+    }
+
+    /// Every parameter tensor of the full model in layout order (name, shape), the external
+    /// embedding included.
+    fn full_entries(&self) -> Vec<(String, Vec<usize>)> {
+        match &self.external {
+            Some(e) => entries_of(&e.full_layout),
+            None => entries_of(&self.layout),
         }
+    }
+
+    /// Columns `cols` of the external embedding's initial values (V × |cols|, row-major):
+    /// the same seeded draws as the full model's, replayed without keeping the table.
+    pub fn embedding_init(&self, cols: std::ops::Range<usize>) -> Result<Vec<f32>> {
+        let e = self
+            .external
+            .as_ref()
+            .context("the model holds its embedding")?;
+        let mut out = Vec::with_capacity(e.vocab * cols.len());
+        let mut k = 0usize;
+        let mut keep = |x| {
+            if cols.contains(&(k % e.width)) {
+                out.push(x);
+            }
+            k += 1;
+        };
+        init_values(&self.full_entries(), e.seed, Some(&e.name), &mut keep, None);
+        Ok(out)
+    }
+
+    /// Seeded initial values of the held parameters: biases 0, LayerNorm gains 1, embeddings
+    /// U(±0.1), other weights U(±1/√fan_in) (PyTorch's default for Linear, Conv and LSTM).
+    /// An external embedding's values are drawn (so every other tensor gets the same values as
+    /// in the full model) but not kept.
+    pub fn init_params(&self, seed: u64) -> Vec<f32> {
+        let mut out = Vec::with_capacity(self.layout.total() as usize);
+        let skip = self.external.as_ref().map(|e| e.name.as_str());
+        init_values(
+            &self.full_entries(),
+            seed,
+            skip,
+            &mut |_| {},
+            Some(&mut out),
+        );
         out
     }
 
@@ -288,6 +329,12 @@ impl Model {
     }
     pub fn n_params(&self) -> usize {
         self.layout.total() as usize
+    }
+    /// Parameters of the full model, an external embedding included.
+    pub fn n_params_full(&self) -> usize {
+        self.external
+            .as_ref()
+            .map_or(self.layout.total(), |e| e.full_layout.total()) as usize
     }
     pub fn device(&self) -> &Device {
         &self.device
@@ -300,6 +347,20 @@ impl Model {
             out.extend(v.as_tensor().flatten_all()?.to_vec1::<f32>()?);
         }
         Ok(out)
+    }
+
+    /// Overwrites layer `i` of the layout (`--schedule 2d` writes one block at a time).
+    pub fn set_layer(&self, i: usize, vals: &[f32]) -> Result<()> {
+        let v = &self.vars.get(i).context("no such layer")?.1;
+        if vals.len() != v.elem_count() {
+            bail!(
+                "layer {i} has {} values, got {}",
+                v.elem_count(),
+                vals.len()
+            );
+        }
+        v.set(&Tensor::from_slice(vals, v.dims(), &self.device)?)?;
+        Ok(())
     }
 
     /// Overwrites the parameters from a flat vector in layout order.
@@ -318,7 +379,42 @@ impl Model {
         Ok(())
     }
 
-    fn logits(&self, batch: &Batch) -> Result<(Tensor, Tensor)> {
+    /// `before(k)` is called before FP stage `k` reads its parameters (`--schedule 2d`,
+    /// embrace.md §2.1; [`crate::schedule::fp_groups`]): transformer-lm 0 = embeddings,
+    /// 1 + i = block i, L + 1 = final LN and head; lstm-lm 0 and 1 first; others never.
+    fn logits(
+        &self,
+        batch: &Batch,
+        before: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<(Tensor, Tensor)> {
+        self.logits_rows(batch, before, None)
+    }
+
+    /// The token embeddings of an LM batch (`b × t × d`): looked up in the model's own table,
+    /// or the given rows (`b·t × d`, token order) for an external embedding.
+    fn embed(
+        &self,
+        table: Option<&Embedding>,
+        rows: Option<&Tensor>,
+        x: &[u32],
+        bt: (usize, usize),
+    ) -> Result<Tensor> {
+        match (table, rows) {
+            (Some(e), None) => Ok(e.forward(&Tensor::from_slice(x, bt, &self.device)?)?),
+            (None, Some(r)) => Ok(r.reshape((bt.0, bt.1, r.dim(1)?))?),
+            (Some(_), Some(_)) => bail!("the model holds its token embedding; pass no rows"),
+            (None, None) => bail!("the token embedding is external: the forward needs its rows"),
+        }
+    }
+
+    /// [`Model::logits`] with the token embeddings given as `rows` when the embedding is
+    /// external ([`Model::new_sharded`]).
+    fn logits_rows(
+        &self,
+        batch: &Batch,
+        before: &mut dyn FnMut(usize) -> Result<()>,
+        rows: Option<&Tensor>,
+    ) -> Result<(Tensor, Tensor)> {
         let dev = &self.device;
         Ok(match (&self.net, batch) {
             (Net::Mlp(ls), Batch::Class { x, y, b }) => {
@@ -356,15 +452,17 @@ impl Model {
                 Batch::Lm { x, y, b, t },
             ) => {
                 let (b, t) = (*b, *t);
-                let ids = Tensor::from_slice(x, (b, t), dev)?;
-                let mut h = wte.forward(&ids)?.broadcast_add(&wpe.i(0..t)?)?;
+                before(0)?;
+                let e = self.embed(wte.as_ref(), rows, x, (b, t))?;
+                let mut h = e.broadcast_add(&wpe.i(0..t)?)?;
                 let d = h.dim(2)?;
                 let dh = d / heads;
                 let mask: Vec<f32> = (0..t * t)
                     .map(|k| if k % t > k / t { -1e9 } else { 0.0 })
                     .collect();
                 let mask = Tensor::from_slice(&mask, (t, t), dev)?;
-                for bl in blocks {
+                for (i, bl) in blocks.iter().enumerate() {
+                    before(1 + i)?;
                     let a = layer_norm(&h, &bl.ln1)?;
                     let qkv = bl
                         .qkv
@@ -386,6 +484,7 @@ impl Model {
                     let m = bl.out.forward(&bl.fc.forward(&m)?.gelu_erf()?)?;
                     h = (h + m)?;
                 }
+                before(1 + blocks.len())?;
                 let h = layer_norm(&h, lnf)?;
                 let logits = head.forward(&h)?;
                 let v = logits.dim(2)?;
@@ -397,8 +496,9 @@ impl Model {
             (Net::Lstm { emb, lstm, head }, Batch::Lm { x, y, b, t }) => {
                 use candle_nn::RNN;
                 let (b, t) = (*b, *t);
-                let ids = Tensor::from_slice(x, (b, t), dev)?;
-                let e = emb.forward(&ids)?;
+                before(0)?;
+                before(1)?;
+                let e = self.embed(emb.as_ref(), rows, x, (b, t))?;
                 let states = lstm.seq(&e)?;
                 let h = lstm.states_to_tensor(&states)?; // [b, t, hidden]
                 let logits = head.forward(&h)?;
@@ -414,13 +514,23 @@ impl Model {
 
     /// Mean cross-entropy of the batch (a candle tensor, for autodiff).
     pub fn loss(&self, batch: &Batch) -> Result<Tensor> {
-        let (logits, y) = self.logits(batch)?;
+        let (logits, y) = self.logits(batch, &mut |_| Ok(()))?;
         Ok(candle_nn::loss::cross_entropy(&logits, &y)?)
     }
 
     /// The loss of the batch and its gradient as a flat vector in layout order.
     pub fn loss_and_grad(&self, batch: &Batch) -> Result<(f32, Vec<f32>)> {
-        let loss = self.loss(batch)?;
+        self.loss_and_grad_with(batch, &mut |_| Ok(()))
+    }
+
+    /// [`Model::loss_and_grad`] calling `before(k)` before FP stage `k` (see `logits`).
+    pub fn loss_and_grad_with(
+        &self,
+        batch: &Batch,
+        before: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<(f32, Vec<f32>)> {
+        let (logits, y) = self.logits(batch, before)?;
+        let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
         let grads = loss.backward()?;
         let mut g = Vec::with_capacity(self.n_params());
         for (name, v) in &self.vars {
@@ -435,11 +545,61 @@ impl Model {
         Ok((loss.to_scalar::<f32>()?, g))
     }
 
+    /// With an external embedding ([`Model::new_sharded`]): the loss of an LM batch whose
+    /// token embeddings are `rows` (`T × d`, one row per token in batch order: the output of
+    /// EmbRace's forward AlltoAll), the flat gradient of the held parameters, and the gradient
+    /// of each token's row (`T × d`, duplicates not summed). `before` as in
+    /// [`Model::loss_and_grad_with`].
+    pub fn loss_and_grad_rows(
+        &self,
+        batch: &Batch,
+        rows: &[f32],
+        before: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<(f32, Vec<f32>, Vec<f32>)> {
+        let e = self
+            .external
+            .as_ref()
+            .context("the model holds its token embedding")?;
+        let t = rows.len() / e.width.max(1);
+        let var = Var::from_tensor(&Tensor::from_slice(rows, (t, e.width), &self.device)?)?;
+        let (logits, y) = self.logits_rows(batch, before, Some(var.as_tensor()))?;
+        let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
+        let grads = loss.backward()?;
+        let mut g = Vec::with_capacity(self.n_params());
+        for (_, v) in &self.vars {
+            match grads.get(v.as_tensor()) {
+                Some(t) => g.extend(t.flatten_all()?.to_vec1::<f32>()?),
+                None => g.extend(std::iter::repeat_n(0.0, v.elem_count())),
+            }
+        }
+        let gr = match grads.get(var.as_tensor()) {
+            Some(x) => x.flatten_all()?.to_vec1::<f32>()?,
+            None => vec![0.0; rows.len()],
+        };
+        Ok((loss.to_scalar::<f32>()?, g, gr))
+    }
+
     /// Mean loss and accuracy (classification) over evaluation batches.
     pub fn evaluate(&self, batches: &[Batch]) -> Result<Eval> {
+        self.evaluate_rows(batches, None)
+    }
+
+    /// [`Model::evaluate`]; with an external embedding, `rows[i]` are the token embeddings
+    /// of `batches[i]` (`T × d`, token order).
+    pub fn evaluate_rows(&self, batches: &[Batch], rows: Option<&[Vec<f32>]>) -> Result<Eval> {
         let (mut loss_sum, mut correct, mut count) = (0.0f64, 0usize, 0usize);
-        for b in batches {
-            let (logits, y) = self.logits(b)?;
+        for (i, b) in batches.iter().enumerate() {
+            let r = match rows {
+                Some(rs) => {
+                    let r = rs
+                        .get(i)
+                        .context("no embedding rows for an evaluation batch")?;
+                    let w = self.external.as_ref().map_or(1, |e| e.width.max(1));
+                    Some(Tensor::from_slice(r, (r.len() / w, w), &self.device)?)
+                }
+                None => None,
+            };
+            let (logits, y) = self.logits_rows(b, &mut |_| Ok(()), r.as_ref())?;
             let n = y.dim(0)?;
             let l = candle_nn::loss::cross_entropy(&logits, &y)?.to_scalar::<f32>()? as f64;
             loss_sum += l * n as f64;
@@ -455,6 +615,130 @@ impl Model {
             loss: loss_sum / count as f64,
             accuracy: correct as f64 / count as f64,
         })
+    }
+}
+
+/// The transformer-lm layers (`wte` only when `shard` is false).
+fn transformer(spec: &ModelSpec, vocab: usize, vb: &VarBuilder, shard: bool) -> Result<Net> {
+    let d = spec.d_model;
+    if spec.heads == 0 || !d.is_multiple_of(spec.heads) {
+        bail!(
+            "--d-model {d} must be a multiple of --heads {} (flag --heads)",
+            spec.heads
+        );
+    }
+    let wte = (!shard)
+        .then(|| candle_nn::embedding(vocab, d, vb.pp("wte")))
+        .transpose()?;
+    let wpe = vb.get_with_hints((spec.seq_len, d), "wpe.weight", candle_nn::Init::Const(0.0))?;
+    let mut blocks = Vec::new();
+    for i in 0..spec.layers {
+        let b = vb.pp(format!("h{i}"));
+        blocks.push(Block {
+            ln1: ln_params(&b.pp("ln1"), d)?,
+            qkv: candle_nn::linear(d, 3 * d, b.pp("attn_qkv"))?,
+            proj: candle_nn::linear(d, d, b.pp("attn_proj"))?,
+            ln2: ln_params(&b.pp("ln2"), d)?,
+            fc: candle_nn::linear(d, 4 * d, b.pp("mlp_fc"))?,
+            out: candle_nn::linear(4 * d, d, b.pp("mlp_out"))?,
+        });
+    }
+    Ok(Net::Transformer {
+        wte,
+        wpe,
+        blocks,
+        lnf: ln_params(&vb.pp("lnf"), d)?,
+        head: candle_nn::linear(d, vocab, vb.pp("lm_head"))?,
+        heads: spec.heads,
+    })
+}
+
+/// The layout of parameter tensors `entries` (name, shape) in the given order.
+fn layout_of(entries: &[(String, Vec<usize>)]) -> Layout {
+    Layout::new(
+        entries
+            .iter()
+            .enumerate()
+            .map(|(i, (n, dims))| {
+                let numel: usize = dims.iter().product();
+                let shape = dims.iter().map(|d| *d as u32).collect();
+                (i as u32, n.clone(), numel as u64, Some(shape))
+            })
+            .collect(),
+    )
+}
+
+/// (name, shape) of every tensor of `layout`.
+fn entries_of(layout: &Layout) -> Vec<(String, Vec<usize>)> {
+    layout
+        .layers
+        .iter()
+        .map(|l| {
+            let dims = l.shape.clone().unwrap_or_default();
+            (l.name.clone(), dims.iter().map(|d| *d as usize).collect())
+        })
+        .collect()
+}
+
+/// The seeded initial values of `entries` in order (see [`Model::init_params`]): the values
+/// of the tensor named `external` go to `emb`, all others to `out` (when given).
+fn init_values(
+    entries: &[(String, Vec<usize>)],
+    seed: u64,
+    external: Option<&str>,
+    emb: &mut dyn FnMut(f32),
+    mut out: Option<&mut Vec<f32>>,
+) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x696e_6974);
+    for (name, dims) in entries {
+        let n: usize = dims.iter().product();
+        let last = name.rsplit('.').next().unwrap_or("");
+        let is_ln = name.split('.').any(|p| p.starts_with("ln"));
+        let mut put = |x: f32| match &mut out {
+            _ if external == Some(name.as_str()) => emb(x),
+            Some(o) => o.push(x),
+            None => {}
+        };
+        if last.starts_with("bias") {
+            (0..n).for_each(|_| put(0.0));
+        } else if is_ln {
+            (0..n).for_each(|_| put(1.0));
+        } else if name.starts_with("wte") || name.starts_with("wpe") || name.starts_with("emb") {
+            (0..n).for_each(|_| put(rng.gen_range(-0.1f32..0.1)));
+        } else {
+            let fan_in = (n / dims.first().copied().unwrap_or(1).max(1)).max(1);
+            let b = 1.0 / (fan_in as f32).sqrt();
+            (0..n).for_each(|_| put(rng.gen_range(-b..b)));
+        }
+    }
+}
+
+impl ExternalEmbedding {
+    /// The embedding `name` (vocab × width) beside the held tensors `held` (sorted by name).
+    fn new(
+        name: &str,
+        vocab: usize,
+        width: usize,
+        held: &[(String, Vec<usize>)],
+        seed: u64,
+    ) -> Self {
+        let mut all = held.to_vec();
+        all.push((name.to_string(), vec![vocab, width]));
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        let full_layout = layout_of(&all);
+        let offset = full_layout
+            .layers
+            .iter()
+            .find(|l| l.name == name)
+            .map_or(0, |l| l.offset as usize);
+        ExternalEmbedding {
+            name: name.to_string(),
+            vocab,
+            width,
+            full_layout,
+            offset,
+            seed,
+        }
     }
 }
 

@@ -8,6 +8,8 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 /// Ok-Topk's threshold-reuse policy (`gradtrain --adjust`).
 pub use gradkit_collectives::registry::Adjust;
+/// Ok-Topk's Step D on re-evaluation steps (`gradtrain --reeval-step-d`).
+pub use gradkit_collectives::registry::ReevalStepD;
 use gradkit_comm::{dist, Comm, CommExt, World};
 use gradkit_core::trace::{unflatten_dense, MetricSink};
 use gradkit_core::{MetricRow, TensorRow};
@@ -58,6 +60,11 @@ pub const EXCHANGES: &[(&str, &str, &str)] = &[
         "CLT-k: cyclic leader's top-k indices, every rank's values there allreduced",
     ),
     (
+        "topk-union",
+        "topk-union",
+        "Top-k (union): every rank's top-k indices allgathered, all ranks' values at the union allreduced, the union zeroed in every residual",
+    ),
+    (
         "onebit",
         "onebit",
         "1-bit compressed allreduce of the momentum (with --optimizer onebit-lamb/onebit-adam)",
@@ -95,6 +102,8 @@ pub struct TrainConfig {
     pub reeval: u32,
     /// Ok-Topk: the threshold-reuse policy (`--adjust`; default ladder).
     pub adjust: Adjust,
+    /// Ok-Topk: Step D on re-evaluation steps (`--reeval-step-d`; default skip).
+    pub reeval_step_d: ReevalStepD,
     pub opt: OptConfig,
     pub lr: f32,
     pub warmup: u32,
@@ -118,8 +127,15 @@ pub struct TrainConfig {
     pub record_gradients: bool,
     /// Test hook: perturb rank 1's parameters after this step (checks the checksum).
     pub corrupt_at: Option<u32>,
-    /// `--exchange embrace`: communication schedule, `fifo` or `embrace` (crate::embrace).
+    /// `--exchange embrace`: communication schedule, `fifo`, `embrace` (vertical) or `2d`
+    /// (vertical + horizontal) (crate::embrace, crate::schedule).
     pub schedule: String,
+    /// `--exchange embrace`: the forward lookup, `per-token` (the paper's) or `unique`
+    /// (deduplicated, [`crate::embrace::LOOKUPS`]).
+    pub lookup: String,
+    /// Record `peak_rss_bytes` (this process's peak RSS so far) per step and rank (`--rss`;
+    /// off by default: it differs from run to run).
+    pub record_rss: bool,
     /// Dense allreduces (`--exchange dense`, warm-ups, EmbRace's dense part) send fp16 values
     /// (`--wire fp16`, [`gradkit_collectives::dense::ring_fp16`]) instead of f32.
     pub fp16_wire: bool,
@@ -143,6 +159,7 @@ impl Default for TrainConfig {
             period: 64,
             reeval: 32,
             adjust: Default::default(),
+            reeval_step_d: Default::default(),
             opt: OptConfig::default(),
             lr: 0.1,
             warmup: 0,
@@ -161,6 +178,8 @@ impl Default for TrainConfig {
             record_gradients: false,
             corrupt_at: None,
             schedule: "embrace".into(),
+            lookup: "per-token".into(),
+            record_rss: false,
             fp16_wire: false,
             metrics_path: None,
             metrics_every: 0,
@@ -256,6 +275,7 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
             cfg.exchange
         );
     }
+    crate::embrace::check_lookup(cfg)?;
     if crate::embrace::handles(&cfg.exchange) {
         crate::embrace::check_config(cfg)?;
     }
@@ -531,7 +551,12 @@ fn restore(
 /// gradients and updates the parameters; the loop owns batches, metrics, the checksum
 /// across ranks, evaluation, checkpoints and progress.
 fn rank_main(comm: &dyn Comm, cfg: &TrainConfig, data: &Dataset) -> Result<Option<TrainReport>> {
-    let model = Model::new(&cfg.model, data, cfg.seed)?;
+    // EmbRace's exchanges hold the token embedding outside the model (sharded, issue 17).
+    let model = if crate::embrace::handles(&cfg.exchange) {
+        Model::new_sharded(&cfg.model, data, cfg.seed)?
+    } else {
+        Model::new(&cfg.model, data, cfg.seed)?
+    };
     let mut run = Run::new(comm, cfg, data, model)?;
     let pb = gradkit_core::cli::progress(
         "gradtrain",
@@ -580,7 +605,7 @@ impl<'a> Run<'a> {
     ) -> Result<Self> {
         let (rank, p) = (comm.rank(), comm.size());
         let mut ex = crate::exchange::make(cfg, comm, &model, data)?;
-        let meta = run_meta(cfg, p, model.n_params());
+        let meta = run_meta(cfg, p, model.n_params_full());
         let mut log = MetricsLog::new(cfg, p, data);
         let mut first = 0u32;
         if cfg.resume {
@@ -665,6 +690,14 @@ impl<'a> Run<'a> {
         for (k, v) in &io.extra {
             self.sink.push(step, r, k, *v);
         }
+        // Peak RSS of this process so far (per rank under mpirun; issue 17).
+        if let Some(rss) = cfg
+            .record_rss
+            .then(crate::embrace::peak_rss_bytes)
+            .flatten()
+        {
+            self.sink.push(step, r, "peak_rss_bytes", rss);
+        }
         self.after_step(step + 1)?;
         Ok(loss)
     }
@@ -712,12 +745,10 @@ impl<'a> Run<'a> {
 
     /// Evaluation on rank 0 (`--eval-every` and the last step).
     fn evaluate(&mut self, step: u32) -> Result<()> {
-        let full = self.ex.full_params(self.comm)?;
-        if self.comm.rank() != 0 {
+        let ev = self.ex.evaluate(self.comm, &self.model, &self.eval_set)?;
+        let Some(ev) = ev else {
             return Ok(());
-        }
-        self.model.set_flat(&full)?;
-        let ev = self.model.evaluate(&self.eval_set)?;
+        };
         self.sink.push(step, 0, "eval_loss", ev.loss);
         self.sink.push(step, 0, "eval_accuracy", ev.accuracy);
         if matches!(self.data, Dataset::Lm(_)) {

@@ -48,6 +48,10 @@ fn tiny(exchange: &str, opt: &str, d_model: usize) -> TrainConfig {
     }
 }
 
+fn run_report(p: usize, cfg: &TrainConfig) -> gradkit_train::TrainReport {
+    train(&World::local(p), cfg).unwrap().unwrap()
+}
+
 fn run(p: usize, cfg: &TrainConfig) -> (Vec<f32>, Vec<MetricRow>) {
     let r = train(&World::local(p), cfg).unwrap().unwrap();
     (r.params, r.metrics)
@@ -311,4 +315,138 @@ fn bad_combinations_are_refused() {
         .unwrap_err()
         .to_string()
         .contains("--schedule"));
+}
+
+/// Issue 17, shard only: the sharded model holds no V × d tensor; its parameters and every
+/// column slice of its embedding's initial values are those of the full model.
+#[test]
+fn sharded_model_holds_no_table_and_draws_the_same_initial_values() {
+    for name in ["transformer-lm", "lstm-lm"] {
+        let mut c = tiny("embrace", "sgd", 8);
+        c.model.name = name.into();
+        let ds = load(&c.data).unwrap();
+        let full = Model::new(&c.model, &ds, c.seed).unwrap();
+        let sh = Model::new_sharded(&c.model, &ds, c.seed).unwrap();
+        let (v, d) = (c.data.vocab, c.model.d_model);
+        let lay = full.layout();
+        let emb = lay
+            .layers
+            .iter()
+            .find(|l| l.name == "wte.weight" || l.name == "emb.weight")
+            .unwrap();
+        let (eo, en) = (emb.offset as usize, emb.numel as usize);
+        assert_eq!(en, v * d);
+        // No held tensor has the embedding's size; the held ones are the full model's others.
+        assert_eq!(sh.n_params(), full.n_params() - v * d, "{name}");
+        assert!(sh.layout().layers.iter().all(|l| l.name != emb.name));
+        let w = full.get_flat().unwrap();
+        let mut others = w[..eo].to_vec();
+        others.extend_from_slice(&w[eo + en..]);
+        assert_eq!(sh.get_flat().unwrap(), others, "{name}: held parameters");
+        for (lo, hi) in [(0, d), (0, 3), (3, 8), (5, 6)] {
+            let want: Vec<f32> = (0..v)
+                .flat_map(|r| w[eo + r * d + lo..eo + r * d + hi].to_vec())
+                .collect();
+            assert_eq!(
+                sh.embedding_init(lo..hi).unwrap(),
+                want,
+                "{name} cols {lo}..{hi}"
+            );
+        }
+    }
+}
+
+/// `--lookup unique` trains bit-identically to the paper's per-token lookup and sends, per
+/// rank, its columns of every other rank's distinct tokens (no ids).
+#[test]
+fn unique_lookup_trains_identically_and_sends_distinct_rows() {
+    let d = 8;
+    for p in [1usize, 2, 3, 4] {
+        let mut per_token = tiny("embrace", "adam", d);
+        per_token.steps = 3;
+        let mut uniq = per_token.clone();
+        uniq.lookup = "unique".into();
+        let (a, ma) = run(p, &per_token);
+        let (b, mb) = run(p, &uniq);
+        assert_eq!(a, b, "P={p}: unique lookup changes the parameters");
+        let ds = load(&uniq.data).unwrap();
+        let shards: Vec<Shard> = (0..p)
+            .map(|j| Shard::new(&ds, j, p, uniq.batch, uniq.model.seq_len).unwrap())
+            .collect();
+        for step in 0..uniq.steps {
+            let xs: Vec<Vec<u32>> = shards
+                .iter()
+                .map(|s| ids(&s.batch(uniq.seed, step, uniq.batch)))
+                .collect();
+            for r in 0..p {
+                let w = d * (r + 1) / p - d * r / p;
+                let distinct: usize = (0..p)
+                    .filter(|&j| j != r)
+                    .map(|j| xs[j].iter().collect::<BTreeSet<_>>().len())
+                    .sum();
+                let ru = r as u32;
+                assert_eq!(
+                    metric(&mb, "bytes_emb_forward", step, ru),
+                    (4 * w * distinct) as f64,
+                    "P={p} step {step} rank {r}"
+                );
+                // The gradient exchange is the same.
+                assert_eq!(
+                    metric(&mb, "bytes_emb_grad", step, ru),
+                    metric(&ma, "bytes_emb_grad", step, ru)
+                );
+            }
+        }
+    }
+}
+
+/// The output head is a dense V × d layer (+ bias) allreduced by the ring: its bytes are
+/// reported apart, summing over ranks to 2·(P−1)·4·(V·d + V), and the evaluation (from
+/// looked-up rows, no full table) equals dense training's.
+#[test]
+fn lm_head_bytes_are_reported_apart_and_evaluation_matches_dense() {
+    let d = 8;
+    for p in [2usize, 3] {
+        let mut c = tiny("embrace", "sgd", d);
+        c.steps = 2;
+        let rep = run_report(p, &c);
+        let v = c.data.vocab;
+        for step in 0..c.steps {
+            let head: f64 = (0..p)
+                .map(|r| metric(&rep.metrics, "bytes_lm_head", step, r as u32))
+                .sum();
+            assert_eq!(head, (2 * (p - 1) * 4 * (v * d + v)) as f64, "P={p}");
+            for r in 0..p as u32 {
+                let all = metric(&rep.metrics, "bytes_dense", step, r);
+                let parts = metric(&rep.metrics, "bytes_lm_head", step, r)
+                    + metric(&rep.metrics, "bytes_dense_other", step, r);
+                assert_eq!(all, parts);
+            }
+        }
+        let mut dn = c.clone();
+        dn.exchange = "dense".into();
+        let want = run_report(p, &dn);
+        assert!(rep.eval_loss.is_finite() && rep.eval_loss > 0.0);
+        assert!(
+            (rep.eval_loss - want.eval_loss).abs() < 1e-5,
+            "P={p}: eval loss {} vs dense {}",
+            rep.eval_loss,
+            want.eval_loss
+        );
+        assert_eq!(rep.eval_accuracy, want.eval_accuracy);
+    }
+}
+
+#[test]
+fn lookup_flag_is_checked() {
+    let mut c = tiny("allgather", "sgd", 8);
+    c.lookup = "unique".into();
+    let e = check_config(&c).unwrap_err().to_string();
+    assert!(e.contains("--lookup"), "{e}");
+    c = tiny("embrace", "sgd", 8);
+    c.lookup = "sorted".into();
+    let e = check_config(&c).unwrap_err().to_string();
+    assert!(e.contains("--lookup") && e.contains("per-token"), "{e}");
+    c.lookup = "unique".into();
+    assert!(check_config(&c).is_ok());
 }

@@ -29,9 +29,10 @@ const AFTER: &str = "Models and data:
   --data FILE.parquet     your own: `features` (List<Float32>) + `label` (integer) [+ `split`],
                           or `tokens` (List<integer>); see data/README.md
 
-Exchanges: dense, topk (TopkA), gaussiank, topkdsa, gtopk, oktopk, deft, cltk (each with
---density and error feedback), onebit (with --optimizer onebit-lamb or onebit-adam), embrace (EmbRace:
-token embedding sharded by columns, AlltoAll; --schedule fifo|embrace), allgather (its
+Exchanges: dense, topk (TopkA), gaussiank, topkdsa, gtopk, oktopk, deft, cltk, topk-union
+(Top-k, union rule) (each with --density and error feedback), onebit (with --optimizer
+onebit-lamb or onebit-adam), embrace (EmbRace:
+token embedding sharded by columns, AlltoAll; --schedule fifo|embrace|2d), allgather (its
 sparse AllGather baseline, duplicate rows coalesced) and allgather-raw (one row per token, as
 Horovod/PyTorch DDP send them); these take --optimizer sgd (no momentum) or adam, applied
 lazily to the embedding rows a step touches.
@@ -81,14 +82,24 @@ struct Cli {
     /// digits | synthetic-lm | FILE.parquet
     #[arg(long, default_value = "digits")]
     data: String,
-    /// dense | topk | gaussiank | topkdsa | gtopk | oktopk | deft | cltk | onebit | embrace | allgather
+    /// dense | topk | gaussiank | topkdsa | gtopk | oktopk | deft | cltk | topk-union | onebit | embrace | allgather
     /// (rows coalesced before sending) | allgather-raw (one row per token, Horovod/DDP style)
     #[arg(long, default_value = "dense")]
     exchange: String,
-    /// --exchange embrace: fifo | embrace (2D scheduling: prior rows first, delayed rows
-    /// overlapped with the next step's compute)
-    #[arg(long, default_value = "embrace")]
+    /// --exchange embrace: fifo (gradient-generation order) | embrace (vertical split only:
+    /// prior rows first, delayed rows overlapped with the next step's compute) | 2d (vertical
+    /// and horizontal: also each dense block allreduced and updated while the next forward
+    /// runs, which waits per block; embrace.md §2.1)
+    #[arg(long, value_name = "fifo|embrace|2d", default_value = "embrace")]
     schedule: String,
+    /// --exchange embrace: the forward lookup AlltoAll sends per-token rows (the paper's) or
+    /// unique rows (one per distinct token of the receiver, expanded there)
+    #[arg(long, value_name = "per-token|unique", default_value = "per-token")]
+    lookup: String,
+    /// Record the metric peak_rss_bytes: this process's peak resident set size after every
+    /// step (per rank under mpirun; shared by all ranks with --ranks)
+    #[arg(long)]
+    rss: bool,
     /// Wire format of the dense allreduces (dense exchange, warm-ups, EmbRace's dense
     /// part): f32, or fp16 as mixed-precision training sends (half the bytes; sums rounded
     /// to fp16)
@@ -115,6 +126,11 @@ struct Cli {
     /// unchanged), reference (the authors' ×1.03 loop and bands; vgg, lstm, bert pick the bands)
     #[arg(long, value_name = "POLICY", value_parser = clap::builder::PossibleValuesParser::new(gradkit_train::train::Adjust::NAMES))]
     adjust: Option<String>,
+    /// Ok-Topk: Step D on the re-evaluation steps (every --reeval steps): skip (default; the
+    /// authors' code: the exact top-k of the gathered values is the result) or run
+    /// (Algorithm 1 line 13 on every step)
+    #[arg(long, value_name = "POLICY", value_parser = clap::builder::PossibleValuesParser::new(gradkit_train::train::ReevalStepD::ALL.iter().map(|v| v.name())))]
+    reeval_step_d: Option<String>,
     /// Training steps
     #[arg(long, default_value_t = 200)]
     steps: u32,
@@ -273,6 +289,11 @@ fn config(a: &Cli) -> TrainConfig {
             .as_deref()
             .and_then(gradkit_train::train::Adjust::parse)
             .unwrap_or_default(),
+        reeval_step_d: a
+            .reeval_step_d
+            .as_deref()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_default(),
         opt: OptConfig {
             name: a.optimizer.clone(),
             momentum: a.momentum,
@@ -307,6 +328,8 @@ fn config(a: &Cli) -> TrainConfig {
         quiet: a.quiet,
         run_name: a.run.clone(),
         schedule: a.schedule.clone(),
+        lookup: a.lookup.clone(),
+        record_rss: a.rss,
         fp16_wire: a.wire == "fp16",
         metrics_path: a.metrics.clone(),
         metrics_every: a.metrics_every,
@@ -384,6 +407,12 @@ fn check_flags(a: &Cli) -> anyhow::Result<()> {
     if a.adjust.is_some() && a.exchange != "oktopk" {
         anyhow::bail!(
             "--adjust applies to --exchange oktopk only, not `{}` (it would be ignored) (flag --adjust)",
+            a.exchange
+        );
+    }
+    if a.reeval_step_d.is_some() && a.exchange != "oktopk" {
+        anyhow::bail!(
+            "--reeval-step-d applies to --exchange oktopk only, not `{}` (it would be ignored) (flag --reeval-step-d)",
             a.exchange
         );
     }
