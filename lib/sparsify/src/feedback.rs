@@ -84,11 +84,26 @@ impl Residual {
         self.values = acc;
     }
 
-    /// The L2 norm (f64 accumulation).
+    /// The L2 norm (f64 accumulation, eight lanes per chunk: one dependent add chain per lane
+    /// instead of one per chunk, issue 19).
     pub fn norm(&self) -> f64 {
         self.values
             .par_chunks(crate::topk::CHUNK)
-            .map(|c| c.iter().map(|&v| v as f64 * v as f64).sum::<f64>())
+            .map(|c| {
+                let mut lanes = [0f64; 8];
+                let mut blocks = c.chunks_exact(8);
+                for b in &mut blocks {
+                    for (l, &v) in lanes.iter_mut().zip(b) {
+                        *l += v as f64 * v as f64;
+                    }
+                }
+                let tail: f64 = blocks
+                    .remainder()
+                    .iter()
+                    .map(|&v| v as f64 * v as f64)
+                    .sum();
+                lanes.iter().sum::<f64>() + tail
+            })
             .sum::<f64>()
             .sqrt()
     }

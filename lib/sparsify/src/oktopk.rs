@@ -19,6 +19,16 @@
 //!   ([`pick_rung`]); the ladder re-centres at most [`TH_ADJUST_ROUNDS`] times. Locally the
 //!   counts are this rank's own (no message); the collective applies the same rule to the
 //!   global threshold with the counts summed by one integer allreduce.
+//!
+//! A reuse step reads the accumulator once in the common case (issue 19): one streaming pass
+//! ([`Scratch::scan_above`]) keeps the entries above the lowest threshold the policy could
+//! take, in buffers kept across steps, and counts every candidate threshold on them (a
+//! histogram over the sorted rungs); the selection is then filtered from those candidates.
+//! The ladder's extra passes (a sampled floor that was too high, a re-centring on the bottom
+//! rung and its count of non-zeros) are counted in [`OkStep::rescans`]. There is no exact
+//! top-k on reuse steps: the exact selection runs on the re-evaluation steps only.
+
+use rayon::prelude::*;
 
 use crate::{threshold, topk};
 
@@ -193,40 +203,307 @@ pub fn pick_rung(counts: &[u64], all: u64, k: u64, last: bool) -> Rung {
     }
 }
 
-/// The ladder applied to one rank's accumulator (no message): returns `{|acc| > th'}` with
-/// values, the threshold th' picked by [`pick_rung`] from this rank's own counts, and the
-/// rounds run. A threshold ≤ 0 (or not finite) is kept as it is.
-pub fn ladder_local(acc: &[f32], th: f32, k: usize) -> (Vec<u32>, Vec<f32>, f32, u32) {
-    if th <= 0.0 || !th.is_finite() {
-        let (i, v) = threshold::above_with_values(acc, th);
-        return (i, v, th, 0);
+/// Reusable buffers of the one-pass local selection, kept across steps (no gradient-sized
+/// allocation per step): one part per [`threshold::CHUNK`] of the accumulator (one part below
+/// two chunks) holding the candidates `|acc| > rungs[0]` of that chunk, ascending, with their
+/// values and the histogram of their rung positions.
+#[derive(Clone, Debug, Default)]
+pub struct Scratch {
+    parts: Vec<Part>,
+    /// The rungs of the last scan or recount, padded ([`rung_table`]).
+    table: Vec<f32>,
+    /// The last scan kept the entries with |x| above this.
+    floor: f32,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Part {
+    idx: Vec<u32>,
+    val: Vec<f32>,
+    /// `hist[p]` = candidates with exactly p rungs strictly below their |value|.
+    hist: Vec<u64>,
+}
+
+/// Rung tables are padded to this length with +inf (at most `RUNG_TABLE - 1` rungs).
+const RUNG_TABLE: usize = 64;
+
+/// `rungs` (non-decreasing, fewer than [`RUNG_TABLE`]) padded with +inf.
+fn rung_table(rungs: &[f32]) -> [f32; RUNG_TABLE] {
+    assert!(
+        !rungs.is_empty() && rungs.len() < RUNG_TABLE,
+        "1 to 63 rungs"
+    );
+    let mut t = [f32::INFINITY; RUNG_TABLE];
+    t[..rungs.len()].copy_from_slice(rungs);
+    t
+}
+
+/// `hist[p]` += 1 for every value, p = #{j : |v| > table[j]} (a branch-free binary search:
+/// the predicate is true on a prefix of the non-decreasing table, never on the +inf padding).
+fn histogram(val: &[f32], table: &[f32; RUNG_TABLE], hist: &mut Vec<u64>) {
+    hist.clear();
+    hist.resize(RUNG_TABLE, 0);
+    for v in val {
+        let m = v.abs();
+        let mut pos = 0usize;
+        for step in [32, 16, 8, 4, 2, 1] {
+            pos += usize::from(m > table[pos + step - 1]) * step;
+        }
+        hist[pos] += 1;
     }
-    let mut th = th;
+}
+
+impl Scratch {
+    /// One streaming pass over `x` (Ok-Topk §3.1.3's reuse step, `|acc| > th`, for a list of
+    /// candidate thresholds at once): keeps the entries with `|x| > rungs[0]` as candidates
+    /// and returns `counts[i] = #{j : |x_j| > rungs[i]}` for every rung (non-decreasing, at
+    /// most 63), counted on the candidates while they are in cache.
+    pub fn scan(&mut self, x: &[f32], rungs: &[f32]) -> Vec<u64> {
+        self.scan_above(x, rungs, 0)
+    }
+
+    /// As [`Scratch::scan`], keeping only the entries above rung `lo`: `counts[i]` is exact
+    /// for i ≥ lo, and for i < lo it is `counts[lo]` (a lower bound).
+    pub fn scan_above(&mut self, x: &[f32], rungs: &[f32], lo: usize) -> Vec<u64> {
+        let table = rung_table(rungs);
+        self.table.clear();
+        self.table.extend_from_slice(&table);
+        self.floor = rungs[lo];
+        let p = threshold::AbsGt(rungs[lo]);
+        let fill = |base: usize, c: &[f32], part: &mut Part| {
+            part.idx.clear();
+            part.val.clear();
+            threshold::scan_into::<_, true>(c, base as u32, &p, &mut part.idx, &mut part.val);
+            histogram(&part.val, &table, &mut part.hist);
+        };
+        if x.len() < 2 * threshold::CHUNK {
+            self.parts.resize_with(1, Part::default);
+            fill(0, x, &mut self.parts[0]);
+        } else {
+            self.parts
+                .resize_with(x.len().div_ceil(threshold::CHUNK), Part::default);
+            self.parts
+                .par_iter_mut()
+                .zip(x.par_chunks(threshold::CHUNK))
+                .enumerate()
+                .for_each(|(ci, (part, c))| fill(ci * threshold::CHUNK, c, part));
+        }
+        self.counts(rungs.len())
+    }
+
+    /// As [`Scratch::scan`] for new rungs, from the candidates only (no pass over x): exact for
+    /// the rungs at or above [`Scratch::floor`], lower bounds below it.
+    pub fn recount(&mut self, rungs: &[f32]) -> Vec<u64> {
+        let table = rung_table(rungs);
+        self.table.clear();
+        self.table.extend_from_slice(&table);
+        self.parts
+            .par_iter_mut()
+            .for_each(|part| histogram(&part.val, &table, &mut part.hist));
+        self.counts(rungs.len())
+    }
+
+    /// The magnitude above which the last scan kept the entries.
+    pub fn floor(&self) -> f32 {
+        self.floor
+    }
+
+    /// `counts[i]` = candidates with more than i rungs below them.
+    fn counts(&self, rungs: usize) -> Vec<u64> {
+        let mut hist = [0u64; RUNG_TABLE];
+        for part in &self.parts {
+            for (h, c) in hist.iter_mut().zip(&part.hist) {
+                *h += c;
+            }
+        }
+        let mut counts = vec![0u64; rungs];
+        let mut above = 0;
+        for i in (0..rungs).rev() {
+            above += hist[i + 1];
+            counts[i] = above;
+        }
+        counts
+    }
+
+    /// The entries above rung `rung` of the last scan or recount (`|x| > rungs[rung]`),
+    /// ascending, with their values, from the candidates: each part writes its own slice of
+    /// the output, sized by its histogram.
+    ///
+    /// # Panics
+    /// Before any scan.
+    pub fn take(&self, rung: usize) -> (Vec<u32>, Vec<f32>) {
+        let th = self.table[rung];
+        let sizes: Vec<usize> = self
+            .parts
+            .iter()
+            .map(|p| p.hist[rung + 1..].iter().sum::<u64>() as usize)
+            .collect();
+        let total = sizes.iter().sum();
+        let (mut idx, mut val) = (vec![0u32; total], vec![0f32; total]);
+        let (mut ri, mut rv) = (&mut idx[..], &mut val[..]);
+        let mut slices = Vec::with_capacity(sizes.len());
+        for &s in &sizes {
+            let (a, b) = std::mem::take(&mut ri).split_at_mut(s);
+            let (c, d) = std::mem::take(&mut rv).split_at_mut(s);
+            slices.push((a, c));
+            (ri, rv) = (b, d);
+        }
+        self.parts
+            .par_iter()
+            .zip(slices)
+            .for_each(|(part, (oi, ov))| {
+                let mut w = 0;
+                for (&i, &v) in part.idx.iter().zip(&part.val) {
+                    if v.abs() > th {
+                        oi[w] = i;
+                        ov[w] = v;
+                        w += 1;
+                    }
+                }
+                assert_eq!(w, oi.len(), "histogram and filter agree");
+            });
+        (idx, val)
+    }
+}
+
+/// What [`ladder_local`] selected.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LadderPick {
+    pub indices: Vec<u32>,
+    pub values: Vec<f32>,
+    /// The rung taken.
+    pub threshold: f32,
+    /// Ladder rounds run (0 when th ≤ 0 or not finite was kept).
+    pub rounds: u32,
+    /// Passes over `acc` after the first: a re-centring on the bottom rung rescans, and the
+    /// count of non-zeros it needs is a pass of its own.
+    pub rescans: u32,
+}
+
+/// A count no rule accepts (> 4k/3 for every k), for rungs known to let more than 4k/3 through.
+const EXCLUDED: u64 = u64::MAX / 4;
+
+/// The highest rung that lets more than 4k/3 entries through by a strided sample's estimate
+/// ([`topk::estimate_lower_key`] of the ⌊4k/3⌋+1-th largest, lowered by its safety margin);
+/// 0 for small inputs or when the sample says nearly everything passes.
+fn ladder_floor(acc: &[f32], rungs: &[f32], k: usize) -> usize {
+    let need = (4 * k / 3 + 1).min(acc.len());
+    if acc.len() < topk::SMALL || need == 0 {
+        return 0;
+    }
+    match topk::estimate_lower_key(acc, need) {
+        Some(key) => {
+            let v = f32::from_bits(key);
+            rungs.iter().filter(|&&r| r < v).count().saturating_sub(1)
+        }
+        None => 0,
+    }
+}
+
+/// The ladder applied to one rank's accumulator (no message): returns `{|acc| > th'}` with
+/// values, the threshold th' picked by [`pick_rung`] from this rank's own counts, the rounds
+/// run and the extra passes. One streaming pass ([`Scratch::scan_above`]) collects the entries
+/// above a floor rung and counts every rung above it. The floor is the highest rung that a
+/// strided sample says lets more than 4k/3 through; when its exact count confirms that, the
+/// rungs below it cannot be picked (the rule only takes rungs with ≤ 4k/3) and are left out;
+/// otherwise the pass is repeated from the bottom rung (a rescan). A round re-centred upwards
+/// recounts the candidates ([`Scratch::recount`]); only a re-centring on the bottom rung (the
+/// counts fell below 2k/3 at half the threshold) reads `acc` again. A threshold ≤ 0 (or not
+/// finite) is kept as it is.
+pub fn ladder_local(acc: &[f32], th: f32, k: usize, scratch: &mut Scratch) -> LadderPick {
+    if th <= 0.0 || !th.is_finite() {
+        scratch.scan(acc, &[th]);
+        let (indices, values) = scratch.take(0);
+        return LadderPick {
+            indices,
+            values,
+            threshold: th,
+            rounds: 0,
+            rescans: 0,
+        };
+    }
+    let mut rescans = 0;
+    let mut rungs = th_ladder(th);
+    let lo = ladder_floor(acc, &rungs, k);
+    let mut counts = scratch.scan_above(acc, &rungs, lo);
+    if lo > 0 && 3 * counts[lo] <= 4 * k as u64 {
+        rescans += 1;
+        counts = scratch.scan(acc, &rungs);
+    }
     for round in 1..=TH_ADJUST_ROUNDS {
         let last = round == TH_ADJUST_ROUNDS;
-        let rungs = th_ladder(th);
-        let (mut idx, mut val) = threshold::above_with_values(acc, rungs[0]);
-        let mut mag: Vec<f32> = val.iter().map(|v| v.abs()).collect();
-        mag.sort_unstable_by(|a, b| a.total_cmp(b));
-        let counts: Vec<u64> = rungs
-            .iter()
-            .map(|&t| (mag.len() - mag.partition_point(|&m| m <= t)) as u64)
-            .collect();
+        // Below the floor (which lets more than 4k/3 through) the counts are lower bounds.
+        for (c, &r) in counts.iter_mut().zip(&rungs) {
+            if r < scratch.floor() {
+                *c = EXCLUDED;
+            }
+        }
         // The number of non-zeros only matters for a bottom-rung pick: counted then only.
         let mut rung = pick_rung(&counts, u64::MAX, k as u64, last);
         if rung == Rung::Recentre(0) {
             let all = threshold::count_above(acc, 0.0) as u64;
+            rescans += 1;
             rung = pick_rung(&counts, all, k as u64, last);
         }
         match rung {
             Rung::Take(i) => {
-                threshold::refine_values(&mut idx, &mut val, rungs[i]);
-                return (idx, val, rungs[i], round);
+                let (indices, values) = scratch.take(i);
+                return LadderPick {
+                    indices,
+                    values,
+                    threshold: rungs[i],
+                    rounds: round,
+                    rescans,
+                };
             }
-            Rung::Recentre(i) => th = rungs[i],
+            Rung::Recentre(i) => {
+                rungs = th_ladder(rungs[i]);
+                counts = if i == 0 {
+                    rescans += 1;
+                    scratch.scan(acc, &rungs)
+                } else {
+                    scratch.recount(&rungs)
+                };
+            }
         }
     }
     unreachable!("the last round takes a rung")
+}
+
+/// The reference code's pre-selection loop (×`pre_factor` while more than `pre_upper·k` pass,
+/// at most `pre_loops` times) from one pass: the thresholds th·f, th·f², … it would try are
+/// counted at once. Returns the selection and the threshold the loop stops at.
+fn reference_local(
+    acc: &[f32],
+    th: f32,
+    k: usize,
+    b: &Bands,
+    scratch: &mut Scratch,
+) -> (Vec<u32>, Vec<f32>, f32) {
+    let over = |c: u64| (c as f64) > b.pre_upper * k as f64;
+    if th >= 0.0 && b.pre_factor >= 1.0 && (b.pre_loops as usize) < RUNG_TABLE - 1 {
+        let mut rungs = vec![th];
+        for _ in 0..b.pre_loops {
+            rungs.push(rungs[rungs.len() - 1] * b.pre_factor);
+        }
+        let counts = scratch.scan(acc, &rungs);
+        let stop = (0..rungs.len())
+            .find(|&j| !over(counts[j]))
+            .unwrap_or(rungs.len() - 1);
+        let (i, v) = scratch.take(stop);
+        return (i, v, rungs[stop]);
+    }
+    // Bands outside the presets' range (a factor below 1, many loops): the loop as written.
+    let mut th = th;
+    scratch.scan(acc, &[th]);
+    let (mut i, mut v) = scratch.take(0);
+    let mut loops = 0;
+    while over(i.len() as u64) && loops < b.pre_loops {
+        th *= b.pre_factor;
+        threshold::refine_values(&mut i, &mut v, th);
+        loops += 1;
+    }
+    (i, v, th)
 }
 
 /// Ok-Topk's local threshold state of one rank (one per layer with `--scope layer`).
@@ -237,6 +514,7 @@ pub struct OkTopk {
     pub adjust: Adjust,
     calls: u64,
     th: Option<f32>,
+    scratch: Scratch,
 }
 
 /// What one Ok-Topk selection did.
@@ -250,6 +528,9 @@ pub struct OkStep {
     /// True on a re-evaluation step: the selection is the exact top-k (ties to the lower
     /// index, exact zeros left out); on other steps it is exactly `{i : |acc_i| > threshold}`.
     pub reevaluated: bool,
+    /// Passes over `acc` after the first on a reuse step ([`LadderPick::rescans`]; 0 for the
+    /// other policies and on re-evaluation steps): 0 in the common case.
+    pub rescans: u32,
 }
 
 impl OkTopk {
@@ -259,6 +540,7 @@ impl OkTopk {
             adjust,
             calls: 0,
             th: None,
+            scratch: Scratch::default(),
         }
     }
 
@@ -297,37 +579,11 @@ impl OkTopk {
                 indices,
                 threshold: th,
                 reevaluated: true,
+                rescans: 0,
             };
             (step, values)
         } else {
-            let th = self.th.expect("threshold set");
-            let (indices, values, th) = match self.adjust {
-                Adjust::Paper => {
-                    let (i, v) = threshold::above_with_values(acc, th);
-                    (i, v, th)
-                }
-                Adjust::Reference(b) => {
-                    let mut th = th;
-                    let (mut i, mut v) = threshold::above_with_values(acc, th);
-                    let mut loops = 0;
-                    while (i.len() as f64) > b.pre_upper * k as f64 && loops < b.pre_loops {
-                        th *= b.pre_factor;
-                        threshold::refine_values(&mut i, &mut v, th);
-                        loops += 1;
-                    }
-                    (i, v, th)
-                }
-                Adjust::Ladder => {
-                    let (i, v, th, _) = ladder_local(acc, th, k);
-                    (i, v, th)
-                }
-            };
-            let step = OkStep {
-                indices,
-                threshold: Some(th),
-                reevaluated: false,
-            };
-            (step, values)
+            self.reuse(acc, k)
         };
         self.th = match (self.adjust, step.threshold) {
             (Adjust::Reference(b), Some(th)) => {
@@ -341,6 +597,35 @@ impl OkTopk {
                 })
             }
             (_, th) => th,
+        };
+        (step, values)
+    }
+
+    /// A reuse step (Alg. 1 line 3): `{|acc| > th}` for the reused threshold as the policy
+    /// adjusts it, from one streaming pass over `acc` in the common case.
+    fn reuse(&mut self, acc: &[f32], k: usize) -> (OkStep, Vec<f32>) {
+        let th = self.th.expect("threshold set");
+        let scratch = &mut self.scratch;
+        let (indices, values, th, rescans) = match self.adjust {
+            Adjust::Paper => {
+                scratch.scan(acc, &[th]);
+                let (i, v) = scratch.take(0);
+                (i, v, th, 0)
+            }
+            Adjust::Reference(b) => {
+                let (i, v, th) = reference_local(acc, th, k, &b, scratch);
+                (i, v, th, 0)
+            }
+            Adjust::Ladder => {
+                let p = ladder_local(acc, th, k, scratch);
+                (p.indices, p.values, p.threshold, p.rescans)
+            }
+        };
+        let step = OkStep {
+            indices,
+            threshold: Some(th),
+            reevaluated: false,
+            rescans,
         };
         (step, values)
     }
