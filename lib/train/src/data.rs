@@ -682,6 +682,9 @@ impl Shard {
     }
 }
 
+/// Logits per language-model evaluation batch, at most (64 MiB of f32).
+const EVAL_LOGITS: usize = 1 << 24;
+
 /// The evaluation batches: the whole test set (classification) or up to `max_windows`
 /// non-overlapping windows of the test tokens (LM), in chunks of `chunk` examples.
 pub fn eval_batches(
@@ -708,6 +711,9 @@ pub fn eval_batches(
         Dataset::Lm(l) => {
             let t = seq_len;
             let nw = ((l.test.len().saturating_sub(1)) / t).min(max_windows);
+            // At most EVAL_LOGITS logits (T × V floats, plus softmax temporaries) per batch:
+            // with a 100k vocabulary, 256 windows of 8 tokens took 4 GB at the final evaluation.
+            let chunk = chunk.min((EVAL_LOGITS / (t * l.vocab).max(1)).max(1));
             let mut w = 0;
             while w < nw {
                 let e = (w + chunk).min(nw);
