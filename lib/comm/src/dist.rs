@@ -174,17 +174,23 @@ impl<T: Table> Feed<T> {
                                 .push_back(rows);
                             vec![status]
                         }
-                        // A status byte, then the rows as an Arrow IPC stream.
+                        // A status byte, then the rows as an Arrow IPC stream. Sent at once,
+                        // one rank after the other, so that rank 0 holds the step's rows not
+                        // yet sent and one encoded message, not every rank's message
+                        // (docs/MEMORY.md, issue 19).
                         Some(rows) => {
                             let mut msg = vec![status];
-                            encode_into(&rows, &mut msg)?;
-                            msg
+                            encode_owned_into(rows, &mut msg)?;
+                            comm.exchange(FEED_TAG, vec![(d, Buf::from_vec(msg))], &[])?;
+                            continue;
                         }
                         None => vec![status],
                     };
                     sends.push((d, Buf::from_vec(msg)));
                 }
-                comm.exchange(FEED_TAG, sends, &[])?;
+                if !sends.is_empty() {
+                    comm.exchange(FEED_TAG, sends, &[])?;
+                }
             }
             return Ok(match (status, mine) {
                 (ROWS, Some(rows)) => Round::Rows(rows),
@@ -214,11 +220,17 @@ impl<T: Table> Feed<T> {
     }
 }
 
-/// [`encode`], appended to `out`.
-fn encode_into<T: Table>(rows: &[T], out: &mut Vec<u8>) -> Result<()> {
-    let batch = T::to_batch(rows)?;
+/// [`encode`] of rows it consumes, appended to `out`: one batch per row, each row's buffers
+/// moving into its batch (no copy besides the stream's) and dropped once written, so the rows
+/// and their encoding are held about once. [`decode`] reads any number of batches.
+fn encode_owned_into<T: Table>(rows: Vec<T>, out: &mut Vec<u8>) -> Result<()> {
     let mut w = arrow_ipc::writer::StreamWriter::try_new(out, &T::schema())?;
-    w.write(&batch)?;
+    if rows.is_empty() {
+        w.write(&T::to_batch(&[])?)?;
+    }
+    for r in rows {
+        w.write(&T::into_batch(vec![r])?)?;
+    }
     w.finish()?;
     Ok(())
 }

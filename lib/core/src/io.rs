@@ -966,7 +966,8 @@ pub struct TableWriter<T: Table> {
     /// Slices of written batches not yet handed to an encoder, and their payload bytes.
     pending: Vec<RecordBatch>,
     pending_bytes: usize,
-    in_flight: VecDeque<JoinHandle<Result<Vec<EncodedColumn>>>>,
+    /// Row groups being encoded, oldest first, with their payload bytes.
+    in_flight: VecDeque<(JoinHandle<Result<Vec<EncodedColumn>>>, usize)>,
     max_in_flight: usize,
     row_groups: usize,
     /// The step of the last row written (`tensor/1`): a new step starts a new row group
@@ -982,8 +983,14 @@ pub struct TableWriter<T: Table> {
 }
 
 /// Payload bytes (list items and 64 per row) per row group: readers parallelise over row
-/// groups, and so does the writer.
-const ROW_GROUP_BYTES: usize = 64 << 20;
+/// groups, and so does the writer. It bounds the writer's memory (docs/MEMORY.md): the row
+/// group being filled, plus those being encoded (their rows and their encoded copy) up to
+/// [`IN_FLIGHT_BYTES`]. 64 MiB made `gradtrace cat` of a 56 MiB step peak at 5 × a step;
+/// 16 MiB costs nothing measurable in file size (a row group's metadata is ~1 KiB).
+const ROW_GROUP_BYTES: usize = 16 << 20;
+/// Payload bytes of the row groups being encoded in the background at once (at least one row
+/// group, however big; at most one per core).
+const IN_FLIGHT_BYTES: usize = 2 * ROW_GROUP_BYTES;
 /// `tensor/1`: a row group holding at least this many payload bytes ends where the step
 /// changes. Measured: a row group per 48 KiB step of a small model makes the file 12 % bigger
 /// and its footer 13 MB for 2000 steps; at 1 MiB the cost is below 1 %.
@@ -1119,11 +1126,13 @@ fn write_list<P: parquet::data_type::DataType>(
     flush(lv, seg, offs[list.len()] as usize)
 }
 
-/// Encodes one list column of a row group's batches into a buffer of its own.
+/// Encodes one list column of a row group's batches into a buffer of its own. Each batch is
+/// dropped once written: for the last column (`values`) that frees the rows as their encoded
+/// copy grows, so a row group is held about once, not twice (docs/MEMORY.md).
 fn encode_list_column(
     descr: &ColumnDescPtr,
     props: &WriterPropertiesPtr,
-    batches: &[RecordBatch],
+    batches: Vec<RecordBatch>,
     col: usize,
     lv: &mut Levels,
 ) -> Result<EncodedColumn> {
@@ -1171,10 +1180,18 @@ fn encode_row_group(
 ) -> Result<Vec<EncodedColumn>> {
     let mut lv = Levels::default();
     let mut out = Vec::with_capacity(writers.len());
+    let last = writers.len().saturating_sub(1);
+    let mut batches = batches;
     for (col, (mut w, plan)) in writers.into_iter().zip(plans).enumerate() {
         match plan {
             ColumnPlan::List(descr) => {
-                out.push(encode_list_column(&descr, &props, &batches, col, &mut lv)?)
+                // The last column takes the batches themselves (see encode_list_column).
+                let these = if col == last {
+                    std::mem::take(&mut batches)
+                } else {
+                    batches.clone()
+                };
+                out.push(encode_list_column(&descr, &props, these, col, &mut lv)?)
             }
             ColumnPlan::Arrow => {
                 for b in &batches {
@@ -1338,7 +1355,11 @@ impl<T: Table> TableWriter<T> {
         if self.pending.is_empty() {
             return Ok(());
         }
-        while self.in_flight.len() >= self.max_in_flight {
+        let bytes = self.pending_bytes;
+        while !self.in_flight.is_empty()
+            && (self.in_flight.len() >= self.max_in_flight
+                || self.in_flight.iter().map(|j| j.1).sum::<usize>() + bytes > IN_FLIGHT_BYTES)
+        {
             self.append_oldest()?;
         }
         let batches = std::mem::take(&mut self.pending);
@@ -1352,15 +1373,16 @@ impl<T: Table> TableWriter<T> {
         let plans = column_plans(batches[0].schema_ref(), file.schema_descr());
         let props = file.properties().clone();
         self.row_groups += 1;
-        self.in_flight.push_back(std::thread::spawn(move || {
-            encode_row_group(batches, writers, plans, props)
-        }));
+        self.in_flight.push_back((
+            std::thread::spawn(move || encode_row_group(batches, writers, plans, props)),
+            bytes,
+        ));
         Ok(())
     }
 
     /// Waits for the oldest row group in flight and splices it into the file.
     fn append_oldest(&mut self) -> Result<()> {
-        let Some(job) = self.in_flight.pop_front() else {
+        let Some((job, _)) = self.in_flight.pop_front() else {
             return Ok(());
         };
         let cols = job

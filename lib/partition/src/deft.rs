@@ -351,6 +351,18 @@ impl DeftPlanner {
         select: Select,
         buildup: bool,
     ) -> DeftStep {
+        self.step_owned(step, grads.to_vec(), select, buildup)
+    }
+
+    /// [`DeftPlanner::step`] consuming the gradients: each becomes its rank's accumulator in
+    /// place, so a step is held once, not twice (docs/MEMORY.md, issue 19).
+    pub fn step_owned(
+        &mut self,
+        step: u32,
+        grads: Vec<Vec<f32>>,
+        select: Select,
+        buildup: bool,
+    ) -> DeftStep {
         let r = grads.len().max(1);
         if self.res.len() != grads.len() {
             self.res = vec![Residual::default(); grads.len()];
@@ -359,10 +371,10 @@ impl DeftPlanner {
             self.res
                 .iter()
                 .zip(grads)
-                .map(|(e, g)| e.accumulate(g.clone()))
+                .map(|(e, g)| e.accumulate(g))
                 .collect()
         } else {
-            grads.to_vec()
+            grads
         };
         let p = self.p;
         let leader = (step as usize % p) % r;

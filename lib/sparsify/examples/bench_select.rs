@@ -3,6 +3,11 @@
 //! argpartition on the same array in the same run.
 //!
 //! cargo run --release -p gradkit-sparsify --example bench_select [-- LOG2N [PYTHON]]
+//!
+//! `-- sweep [FROM [TO]]` instead: time per element and page faults per call of the exact
+//! top-k (the kernel of gradselect --method topk) and one streaming pass from 2^FROM to 2^TO
+//! elements (default 20 to 26), issue 19's "time per element flat from 2^20 to 2^26"
+//! (docs/results/select.md).
 
 use std::io::Write;
 use std::process::Command;
@@ -117,8 +122,76 @@ fn numpy(x: &[f32], k: usize, python: &str) -> Option<f64> {
     String::from_utf8_lossy(&out.stdout).trim().parse().ok()
 }
 
+/// Minor page faults of this process so far (/proc/self/stat, field 10).
+fn minor_faults() -> u64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            let rest = &s[s.rfind(')')? + 2..];
+            rest.split(' ').nth(7)?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
+/// One case of the sweep: median seconds and mean minor faults per call over `reps` calls
+/// after one warm-up call.
+fn sweep_case(reps: usize, mut f: impl FnMut() -> usize) -> (f64, f64) {
+    std::hint::black_box(f());
+    let mut ts = Vec::with_capacity(reps);
+    let f0 = minor_faults();
+    for _ in 0..reps {
+        let t = Instant::now();
+        std::hint::black_box(f());
+        ts.push(t.elapsed().as_secs_f64());
+    }
+    let faults = (minor_faults() - f0) as f64 / reps as f64;
+    ts.sort_by(|a, b| a.total_cmp(b));
+    (ts[ts.len() / 2], faults)
+}
+
+fn sweep(from: u32, to: u32) {
+    println!(
+        "heavy-tailed f32, k = 1%, {} rayon threads; median of 9 calls after a warm-up; \
+         faults: minor page faults per call",
+        rayon::current_num_threads()
+    );
+    println!();
+    println!(
+        "| n | one pass ns/elem | topk_indices ns/elem | × at 2^{from} | × one pass | \
+         faults/call | topk_with_values ns/elem | × at 2^{from} | × one pass | faults/call |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut base: Option<(f64, f64)> = None;
+    for log2n in from..=to {
+        let n = 1usize << log2n;
+        let k = n / 100;
+        let x = heavy_tailed(n);
+        let (tp, _) = sweep_case(9, || one_pass(&x) as usize);
+        let (ti, fi) = sweep_case(9, || topk::topk_indices(&x, k).len());
+        let (tv, fv) = sweep_case(9, || topk::topk_with_values(&x, k).0.len());
+        let per = |t: f64| t * 1e9 / n as f64;
+        let (bi, bv) = *base.get_or_insert((per(ti), per(tv)));
+        println!(
+            "| 2^{log2n} | {:.3} | {:.3} | {:.2} | {:.2} | {fi:.0} | {:.3} | {:.2} | {:.2} | {fv:.0} |",
+            per(tp),
+            per(ti),
+            per(ti) / bi,
+            ti / tp,
+            per(tv),
+            per(tv) / bv,
+            tv / tp
+        );
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("sweep") {
+        let from = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20);
+        let to = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(26);
+        sweep(from, to);
+        return;
+    }
     let log2n: u32 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(24);
     let python = args
         .get(2)

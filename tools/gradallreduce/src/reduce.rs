@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::Args;
-use gradkit_collectives::registry::{Adjust, Balance, Split};
+use gradkit_collectives::registry::{Adjust, Balance, ReevalStepD, Split};
 use gradkit_collectives::{cost, reducer_for, Algo, Flat, Op, Params};
 use gradkit_comm::dist::{self, Round};
 use gradkit_comm::{Comm, PhaseCounts, World};
@@ -58,6 +58,11 @@ pub struct ReduceArgs {
     /// Ok-Topk: data balancing in balance_and_allgatherv
     #[arg(long, default_value_t = Balance::Auto, value_parser = named(Balance::ALL, Balance::name, Balance::help))]
     pub balance: Balance,
+    /// Ok-Topk: Step D on the re-evaluation steps (every --reeval steps): skip (the authors'
+    /// code: the exact top-k of the gathered values is the result) or run (Algorithm 1 line 13
+    /// on every step)
+    #[arg(long, default_value_t = ReevalStepD::Skip, value_parser = named(ReevalStepD::ALL, ReevalStepD::name, ReevalStepD::help))]
+    pub reeval_step_d: ReevalStepD,
     /// A plan/1 file (gradpartition) for oktopk regions or DEFT ranges
     #[arg(long, value_name = "PLAN")]
     pub plan: Option<PathBuf>,
@@ -141,6 +146,7 @@ const FLAG_ALGOS: &[(&str, &str, &[Algo])] = &[
     ("reeval", "--reeval", &[Algo::OkTopk]),
     ("adjust", "--adjust", &[Algo::OkTopk]),
     ("balance", "--balance", &[Algo::OkTopk]),
+    ("reeval_step_d", "--reeval-step-d", &[Algo::OkTopk]),
     ("split", "--split", &[Algo::AllToAll]),
 ];
 
@@ -194,6 +200,7 @@ impl ReduceArgs {
             reeval: self.reeval,
             adjust: Adjust::parse(&self.adjust).context("--adjust")?,
             balance: self.balance,
+            reeval_step_d: self.reeval_step_d,
             plan,
             residual: !self.no_residual,
             split: self.split,
@@ -671,16 +678,22 @@ fn reduce_rank(
         } else {
             mine.iter().map(|r| r.stored() as u64).sum()
         };
-        let input = {
-            let rows: Vec<&TensorRow> = mine.iter().collect();
-            if dense {
-                Flat::Dense(trace::flatten_dense(&rows))
-            } else {
-                Flat::Sparse(trace::flatten_sparse(&rows, layout))
+        let input = if dense {
+            // Each row is dropped once copied (trace::flatten_dense's values, consuming the
+            // rows): the rank's rows and its flat input are not both held (docs/MEMORY.md).
+            let mut flat = Vec::with_capacity(n as usize);
+            for r in mine {
+                flat.extend_from_slice(&r.values);
             }
+            Flat::Dense(flat)
+        } else {
+            let rows: Vec<&TensorRow> = mine.iter().collect();
+            let s = Flat::Sparse(trace::flatten_sparse(&rows, layout));
+            drop(rows);
+            // The step's rows are in `input` now.
+            drop(mine);
+            s
         };
-        // The step's rows are in `input` now.
-        drop(mine);
         let before = comm.traffic().snapshot();
         let t0 = std::time::Instant::now();
         let out = reducer
@@ -703,9 +716,10 @@ fn reduce_rank(
             sink.push(step, rank, "model_bytes_sent", c.bytes());
         }
         if let Some(io) = io.as_mut() {
-            io.write(match &out.result {
-                Flat::Dense(v) => trace::unflatten_dense(v, layout, step, 0),
-                Flat::Sparse(s) => trace::unflatten_sparse(s, layout, step, 0),
+            // The result is dropped as soon as it is split into rows.
+            io.write(match out.result {
+                Flat::Dense(v) => trace::unflatten_dense(&v, layout, step, 0),
+                Flat::Sparse(s) => trace::unflatten_sparse(&s, layout, step, 0),
             });
         }
         bar.inc(1);

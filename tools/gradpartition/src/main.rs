@@ -398,8 +398,7 @@ fn run_deft(
     let mut worst_imb: f64 = 0.0;
     while let Some((step, rows)) = next()? {
         let grads = step_grads(rows, ranks, n as usize);
-        let st = planner.step(step, &grads, &topk, !a.no_buildup);
-        drop(grads);
+        let st = planner.step_owned(step, grads, &topk, !a.no_buildup);
         let step = &step;
         let cmax = st.loads.iter().cloned().fold(0.0, f64::max);
         let mean = st.loads.iter().sum::<f64>() / p as f64;
