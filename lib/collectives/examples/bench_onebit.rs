@@ -7,10 +7,13 @@
 //!
 //! 1. 1-bit vs fp32 ring vs native allreduce on a 64 MiB buffer, P = 4 Local ranks: bytes
 //!    sent per rank and time per call (median over `iters`, after one warm-up call).
-//! 2. Pack / unpack throughput, one thread, GB/s of f32 data; the worker compressor
-//!    (`x + e` → scale, signs, new error) as a multiple of one streaming pass (Σ|x|) over
-//!    the same buffer, against the pre-issue-19 kernel kept here as `legacy_compress`
-//!    (checked bit-identical first); medians of interleaved rounds.
+//! 2. Pack / unpack throughput, one thread, GB/s of f32 data; every kernel against one
+//!    streaming pass `dst[i] = a·src[i]` over the same buffer (read n floats, write n
+//!    floats: issue 19's reference), as `streaming time / kernel time` and as the memory
+//!    bandwidth it reaches (the buffer-sized streams it must move × 4n bytes / time); the
+//!    worker compressor and the server stage against the pre-issue-19 kernels kept here as
+//!    `legacy_compress` / `legacy_server` (checked bit-identical first); medians of
+//!    interleaved rounds.
 //! 3. EmbRace on a Zipf token batch (vocab 100k, d 512, P = 4 and 8): bytes per rank of
 //!    AlltoAll-columns vs AlltoAll-rows vs AllGather vs dense allreduce, and the per-rank load
 //!    imbalance (max/mean of bytes received by the owners) of the row vs the column split.
@@ -19,11 +22,14 @@ use std::time::Instant;
 
 use gradkit_collectives::alltoall::{embedding_forward, exchange, slice, sparse_allgather, Rows};
 use gradkit_collectives::onebit::{
-    compress_into, compress_with_feedback, pack_signs, rms, unpack_accumulate, unpack_scaled,
-    OneBitState, Variant,
+    compress_into, compress_with_feedback, pack_and_feedback, pack_signs, rms, unpack_accumulate,
+    unpack_scaled, OneBitState, Variant,
 };
 use gradkit_collectives::registry::Split;
 use gradkit_comm::{run_local, Comm, World};
+use gradkit_sparsify::onebit::{
+    compress_deferred, portable, server_sum_deferred, server_sum_sq, settle_errors, settled_sum_sq,
+};
 
 struct Rng(u64);
 impl Rng {
@@ -130,6 +136,62 @@ fn sum_abs(x: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + it.remainder().iter().map(|v| v.abs()).sum::<f32>()
 }
 
+/// The streaming pass of issue 19: `dst[i] = a·src[i]` (one read and one write stream).
+fn scale_copy(src: &[f32], dst: &mut [f32], a: f32) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = a * *s;
+    }
+}
+
+/// The server stage (`server_sum_sq` + pack) as it was before issue 19: eight lanes per
+/// byte, the bit of lane j taken with a shift by `7 − j`, each packed bit and error one
+/// scalar loop. Returns the server scale.
+#[allow(clippy::needless_range_loop)] // the old code, as it was
+fn legacy_server(msgs: &[(Vec<u8>, f32)], err: &mut [f32], out: &mut [u8]) -> f32 {
+    let mut lanes = [0f64; 8];
+    for (k, ec) in err.chunks_exact_mut(8).enumerate() {
+        let mut z = [0f32; 8];
+        for (b, s) in msgs {
+            for j in 0..8 {
+                let neg = (((b[k] >> (7 - j)) & 1) ^ 1) as u32;
+                z[j] += f32::from_bits(s.to_bits() ^ (neg << 31));
+            }
+        }
+        for j in 0..8 {
+            ec[j] += z[j];
+            lanes[j] += ec[j] as f64 * ec[j] as f64;
+        }
+    }
+    let ss: f64 = lanes.iter().sum();
+    let s = (ss / err.len() as f64).sqrt() as f32;
+    for (c, byte) in err.chunks_exact_mut(8).zip(out.iter_mut()) {
+        let mut b = 0u8;
+        for (j, v) in c.iter_mut().enumerate() {
+            let pos = *v >= 0.0;
+            b |= (pos as u8) << (7 - j);
+            *v -= if pos { s } else { -s };
+        }
+        *byte = b;
+    }
+    s
+}
+
+/// The server stage with settled errors: the library's sum pass (`server_sum_sq`) and its
+/// pack + feedback pass.
+fn new_server(msgs: &[(Vec<u8>, f32)], err: &mut [f32], out: &mut [u8]) -> f32 {
+    let ss = server_sum_sq(msgs, err);
+    let s = (ss / err.len() as f64).sqrt() as f32;
+    pack_and_feedback(err, out, s);
+    s
+}
+
+/// The server stage as `OneBitState` runs it: one pass with the error unsettled
+/// (`server_sum_deferred`; `due` is the last call's scale, returned updated).
+fn deferred_server(msgs: &[(Vec<u8>, f32)], err: &mut [f32], out: &mut [u8], due: f32) -> f32 {
+    let ss = server_sum_deferred(msgs, err, due, out);
+    (ss / err.len() as f64).sqrt() as f32
+}
+
 /// The worker compressor as it was before issue 19 (`OneBitState::worker_compress`): pass 1
 /// `e += x` with the f64 sum of squares, pass 2 a scalar pack + feedback over `e`.
 fn legacy_compress(data: &[f32], e: &mut [f32], bits: &mut [u8]) -> f32 {
@@ -159,39 +221,6 @@ fn legacy_compress(data: &[f32], e: &mut [f32], bits: &mut [u8]) -> f32 {
     s
 }
 
-/// What a one-pass compressor could do if the worker error were kept *unsettled* across
-/// calls (`e` holds `c` of the last call, whose feedback `− s·sign` is applied while reading
-/// it in the next call): read `x`, `e`, the old bits; write `e`, the bits. Not used by the
-/// library: `OneBitState::worker_error` is public and read between calls (tests, training
-/// checkpoints), so it must hold the settled error. Measured here to size that change.
-fn lazy_compress(x: &[f32], e: &mut [f32], bits: &mut [u8], s_prev: f32) -> f32 {
-    let sb = s_prev.to_bits();
-    let mut lanes = [0f64; 8];
-    for ((ec, xc), b) in e
-        .chunks_exact_mut(8)
-        .zip(x.chunks_exact(8))
-        .zip(bits.iter_mut())
-    {
-        let old = *b;
-        let sv: [f32; 8] = std::array::from_fn(|j| {
-            f32::from_bits(sb ^ (((((old >> (7 - j)) & 1) ^ 1) as u32) << 31))
-        });
-        let mut c = [0f32; 8];
-        for j in 0..8 {
-            c[j] = (ec[j] - sv[j]) + xc[j];
-        }
-        ec.copy_from_slice(&c);
-        let mut nb = 0u32;
-        for j in 0..8 {
-            lanes[j] += c[j] as f64 * c[j] as f64;
-            nb |= ((c[j] >= 0.0) as u32) << (7 - j);
-        }
-        *b = nb as u8;
-    }
-    let ss: f64 = lanes.iter().sum();
-    (ss / e.len() as f64).sqrt() as f32
-}
-
 /// The new worker compressor against [`legacy_compress`], bit for bit, over a few steps
 /// (with padding, −0 and zero inputs mixed in).
 fn check_compress_identical() {
@@ -205,7 +234,10 @@ fn check_compress_identical() {
     ] {
         let mut ea = vec![0f32; npad];
         let mut eb = vec![0f32; npad];
+        let mut ed = vec![0f32; npad];
         let (mut ba, mut bb) = (vec![0u8; npad / 8], vec![0u8; npad / 8]);
+        let mut bd = vec![0u8; npad / 8];
+        let mut due = 0.0f32;
         for step in 0..4 {
             let x: Vec<f32> = (0..n)
                 .map(|i| match (i + step) % 17 {
@@ -216,11 +248,69 @@ fn check_compress_identical() {
                 .collect();
             let sa = legacy_compress(&x, &mut ea, &mut ba);
             let sb = compress_with_feedback(&x, &mut eb, &mut bb);
+            due = compress_deferred(&x, &mut ed, &mut bd, due);
+            let mut settled = ed.clone();
+            settle_errors(&mut settled, due);
             assert_eq!(sa.to_bits(), sb.to_bits(), "scale n={n} step {step}");
+            assert_eq!(
+                sa.to_bits(),
+                due.to_bits(),
+                "deferred scale n={n} step {step}"
+            );
             assert_eq!(ba, bb, "bits n={n} step {step}");
+            assert_eq!(ba, bd, "deferred bits n={n} step {step}");
+            for e in [&eb, &settled] {
+                assert!(
+                    ea.iter().zip(e).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "error n={n} step {step}"
+                );
+            }
+        }
+    }
+}
+
+/// P = 4 messages of `len/8` random sign bytes with scales.
+fn server_msgs(len: usize, g: &mut Rng) -> Vec<(Vec<u8>, f32)> {
+    (0..4)
+        .map(|m| {
+            let b = (0..len / 8).map(|_| g.next() as u8).collect();
+            (b, 0.05 + m as f32 / 64.0)
+        })
+        .collect()
+}
+
+/// The new server stage against [`legacy_server`], bit for bit, over a few steps.
+fn check_server_identical() {
+    let mut g = Rng(78);
+    for len in [8usize, 40, 1000, 4096] {
+        let (mut ea, mut eb, mut ed) = (vec![0f32; len], vec![0f32; len], vec![0f32; len]);
+        let (mut ba, mut bb) = (vec![0u8; len / 8], vec![0u8; len / 8]);
+        let mut bd = vec![0u8; len / 8];
+        let mut due = 0.0f32;
+        for step in 0..4 {
+            let msgs = server_msgs(len, &mut g);
+            let sa = legacy_server(&msgs, &mut ea, &mut ba);
+            let sb = new_server(&msgs, &mut eb, &mut bb);
+            due = deferred_server(&msgs, &mut ed, &mut bd, due);
+            let mut settled = ed.clone();
+            settle_errors(&mut settled, due);
+            assert_eq!(sa.to_bits(), due.to_bits(), "deferred server scale");
+            assert_eq!(ba, bd, "deferred server bits");
+            assert!(
+                ea.iter()
+                    .zip(&settled)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "deferred server error len={len} step {step}"
+            );
+            assert_eq!(
+                sa.to_bits(),
+                sb.to_bits(),
+                "server scale len={len} step {step}"
+            );
+            assert_eq!(ba, bb, "server bits len={len} step {step}");
             assert!(
                 ea.iter().zip(&eb).all(|(a, b)| a.to_bits() == b.to_bits()),
-                "error n={n} step {step}"
+                "server error len={len} step {step}"
             );
         }
     }
@@ -228,6 +318,7 @@ fn check_compress_identical() {
 
 fn bench_pack(n: usize) {
     check_compress_identical();
+    check_server_identical();
     let mut g = Rng(9);
     let x: Vec<f32> = (0..n).map(|_| (g.unit() - 0.5) as f32).collect();
     let mut bits = vec![0u8; n / 8];
@@ -235,76 +326,146 @@ fn bench_pack(n: usize) {
     let mut work = x.clone();
     let mut e_old = vec![0f32; n];
     let mut e_new = vec![0f32; n];
-    let mut e_lazy = vec![0f32; n];
-    let mut bits_lazy = vec![0xffu8; n / 8];
-    let mut s_lazy = 0f32;
+    let mut e_def = vec![0f32; n];
+    let mut due = 0f32;
+    let (mut e_port, mut due_p) = (vec![0f32; n], 0f32);
     let time = |f: &mut dyn FnMut()| {
         let t = Instant::now();
         f();
         t.elapsed().as_secs_f64()
     };
+    // The server stage on one rank's chunk (n/4 of P = 4 messages).
+    let msgs = server_msgs(n / 4, &mut g);
+    let (mut es_old, mut es_new) = (vec![0f32; n / 4], vec![0f32; n / 4]);
+    let mut es_def = vec![0f32; n / 4];
+    let mut due_s = 0f32;
+    let (mut es_port, mut due_sp) = (vec![0f32; n / 4], 0f32);
+    let mut sbits = vec![0u8; n / 32];
     // Interleaved rounds: each kernel once per round, medians over rounds.
     let rounds = 11;
-    let names = [
-        "stream", "memcpy", "rms", "legacy", "new", "inplace", "pack", "unpack", "acc", "lazy",
+    // (name, buffer-sized streams the kernel must move (bits count 1/32), elements)
+    let rows: [(&str, f64, usize); 18] = [
+        ("streaming pass dst = a·src (reference)", 2.0, n),
+        ("read-only pass Σ abs(x)", 1.0, n),
+        ("memcpy", 2.0, n),
+        ("rms (f64 sum of squares)", 1.0, n),
+        (
+            "worker compress: before (legacy, 2 passes)",
+            5.0 + 1.0 / 32.0,
+            n,
+        ),
+        (
+            "worker compress: 2 passes (compress_with_feedback)",
+            5.0 + 1.0 / 32.0,
+            n,
+        ),
+        (
+            "worker compress: 1 pass, deferred (OneBitState)",
+            3.0 + 1.0 / 32.0,
+            n,
+        ),
+        ("compress_into (in place on x+e)", 3.0 + 1.0 / 32.0, n),
+        ("pack signs only", 1.0 + 1.0 / 32.0, n),
+        ("unpack to ±scale", 1.0 + 1.0 / 32.0, n),
+        ("unpack-accumulate", 2.0 + 1.0 / 32.0, n),
+        (
+            "server stage, n/4, P = 4: before (legacy)",
+            4.0 + 5.0 / 32.0,
+            n / 4,
+        ),
+        (
+            "server stage: 2 passes (sum + pack)",
+            4.0 + 5.0 / 32.0,
+            n / 4,
+        ),
+        (
+            "server stage: 1 pass, deferred (OneBitState)",
+            2.0 + 5.0 / 32.0,
+            n / 4,
+        ),
+        ("settled error norm (settled_sum_sq)", 1.0, n),
+        ("streaming pass, n/4 (server rows' reference)", 2.0, n / 4),
+        (
+            "worker compress: 1 pass, baseline SSE2 build (no AVX2)",
+            3.0 + 1.0 / 32.0,
+            n,
+        ),
+        (
+            "server stage: 1 pass, baseline SSE2 build (no AVX2)",
+            2.0 + 5.0 / 32.0,
+            n / 4,
+        ),
     ];
-    let mut t: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
+    let mut t: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
     for _ in 0..rounds {
-        t[0].push(time(&mut || {
+        t[0].push(time(&mut || scale_copy(&x, &mut out, 0.5)));
+        t[1].push(time(&mut || {
             std::hint::black_box(sum_abs(std::hint::black_box(&x)));
         }));
-        t[1].push(time(&mut || work.copy_from_slice(&x)));
-        t[2].push(time(&mut || {
+        t[2].push(time(&mut || work.copy_from_slice(&x)));
+        t[3].push(time(&mut || {
             std::hint::black_box(rms(&x));
         }));
-        t[3].push(time(&mut || {
+        t[4].push(time(&mut || {
             std::hint::black_box(legacy_compress(&x, &mut e_old, &mut bits));
         }));
-        t[4].push(time(&mut || {
+        t[5].push(time(&mut || {
             std::hint::black_box(compress_with_feedback(&x, &mut e_new, &mut bits));
         }));
-        t[5].push(time(&mut || {
+        t[6].push(time(&mut || {
+            due = compress_deferred(&x, &mut e_def, &mut bits, due);
+        }));
+        t[7].push(time(&mut || {
             std::hint::black_box(compress_into(&mut work, &mut bits));
         }));
-        t[6].push(time(&mut || pack_signs(&x, &mut bits)));
-        t[7].push(time(&mut || unpack_scaled(&bits, 0.5, &mut out)));
-        t[8].push(time(&mut || unpack_accumulate(&bits, 0.5, &mut out)));
-        t[9].push(time(&mut || {
-            s_lazy = lazy_compress(&x, &mut e_lazy, &mut bits_lazy, s_lazy);
+        t[8].push(time(&mut || pack_signs(&x, &mut bits)));
+        t[9].push(time(&mut || unpack_scaled(&bits, 0.5, &mut out)));
+        t[10].push(time(&mut || unpack_accumulate(&bits, 0.5, &mut out)));
+        t[11].push(time(&mut || {
+            std::hint::black_box(legacy_server(&msgs, &mut es_old, &mut sbits));
+        }));
+        t[12].push(time(&mut || {
+            std::hint::black_box(new_server(&msgs, &mut es_new, &mut sbits));
+        }));
+        t[13].push(time(&mut || {
+            due_s = deferred_server(&msgs, &mut es_def, &mut sbits, due_s);
+        }));
+        t[14].push(time(&mut || {
+            std::hint::black_box(settled_sum_sq(&e_def, due));
+        }));
+        t[15].push(time(&mut || {
+            scale_copy(&x[..n / 4], &mut out[..n / 4], 0.5)
+        }));
+        t[16].push(time(&mut || {
+            due_p = portable::compress_deferred(&x, &mut e_port, &mut bits, due_p);
+        }));
+        t[17].push(time(&mut || {
+            let ss = portable::server_sum_deferred(&msgs, &mut es_port, due_sp, &mut sbits);
+            due_sp = (ss / es_port.len() as f64).sqrt() as f32;
         }));
     }
     let m: Vec<f64> = t.into_iter().map(median).collect();
-    let bytes = n * 4;
     println!(
         "\n## pack / unpack, one thread, {} MiB of f32, medians of {rounds} interleaved rounds\n",
-        bytes >> 20
+        (n * 4) >> 20
     );
-    println!("| kernel | ms | GB/s (f32 bytes of x) | time / streaming pass |");
-    println!("|---|---|---|---|");
-    let rows = [
-        ("streaming pass Σ|x| (reference)", m[0]),
-        ("memcpy", m[1]),
-        ("rms (f64 sum of squares)", m[2]),
-        (
-            "worker compress x+e → scale, signs, error: before (legacy)",
-            m[3],
-        ),
-        ("worker compress x+e → scale, signs, error: now", m[4]),
-        ("compress_into (in place on x+e)", m[5]),
-        ("pack signs only", m[6]),
-        ("unpack to ±scale", m[7]),
-        ("unpack-accumulate (server)", m[8]),
-        (
-            "(not used) one-pass compress with unsettled error: the floor of a contract change",
-            m[9],
-        ),
-    ];
-    for (name, secs) in rows {
+    println!(
+        "Reference: the streaming pass dst[i] = a·src[i] (read n floats, write n floats). \
+         \"stream/kernel\" = streaming time / kernel time (issue 19's ratio; the server rows \
+         against the n/4 streaming pass); \"memory GB/s\" = the buffer-sized streams the \
+         kernel must move × 4·elements / time (the streaming pass moves 2).\n"
+    );
+    println!("| kernel | ms | GB/s (f32 bytes of x) | stream/kernel | streams | memory GB/s |");
+    println!("|---|---|---|---|---|---|");
+    for (i, (name, streams, elems)) in rows.iter().enumerate() {
+        let reference = if *elems == n { m[0] } else { m[15] };
         println!(
-            "| {name} | {:.2} | {:.2} | {:.2}× |",
-            secs * 1e3,
-            gb(bytes, secs),
-            secs / m[0]
+            "| {name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            m[i] * 1e3,
+            gb(elems * 4, m[i]),
+            reference / m[i],
+            streams,
+            gb((streams * (elems * 4) as f64) as usize, m[i])
         );
     }
 }
@@ -528,7 +689,15 @@ fn bytes_check() {
     }
 }
 
-fn main() {
+fn main() -> std::process::ExitCode {
+    // Through `cli::run`, so that every rank calls MPI_Finalize under mpirun.
+    gradkit_core::cli::run(|| {
+        bench_main();
+        Ok(())
+    })
+}
+
+fn bench_main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("bytes") {
         return bytes_check();

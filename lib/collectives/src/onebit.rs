@@ -19,8 +19,12 @@
 //! the same message as its chunk, so the 2(P−1) scales cost no extra messages). P = 1 skips
 //! communication and compression entirely (as DeepSpeed does): the output is the input.
 //!
-//! Worker and server errors persist across calls ([`OneBitState`]). The reducer hands them
-//! out and takes them back as values ([`Reducer::state`] / [`Reducer::load_state`], named
+//! Worker and server errors persist across calls ([`OneBitState`]). Both are kept
+//! *unsettled* between calls (issue 19): the buffers hold the last compressed input `c` and
+//! owe `− s·sign(c)`, which the next call applies while reading them, so the worker
+//! compressor and the server stage are one pass each; [`OneBitState::worker_error`] /
+//! [`OneBitState::server_error`] give the settled values, bit for bit those of the two-pass
+//! form. The reducer hands them out and takes them back as values ([`Reducer::state`] / [`Reducer::load_state`], named
 //! [`WORKER_ERROR`] and [`SERVER_ERROR`]); gradallreduce's `--state FILE` saves and loads
 //! them — DeepSpeed drops them on checkpoint load; we keep them.
 
@@ -54,7 +58,7 @@ pub use gradkit_sparsify::onebit::{
     compress_into, compress_with_feedback, pack_and_feedback, pack_signs, rms, unpack_accumulate,
     unpack_first, unpack_scaled,
 };
-use gradkit_sparsify::onebit::{server_sum_sq, sum_sq};
+use gradkit_sparsify::onebit::{settle_errors, settled_sum_sq};
 
 fn push_scale(v: &mut Vec<u8>, s: f32) {
     v.extend_from_slice(&s.to_le_bytes());
@@ -88,19 +92,32 @@ pub struct OneBitState {
     pub p: usize,
     /// Unpadded fused length.
     pub n: usize,
-    /// Worker error, padded length.
-    pub worker_error: Vec<f32>,
-    /// Server error of this rank's chunk (`padded/P`; empty for [`Variant::Naive`]).
-    pub server_error: Vec<f32>,
+    /// Worker error, padded length, kept **unsettled** (issue 19): it holds the last call's
+    /// compressed input `c`, and the error is `c − worker_due·sign(c)`
+    /// ([`OneBitState::worker_error`]); the next compress applies that feedback while
+    /// reading it, so the worker compressor is one pass instead of two.
+    worker_error: Vec<f32>,
+    /// The scale whose feedback `worker_error` still owes (0.0: settled).
+    worker_due: f32,
+    /// Server error of this rank's chunk (`padded/P`; empty for [`Variant::Naive`]), kept
+    /// unsettled in the same way, owing `server_due`.
+    server_error: Vec<f32>,
+    server_due: f32,
     /// The compress / pack / unpack kernels (gradkit-sparsify's CPU reference by default).
     pub kernels: &'static dyn Kernels,
     /// Buffers reused across calls (fresh allocations of this size cost page faults).
     scratch: Scratch,
 }
 
+/// Buffers kept across calls: the packed worker signs and the server's list of received
+/// chunks. (Message vectors are not pooled: `Comm` takes and returns owned vectors, and
+/// keeping the received ones for reuse measured more page faults per call under mpirun —
+/// 91 against 18 — than letting the allocator recycle them.)
 #[derive(Clone, Debug, Default)]
 struct Scratch {
     bits: Vec<u8>,
+    /// The server's received sign chunks with their scales (vectors from the alltoall).
+    msgs: Vec<(Vec<u8>, f32)>,
 }
 
 impl OneBitState {
@@ -127,7 +144,9 @@ impl OneBitState {
             p,
             n,
             worker_error: vec![0.0; npad],
+            worker_due: 0.0,
             server_error: vec![0.0; server],
+            server_due: 0.0,
             kernels: gradkit_sparsify::kernels::cpu(),
             scratch: Scratch::default(),
         }
@@ -160,63 +179,71 @@ impl OneBitState {
         }
     }
 
-    /// Step 1 on this rank: the sign bits of `x + worker_error` into `scratch.bits` and the
-    /// new worker error, in the two passes of [`compress_with_feedback`]. Returns the scale.
+    /// This rank's worker error, settled (padded length): what the two-pass
+    /// [`compress_with_feedback`] would hold, bit for bit.
+    pub fn worker_error(&self) -> Vec<f32> {
+        let mut e = self.worker_error.clone();
+        settle_errors(&mut e, self.worker_due);
+        e
+    }
+
+    /// This rank's server error, settled (`padded/P`, or empty).
+    pub fn server_error(&self) -> Vec<f32> {
+        let mut e = self.server_error.clone();
+        settle_errors(&mut e, self.server_due);
+        e
+    }
+
+    /// ‖worker error‖₂ and ‖server error‖₂ of the settled errors, without settling them.
+    pub fn error_norms(&self) -> (f64, f64) {
+        (
+            settled_sum_sq(&self.worker_error, self.worker_due).sqrt(),
+            settled_sum_sq(&self.server_error, self.server_due).sqrt(),
+        )
+    }
+
+    /// Replaces both errors by settled ones of the same lengths as the state's (the caller
+    /// checks them, see [`fits`]).
+    fn set_errors(&mut self, w: Vec<f32>, s: Vec<f32>) {
+        (self.worker_error, self.worker_due) = (w, 0.0);
+        (self.server_error, self.server_due) = (s, 0.0);
+    }
+
+    /// Step 1 on this rank: the sign bits of `x + worker_error` into `scratch.bits`, in one
+    /// pass that also settles the previous call's feedback
+    /// ([`Kernels::onebit_compress_deferred`]). Returns the scale, now owed by the error.
     fn worker_compress(&mut self, comm: &dyn Comm, data: &[f32]) -> f32 {
         let _ph = comm.phase("compress");
         let e = &mut self.worker_error;
         self.scratch.bits.resize(e.len() / 8, 0);
-        self.kernels
-            .onebit_compress_with_feedback(data, e, &mut self.scratch.bits)
+        let s =
+            self.kernels
+                .onebit_compress_deferred(data, e, &mut self.scratch.bits, self.worker_due);
+        self.worker_due = s;
+        s
     }
 
     fn allreduce_server(&mut self, comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
         let p = comm.size();
         let s_w = self.worker_compress(comm, data);
-        let bits = &self.scratch.bits;
-        let cb = bits.len() / p; // bytes per chunk
+        let cb = self.scratch.bits.len() / p; // bytes per chunk
         let chunk_len = cb * 8;
-        // Phase 1: alltoall of the sign chunks, each with the sender's worker scale.
-        let sends: Vec<Vec<u8>> = (0..p)
-            .map(|k| {
-                let mut m = Vec::with_capacity(cb + 4);
-                m.extend_from_slice(&bits[k * cb..(k + 1) * cb]);
-                push_scale(&mut m, s_w);
-                m
-            })
-            .collect();
+        // Phase 1: alltoall of the sign chunks, each with the sender's worker scale (the
+        // copy is of the packed bits only, 1/32 of the data).
+        let mut sends = Vec::with_capacity(p);
+        for k in 0..p {
+            let mut m = Vec::with_capacity(cb + 4);
+            m.extend_from_slice(&self.scratch.bits[k * cb..(k + 1) * cb]);
+            push_scale(&mut m, s_w);
+            sends.push(m);
+        }
         let got = {
             let _ph = comm.phase("alltoall");
             comm.alltoallv(sends)?
         };
-        // Server stage on chunk r: z = Σ_i (s_i/P)·sign_i (rank order) + server_error, summed
-        // in one pass into the server error's buffer together with Σz²; one more pass packs
-        // z and leaves the new error there.
         let mine = {
             let _ph = comm.phase("server");
-            let mut msgs = Vec::with_capacity(p);
-            for m in got {
-                let (b, s) = split_scale(m)?;
-                if b.len() != cb {
-                    bail!("1-bit chunk of {} bytes, expected {cb}", b.len());
-                }
-                msgs.push((b, s));
-            }
-            for (_, s) in &mut msgs {
-                *s /= p as f32;
-            }
-            let err = &mut self.server_error;
-            let ss = server_sum_sq(&msgs, err);
-            let s_s = if err.is_empty() {
-                0.0
-            } else {
-                (ss / err.len() as f64).sqrt() as f32
-            };
-            let mut sb = vec![0u8; cb + 4];
-            self.kernels
-                .onebit_pack_with_feedback(err, &mut sb[..cb], s_s);
-            sb[cb..].copy_from_slice(&s_s.to_le_bytes());
-            sb
+            self.server_stage(got, cb)?
         };
         // Phase 2: ring allgather of the packed server chunks with their scales.
         let all = {
@@ -227,13 +254,46 @@ impl OneBitState {
         for (k, m) in all.into_iter().enumerate() {
             let (b, s) = split_scale(m)?;
             let lo = k * chunk_len;
-            if lo >= data.len() {
-                break;
+            if lo < data.len() {
+                let hi = ((k + 1) * chunk_len).min(data.len());
+                self.kernels.onebit_decompress(&b, s, &mut data[lo..hi]);
             }
-            let hi = ((k + 1) * chunk_len).min(data.len());
-            self.kernels.onebit_decompress(&b, s, &mut data[lo..hi]);
         }
         Ok(())
+    }
+
+    /// Step 3 on this rank's chunk (onebit-lamb.md §2): `z = Σ_i (s_i/P)·sign_i` (rank order)
+    /// `+ server_error`, in one pass over the server error's buffer that settles the last
+    /// call's feedback while reading it, writes `z` there, packs its signs and sums Σz²
+    /// ([`Kernels::onebit_server_deferred`]); the new scale `s_s` is then owed by the buffer.
+    /// Returns the packed chunk with its scale.
+    fn server_stage(&mut self, got: Vec<Vec<u8>>, cb: usize) -> Result<Vec<u8>> {
+        let p = got.len();
+        let mut msgs = std::mem::take(&mut self.scratch.msgs);
+        msgs.clear();
+        for m in got {
+            let (b, s) = split_scale(m)?;
+            if b.len() != cb {
+                bail!("1-bit chunk of {} bytes, expected {cb}", b.len());
+            }
+            msgs.push((b, s / p as f32));
+        }
+        let mut sb = Vec::with_capacity(cb + 4);
+        sb.resize(cb, 0);
+        let err = &mut self.server_error;
+        let ss = self
+            .kernels
+            .onebit_server_deferred(&msgs, err, self.server_due, &mut sb);
+        let s_s = if err.is_empty() {
+            0.0
+        } else {
+            (ss / err.len() as f64).sqrt() as f32
+        };
+        self.server_due = s_s;
+        msgs.clear();
+        self.scratch.msgs = msgs;
+        push_scale(&mut sb, s_s);
+        Ok(sb)
     }
 
     fn allreduce_naive(&mut self, comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
@@ -257,6 +317,9 @@ impl OneBitState {
                 data.fill(0.0); // the sum starts from 0 (so −0 terms become +0)
             }
             self.kernels.onebit_decompress_add(&b, s / p as f32, data);
+            if i == comm.rank() {
+                self.scratch.bits = b; // this rank's own signs: next call's sign buffer
+            }
         }
         Ok(())
     }
@@ -300,8 +363,7 @@ impl OneBitReducer {
         st.kernels = self.kernels;
         if let Some((w, s)) = self.pending.take() {
             fits(self.name(), &st, &w, &s)?;
-            st.worker_error = w;
-            st.server_error = s;
+            st.set_errors(w, s);
         }
         Ok(st)
     }
@@ -354,10 +416,9 @@ impl Reducer for OneBitReducer {
         st.allreduce(comm, &mut data)?;
         let mut out = StepOutput::new(Flat::Dense(data));
         out.metrics.push(("padded_len".into(), st.padded() as f64));
-        out.metrics
-            .push(("worker_error_norm".into(), sum_sq(&st.worker_error).sqrt()));
-        out.metrics
-            .push(("server_error_norm".into(), sum_sq(&st.server_error).sqrt()));
+        let (wn, sn) = st.error_norms();
+        out.metrics.push(("worker_error_norm".into(), wn));
+        out.metrics.push(("server_error_norm".into(), sn));
         Ok(out)
     }
 
@@ -365,14 +426,11 @@ impl Reducer for OneBitReducer {
     /// [`Reducer::load_state`] was given, if anything).
     fn state(&self) -> Vec<(String, Vec<f32>)> {
         let (w, s) = match (&self.state, &self.pending) {
-            (Some(st), _) => (&st.worker_error, &st.server_error),
-            (None, Some((w, s))) => (w, s),
+            (Some(st), _) => (st.worker_error(), st.server_error()),
+            (None, Some((w, s))) => (w.clone(), s.clone()),
             (None, None) => return Vec::new(),
         };
-        vec![
-            (WORKER_ERROR.to_string(), w.clone()),
-            (SERVER_ERROR.to_string(), s.clone()),
-        ]
+        vec![(WORKER_ERROR.to_string(), w), (SERVER_ERROR.to_string(), s)]
     }
 
     /// Takes both [`WORKER_ERROR`] and [`SERVER_ERROR`] (or nothing). Their lengths are
@@ -401,8 +459,7 @@ impl Reducer for OneBitReducer {
         match &mut self.state {
             Some(st) => {
                 fits(name, st, &w, &s)?;
-                st.worker_error = w;
-                st.server_error = s;
+                st.set_errors(w, s);
             }
             None => self.pending = Some((w, s)),
         }

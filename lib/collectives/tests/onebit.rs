@@ -186,7 +186,7 @@ fn identical_inputs_give_compressed_input_and_zero_server_error() {
             let mut st = OneBitState::new(Variant::Server, p, n);
             let mut d = x.clone();
             st.allreduce(comm, &mut d)?;
-            Ok((d, st.server_error.clone()))
+            Ok((d, st.server_error()))
         })
         .unwrap();
         // Reference C(x): one scale over the padded buffer.
@@ -238,7 +238,7 @@ fn worker_error_feedback_identity_inside_the_allreduce() {
         let r = comm.rank();
         let mut st = OneBitState::new(Variant::Server, p, n);
         for x in &steps {
-            let old = st.worker_error.clone();
+            let old = st.worker_error();
             let mut d = x[r].clone();
             st.allreduce(comm, &mut d)?;
             // x + e_old − e_new must be s_w·sign(x + e_old) with s_w = RMS(x + e_old).
@@ -247,8 +247,9 @@ fn worker_error_feedback_identity_inside_the_allreduce() {
                 buf[k] += x[r][k];
             }
             let s = rms64(&buf);
+            let new_err = st.worker_error();
             for k in 0..buf.len() {
-                let c = buf[k] - st.worker_error[k];
+                let c = buf[k] - new_err[k];
                 let want = s * sgn(buf[k]);
                 assert!((c - want).abs() <= 1e-6 * (buf[k].abs() + s), "elem {k}");
             }
@@ -472,7 +473,7 @@ fn load_state_refuses_what_does_not_fit() {
     let s3 = OneBitState::new(Variant::Server, 3, n);
     let e = run_local(2, |comm| {
         let mut red = make_reducer("onebit", &Params::default())?;
-        red.load_state(&named(&s3.worker_error, &s3.server_error))?;
+        red.load_state(&named(&s3.worker_error(), &s3.server_error()))?;
         red.reduce(comm, 0, &layout, Flat::Dense(vec![0.0; n]))?;
         Ok(())
     })

@@ -103,6 +103,26 @@ pub trait Kernels: Send + Sync + fmt::Debug {
     /// [`Kernels::onebit_decompress`].
     fn onebit_decompress_add(&self, bits: &[u8], s: f32, acc: &mut [f32]);
 
+    /// [`Kernels::onebit_compress_with_feedback`] in one pass, the error kept unsettled
+    /// between calls (issue 19, [`crate::onebit::compress_deferred`]): `e` holds last call's
+    /// `c'`, whose feedback `− due·sign(c')` is applied while reading it (`due = 0.0`: a
+    /// settled error); leaves `c` in `e` and returns its scale, the next call's `due`.
+    fn onebit_compress_deferred(&self, x: &[f32], e: &mut [f32], bits: &mut [u8], due: f32) -> f32 {
+        onebit::compress_deferred(x, e, bits, due)
+    }
+
+    /// The server's sum and sign pack in one pass, the error unsettled as above
+    /// ([`crate::onebit::server_sum_deferred`]); returns Σz².
+    fn onebit_server_deferred(
+        &self,
+        msgs: &[(Vec<u8>, f32)],
+        err: &mut [f32],
+        due: f32,
+        out: &mut [u8],
+    ) -> f64 {
+        onebit::server_sum_deferred(msgs, err, due, out)
+    }
+
     /// [`Kernels::topk_by_magnitude`] with the selected values `x[i]` and the k-th largest
     /// magnitude (`None` when `min(k, x.len()) == 0`).
     fn topk_with_values(&self, x: &[f32], k: usize) -> (Vec<u32>, Vec<f32>, Option<f32>) {
