@@ -89,6 +89,8 @@ fn run_python(path: &Path, samples: &mut Samples) -> Result<String> {
 }
 
 fn main() -> Result<()> {
+    // The allocator setting every tool runs with (`cli::run`); MALLOC_ARENA_MAX=8 compares.
+    gradkit_core::cli::tune_allocator();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let gib: f64 = args.first().map_or(Ok(1.0), |s| s.parse())?;
     let reps: usize = args.get(1).map_or(Ok(3), |s| s.parse())?;
