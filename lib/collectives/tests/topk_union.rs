@@ -8,37 +8,16 @@
 
 #![allow(clippy::needless_range_loop)] // ranks × steps tables read clearest by index
 
-use std::collections::BTreeMap;
-
 use gradkit_collectives::registry::Params;
-use gradkit_collectives::{cost, make_reducer, Flat, Op, StepOutput};
-use gradkit_comm::{run_local, PhaseCounts};
+use gradkit_collectives::{cost, make_reducer, Flat, Op};
+use gradkit_comm::run_local;
 use gradkit_core::trace::{Layout, Sparse};
 
 mod common;
-use common::res;
-
-/// Per rank, per step: the output, the traffic per phase and the reducer's state after it.
-type Out = Vec<Vec<(StepOutput, BTreeMap<String, PhaseCounts>, Vec<f32>)>>;
+use common::{res, run_steps, Out};
 
 fn run(p: usize, params: &Params, lay: &Layout, g: &[Vec<Vec<f32>>]) -> Out {
-    run_local(p, |comm| {
-        let mut red = make_reducer("topk-union", params)?;
-        let mut v = Vec::new();
-        for (t, gt) in g.iter().enumerate() {
-            comm.traffic().reset();
-            let o = red.reduce(comm, t as u32, lay, Flat::Dense(gt[comm.rank()].clone()))?;
-            let tr = comm.traffic().snapshot();
-            let residual = match red.state().as_slice() {
-                [] => Vec::new(),
-                [(name, v)] if name == "residual" => v.clone(),
-                other => panic!("unexpected state {:?}", other.iter().map(|s| &s.0)),
-            };
-            v.push((o, tr, residual));
-        }
-        Ok(v)
-    })
-    .unwrap()
+    run_steps("topk-union", p, params, lay, g)
 }
 
 /// Heavy-tailed gradients: a standard normal times a log-normal scale e^{1.5·N(0,1)}; rank

@@ -175,13 +175,7 @@ fn sum_sq_of_sum(x: &[f32], e: &[f32]) -> f64 {
 /// bits — five streams of the buffer in all, the least a settled error allows.
 /// `e.len()` must be a multiple of 8 and `≥ x.len()`; `bits.len() == e.len()/8`.
 pub fn compress_with_feedback(x: &[f32], e: &mut [f32], bits: &mut [u8]) -> f32 {
-    assert_eq!(
-        e.len() % 8,
-        0,
-        "1-bit buffers are padded to a multiple of 8"
-    );
-    assert!(x.len() <= e.len());
-    assert_eq!(bits.len(), e.len() / 8);
+    check_lengths(x, e, bits);
     if e.is_empty() {
         return 0.0; // as [`rms`]: an empty buffer has scale 0, not 0/0
     }
@@ -206,6 +200,18 @@ pub fn compress_with_feedback(x: &[f32], e: &mut [f32], bits: &mut [u8]) -> f32 
     s
 }
 
+/// The length contract of the worker compressors: `e` padded to a multiple of 8, at least as
+/// long as `x`, one bit per element in `bits`.
+fn check_lengths(x: &[f32], e: &[f32], bits: &[u8]) {
+    assert_eq!(
+        e.len() % 8,
+        0,
+        "1-bit buffers are padded to a multiple of 8"
+    );
+    assert!(x.len() <= e.len());
+    assert_eq!(bits.len(), e.len() / 8);
+}
+
 /// The error `c − due·sign(c)` that a buffer holding the compressed values `c` of the last
 /// call still owes (`due` = that call's scale; `due = 0.0` is exactly the identity, so a
 /// settled buffer passes through unchanged).
@@ -224,13 +230,7 @@ fn settle(c: f32, due_bits: u32) -> f32 {
 /// error `settle_errors(e, s)`), since it applies the same f32 operations in the same order
 /// and sums squares in the same lanes. Lengths as [`compress_with_feedback`].
 pub fn compress_deferred(x: &[f32], e: &mut [f32], bits: &mut [u8], due: f32) -> f32 {
-    assert_eq!(
-        e.len() % 8,
-        0,
-        "1-bit buffers are padded to a multiple of 8"
-    );
-    assert!(x.len() <= e.len());
-    assert_eq!(bits.len(), e.len() / 8);
+    check_lengths(x, e, bits);
     if e.is_empty() {
         return 0.0;
     }

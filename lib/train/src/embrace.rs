@@ -423,12 +423,7 @@ impl Embrace {
             "--exchange embrace needs the model built without its token embedding (Model::new_sharded)",
         )?;
         let (eoff, v, d) = (ext.offset, ext.vocab, ext.width);
-        let dsegs = model
-            .layout()
-            .layers
-            .iter()
-            .map(|l| (l.offset as usize, l.numel as usize))
-            .collect();
+        let dsegs = model.segments();
         let shards: Vec<Shard> = (0..p)
             .map(|j| Shard::new(data, j, p, cfg.batch, cfg.model.seq_len))
             .collect::<Result<_>>()?;
@@ -495,6 +490,19 @@ impl Embrace {
         let ids = self.ids_now[self.rank].clone();
         let g = std::mem::take(&mut self.g_rows);
         Ok(Rows::new(ids, self.d, g)?.coalesce())
+    }
+
+    /// A step begins: its clock and counters reset, its gathered batch (prefetched by the last
+    /// step, or read now) current, the next step's prefetched.
+    fn begin_step(&mut self, step: u32) -> Result<()> {
+        self.t_step = Some(Instant::now());
+        (self.wait_s, self.overlap_s, self.bytes) = (0.0, 0.0, [0; 4]);
+        self.ids_now = match self.ids_next.take() {
+            Some(ids) => ids,
+            None => self.ids_at(step)?,
+        };
+        self.ids_next = Some(self.ids_at(step + 1)?);
+        Ok(())
     }
 
     /// Every rank's token ids at `step`.
@@ -693,14 +701,7 @@ impl Exchange for Embrace {
         if self.two_d.is_some() {
             return self.compute_2d(comm, io, model, batch);
         }
-        self.t_step = Some(Instant::now());
-        (self.wait_s, self.overlap_s, self.bytes) = (0.0, 0.0, [0; 4]);
-        self.ids_now = match self.ids_next.take() {
-            Some(ids) => ids,
-            None => self.ids_at(io.step)?,
-        };
-        // Prefetch: the next step's gathered batch.
-        self.ids_next = Some(self.ids_at(io.step + 1)?);
+        self.begin_step(io.step)?;
         // 1. Embedding forward: full rows of this rank's tokens.
         self.lookup(comm)?;
         model.set_flat(&self.dparams)?;
@@ -1033,13 +1034,7 @@ impl Embrace {
         model: &Model,
         batch: &Batch,
     ) -> Result<(f32, Vec<f32>)> {
-        self.t_step = Some(Instant::now());
-        (self.wait_s, self.overlap_s, self.bytes) = (0.0, 0.0, [0; 4]);
-        self.ids_now = match self.ids_next.take() {
-            Some(ids) => ids,
-            None => self.ids_at(io.step)?,
-        };
-        self.ids_next = Some(self.ids_at(io.step + 1)?);
+        self.begin_step(io.step)?;
         let mut tw = self.two_d.take().context("--schedule 2d state")?;
         let n = tw.groups.len();
         let ready = Ready::new(n);

@@ -171,12 +171,7 @@ pub struct Replica {
 
 impl Replica {
     fn new(cfg: &TrainConfig, model: &Model) -> Result<Self> {
-        let segments = model
-            .layout()
-            .layers
-            .iter()
-            .map(|l| (l.offset as usize, l.numel as usize))
-            .collect();
+        let segments = model.segments();
         Ok(Replica {
             params: model.get_flat()?,
             opt: Opt::new(&cfg.opt, segments)?,

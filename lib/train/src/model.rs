@@ -327,6 +327,14 @@ impl Model {
     pub fn layout(&self) -> &Layout {
         &self.layout
     }
+    /// Each parameter tensor's `(offset, numel)` in the flat vector (the optimizers' segments).
+    pub fn segments(&self) -> Vec<(usize, usize)> {
+        self.layout
+            .layers
+            .iter()
+            .map(|l| (l.offset as usize, l.numel as usize))
+            .collect()
+    }
     pub fn n_params(&self) -> usize {
         self.layout.total() as usize
     }

@@ -4,7 +4,11 @@
 
 #![allow(dead_code)] // each test file uses its own subset
 
-use gradkit_collectives::{Flat, StepOutput};
+use std::collections::BTreeMap;
+
+use gradkit_collectives::registry::Params;
+use gradkit_collectives::{make_reducer, Flat, StepOutput};
+use gradkit_comm::{run_local, PhaseCounts};
 use gradkit_core::trace::{Layout, Sparse};
 
 /// gradkit-testkit's seeded generator, as xorshift64* from `seed·φ | 1` (the stream these
@@ -54,4 +58,29 @@ pub fn res(o: &StepOutput) -> &Sparse {
         Flat::Sparse(s) => s,
         Flat::Dense(_) => panic!("sparse result expected"),
     }
+}
+
+/// Per rank, per step: the output, the traffic per phase and the reducer's residual after it.
+pub type Out = Vec<Vec<(StepOutput, BTreeMap<String, PhaseCounts>, Vec<f32>)>>;
+
+/// Runs `algo` on P in-process ranks over `g[step][rank]` (dense input), one long-lived
+/// reducer per rank, recording each step's output, traffic and residual (its only state).
+pub fn run_steps(algo: &str, p: usize, params: &Params, lay: &Layout, g: &[Vec<Vec<f32>>]) -> Out {
+    run_local(p, |comm| {
+        let mut red = make_reducer(algo, params)?;
+        let mut v = Vec::new();
+        for (t, gt) in g.iter().enumerate() {
+            comm.traffic().reset();
+            let o = red.reduce(comm, t as u32, lay, Flat::Dense(gt[comm.rank()].clone()))?;
+            let tr = comm.traffic().snapshot();
+            let residual = match red.state().as_slice() {
+                [] => Vec::new(),
+                [(name, v)] if name == "residual" => v.clone(),
+                other => panic!("unexpected state {:?}", other.iter().map(|s| &s.0)),
+            };
+            v.push((o, tr, residual));
+        }
+        Ok(v)
+    })
+    .unwrap()
 }
