@@ -104,10 +104,13 @@ for f in mlp-lamb mlp-onebit-lamb mlp-onebit-basic; do
     | awk -F, -v s=$((MFREEZE-1)) '$2 == s { printf "| %s | %s | %s | %s |\n", $1, $3, $6, $9 }'
 done
 echo
-run $B/gradreport plot loss mlp-lamb.parquet mlp-onebit-lamb.parquet mlp-onebit-basic.parquet --metric lamb_coeff:fc1.weight --title "fc1.weight scaling coefficient" -o coeff-fc1.svg >&2
+for t in fc1 fc2 fc3; do
+  run $B/gradreport plot loss mlp-lamb.parquet mlp-onebit-lamb.parquet mlp-onebit-basic.parquet --metric lamb_coeff:$t.weight --title "$t.weight scaling coefficient (Figs. 1-3)" -o coeff-$t.svg >&2
+done
 echo
-echo "Figure: data/out/onebit-lamb/coeff-fc1.svg (fc1.weight's coefficient per step)."
+echo "Figures (the paper's Figs. 1–3: each layer's scaling coefficient per step, LAMB against 1-bit"
+echo "LAMB's reconstruction and the basic ablation): data/out/onebit-lamb/coeff-{fc1,fc2,fc3}.svg."
 } > section.md
 section onebit-lamb section.md
-expect section.md "^\| lamb +\| +[0-9]+ \|" "^\| onebit-lamb +\|" "^\| onebit-adam +\|" "measured volume reduction" "formula 1/\(w" "measured volume reduction, fp16" "lamb_coeff:fc1.weight" "^\| onebit-adam-lr=" "Best of each by final evaluation loss: adam-lr=[0-9.]+ \(eval loss [0-9.]+\); onebit-adam-lr="
+expect section.md "^\| lamb +\| +[0-9]+ \|" "^\| onebit-lamb +\|" "^\| onebit-adam +\|" "measured volume reduction" "formula 1/\(w" "measured volume reduction, fp16" "lamb_coeff:fc1.weight" "coeff-\{fc1,fc2,fc3\}.svg" "^\| onebit-adam-lr=" "Best of each by final evaluation loss: adam-lr=[0-9.]+ \(eval loss [0-9.]+\); onebit-adam-lr="
 cat section.md
