@@ -774,6 +774,10 @@ pub fn check_name(name: &str) -> Result<()> {
 /// (residual, reduce buffer) and the initial draw. An estimate, deliberately on the high side.
 pub const PARAM_COPIES: u128 = 10;
 
+/// Copies of an EmbRace rank's embedding table of record: the table and up to two optimiser
+/// moments (the row gradients are per batch, counted with the activations' order of size).
+pub const TABLE_COPIES: u128 = 3;
+
 /// Parameters of `spec` on `data`, in u128 (saturating), computed from the flags and the
 /// data's sizes without building anything; mirrors [`Model::new`]'s layers.
 pub fn estimate_params(spec: &ModelSpec, data: &Dataset) -> u128 {
@@ -858,15 +862,32 @@ pub fn estimate_activations(spec: &ModelSpec, data: &Dataset, batch: usize) -> u
 /// Stops with a clear error, before any parameter is allocated, when the model the flags
 /// and the data describe would not fit the memory budget on the `ranks_here` ranks of this
 /// process (`--max-memory`, `GRADKIT_MAX_MEMORY`, else the machine's memory).
+///
+/// `table_ranks`: `Some(P)` when the token embedding is not part of the model but a table of
+/// record held outside it (EmbRace's exchanges, [`Model::new_sharded`]): the V × d embedding
+/// then counts as [`TABLE_COPIES`] copies of 1/P of it (P = 1 for the replicated AllGather
+/// baselines) instead of [`PARAM_COPIES`] copies of all of it.
 pub fn check_memory(
     spec: &ModelSpec,
     data: &Dataset,
     batch: usize,
     ranks_here: usize,
+    table_ranks: Option<usize>,
 ) -> Result<()> {
     let params = estimate_params(spec, data);
     let acts = estimate_activations(spec, data, batch);
-    let floats = params.saturating_mul(PARAM_COPIES).saturating_add(acts);
+    let (table, shard) = match (table_ranks, data, spec.name.as_str()) {
+        (Some(p), Dataset::Lm(l), "transformer-lm" | "lstm-lm") => {
+            let t =
+                gradkit_core::budget::product(&[l.vocab as u128, spec.d_model as u128]).min(params);
+            (t, t.div_ceil(p.max(1) as u128))
+        }
+        _ => (0, 0),
+    };
+    let floats = (params - table)
+        .saturating_mul(PARAM_COPIES)
+        .saturating_add(shard.saturating_mul(TABLE_COPIES))
+        .saturating_add(acts);
     let bytes = gradkit_core::budget::product(&[floats, 4, ranks_here as u128]);
     let sizes = match data {
         Dataset::Class(c) => format!(

@@ -474,7 +474,11 @@ fn prepare(world: &World, cfg: &TrainConfig) -> Result<Dataset> {
     let p = world.size();
     // Bounded memory: the model the flags and data describe must fit before any rank builds it.
     let ranks_here = world.ranks_here().len();
-    crate::model::check_memory(&cfg.model, &data, cfg.batch, ranks_here)?;
+    // EmbRace's exchanges hold the token embedding outside the model: 1/P of it (embrace) or
+    // a replica (the AllGather baselines).
+    let table_ranks = crate::embrace::handles(&cfg.exchange)
+        .then_some(if cfg.exchange == "embrace" { p } else { 1 });
+    crate::model::check_memory(&cfg.model, &data, cfg.batch, ranks_here, table_ranks)?;
     // Fail early (before threads start) on a shard that cannot hold a batch.
     for r in 0..p {
         Shard::new(&data, r, p, cfg.batch, cfg.model.seq_len)?;
