@@ -12,7 +12,7 @@ use gradkit_comm::run_local;
 use gradkit_core::trace::{Layout, Sparse};
 
 mod common;
-use common::{res, run_steps, Out};
+use common::{res, ring_bytes, run_steps, topk_by_sorting, Out};
 
 fn run(p: usize, params: &Params, lay: &Layout, g: &[Vec<Vec<f32>>]) -> Out {
     run_steps("cltk", p, params, lay, g)
@@ -37,16 +37,6 @@ fn gradients(seed: u64, steps: usize, p: usize, n: usize) -> Vec<Vec<Vec<f32>>> 
         .collect()
 }
 
-/// Exact top-k by |x| by sorting: larger magnitude first, the lower index among equals;
-/// returned ascending.
-fn topk_by_sorting(x: &[f32], k: usize) -> Vec<u32> {
-    let mut order: Vec<usize> = (0..x.len()).collect();
-    order.sort_by(|&a, &b| x[b].abs().partial_cmp(&x[a].abs()).unwrap().then(a.cmp(&b)));
-    let mut top: Vec<u32> = order[..k.min(x.len())].iter().map(|&i| i as u32).collect();
-    top.sort_unstable();
-    top
-}
-
 /// Children of `r` in a binomial broadcast tree rooted at `root` among `p` ranks: with virtual
 /// ranks v = (r − root) mod P, the parent of v > 0 is v with its highest set bit cleared.
 fn bcast_children(p: usize, root: usize, r: usize) -> usize {
@@ -54,19 +44,6 @@ fn bcast_children(p: usize, root: usize, r: usize) -> usize {
     (1..p)
         .filter(|&c| c - (1usize << (usize::BITS - 1 - c.leading_zeros())) == v)
         .count()
-}
-
-/// Ring allreduce of m f32 (chunks cut at ⌊i·m/P⌋), bytes (sent, received) by rank r:
-/// reduce-scatter sends every chunk but c_{r+1} and receives every chunk but c_r; allgather
-/// sends every chunk but c_{r+2} and receives every chunk but c_{r+1}.
-fn ring_bytes(p: usize, m: usize, r: usize) -> (u64, u64) {
-    if p == 1 {
-        return (0, 0);
-    }
-    let c = |i: usize| ((i % p) + 1) * m / p - (i % p) * m / p;
-    let sent = 2 * m - c(r + 1) - c(r + 2);
-    let recv = 2 * m - c(r) - c(r + 1);
-    (4 * sent as u64, 4 * recv as u64)
 }
 
 struct Case {

@@ -84,3 +84,26 @@ pub fn run_steps(algo: &str, p: usize, params: &Params, lay: &Layout, g: &[Vec<V
     })
     .unwrap()
 }
+
+/// Exact top-k by |x| by sorting: larger magnitude first, the lower index among equals;
+/// returned ascending.
+pub fn topk_by_sorting(x: &[f32], k: usize) -> Vec<u32> {
+    let mut order: Vec<usize> = (0..x.len()).collect();
+    order.sort_by(|&a, &b| x[b].abs().partial_cmp(&x[a].abs()).unwrap().then(a.cmp(&b)));
+    let mut top: Vec<u32> = order[..k.min(x.len())].iter().map(|&i| i as u32).collect();
+    top.sort_unstable();
+    top
+}
+
+/// Ring allreduce of m f32 (chunks cut at ⌊i·m/P⌋), bytes (sent, received) by rank r:
+/// reduce-scatter sends every chunk but c_{r+1} and receives every chunk but c_r; allgather
+/// sends every chunk but c_{r+2} and receives every chunk but c_{r+1}.
+pub fn ring_bytes(p: usize, m: usize, r: usize) -> (u64, u64) {
+    if p == 1 {
+        return (0, 0);
+    }
+    let c = |i: usize| ((i % p) + 1) * m / p - (i % p) * m / p;
+    let sent = 2 * m - c(r + 1) - c(r + 2);
+    let recv = 2 * m - c(r) - c(r + 1);
+    (4 * sent as u64, 4 * recv as u64)
+}
