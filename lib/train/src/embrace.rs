@@ -487,9 +487,14 @@ impl Embrace {
     /// This rank's coalesced embedding gradient (ids ascending, duplicates summed in token
     /// order, embrace.md §2.2) from the per-token row gradients of the last backward.
     fn coalesced_grad(&mut self) -> Result<Rows> {
+        Ok(self.token_rows()?.coalesce())
+    }
+
+    /// The per-token row gradients of the last backward (one row per token, duplicates
+    /// included), taken out of `self`.
+    fn token_rows(&mut self) -> Result<Rows> {
         let ids = self.ids_now[self.rank].clone();
-        let g = std::mem::take(&mut self.g_rows);
-        Ok(Rows::new(ids, self.d, g)?.coalesce())
+        Rows::new(ids, self.d, std::mem::take(&mut self.g_rows))
     }
 
     /// A step begins: its clock and counters reset, its gathered batch (prefetched by the last
@@ -736,12 +741,10 @@ impl Exchange for Embrace {
         if self.two_d.is_some() {
             return self.update_2d(io, g);
         }
+        let tokens = self.token_rows()?;
+        let co = tokens.coalesce();
         // allgather-raw's message: each token's own row gradient, duplicates included.
-        let raw = self
-            .raw
-            .then(|| Rows::new(self.ids_now[self.rank].clone(), self.d, self.g_rows.clone()))
-            .transpose()?;
-        let co = self.coalesced_grad()?;
+        let raw = self.raw.then_some(tokens);
         let mut gd = g;
         let n_u = co.ids.len();
         let (n_prior, n_delayed) = self.exchange_rows(comm, io, co.ids, co.values, &mut gd, raw)?;
