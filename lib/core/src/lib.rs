@@ -5,6 +5,7 @@
 //! (atomic writes, stdin/stdout pipes), and the CLI plumbing every `grad…` tool shares.
 //! It knows nothing of communication or algorithms.
 
+pub mod alloc;
 pub mod budget;
 pub mod cli;
 pub mod io;

@@ -1,6 +1,10 @@
 //! gradallreduce — run any allreduce of the four papers on a gradient trace, benchmark the
 //! collectives nccl-tests style, or project their cost with the α-β model.
 
+/// Large blocks mapped on huge pages and handed back when freed (docs/MEMORY.md).
+#[global_allocator]
+static ALLOC: gradkit_core::alloc::BigAlloc = gradkit_core::alloc::BigAlloc;
+
 mod bench;
 mod model;
 mod reduce;

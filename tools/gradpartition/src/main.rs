@@ -1,5 +1,9 @@
 //! gradpartition: decide which worker works on which part of the gradient (`plan/1`).
 
+/// Large blocks mapped on huge pages and handed back when freed (docs/MEMORY.md).
+#[global_allocator]
+static ALLOC: gradkit_core::alloc::BigAlloc = gradkit_core::alloc::BigAlloc;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 

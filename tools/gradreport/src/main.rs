@@ -1,5 +1,9 @@
 //! `gradreport`: tables and SVG figures from metrics/1 files (see docs/gradreport.md).
 
+/// Large blocks mapped on huge pages and handed back when freed (docs/MEMORY.md).
+#[global_allocator]
+static ALLOC: gradkit_core::alloc::BigAlloc = gradkit_core::alloc::BigAlloc;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 

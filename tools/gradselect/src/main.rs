@@ -1,6 +1,10 @@
 //! gradselect: sparsify a dense `tensor/1` gradient trace per (step, rank) with any selection
 //! method of the papers, with error feedback; writes a sparse `tensor/1` and metrics.
 
+/// Large blocks mapped on huge pages and handed back when freed (docs/MEMORY.md).
+#[global_allocator]
+static ALLOC: gradkit_core::alloc::BigAlloc = gradkit_core::alloc::BigAlloc;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;

@@ -1,5 +1,9 @@
 //! gradtrace: make, import and inspect gradient traces (`tensor/1` Parquet tables).
 
+/// Large blocks mapped on huge pages and handed back when freed (docs/MEMORY.md).
+#[global_allocator]
+static ALLOC: gradkit_core::alloc::BigAlloc = gradkit_core::alloc::BigAlloc;
+
 mod import;
 mod inspect;
 mod model;

@@ -1,5 +1,9 @@
 //! gradtrain: data-parallel training with every gradient exchange and optimiser of the papers.
 
+/// Large blocks mapped on huge pages and handed back when freed (docs/MEMORY.md).
+#[global_allocator]
+static ALLOC: gradkit_core::alloc::BigAlloc = gradkit_core::alloc::BigAlloc;
+
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
