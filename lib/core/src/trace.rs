@@ -197,6 +197,21 @@ pub fn flatten_dense(rows: &[&TensorRow]) -> Vec<f32> {
     out
 }
 
+/// One rank's rows of a step (every layer, checked complete) as one flat vector of `n`
+/// values in `layer_id` order, consuming the rows: each row is dropped once copied, so the
+/// rank's rows and its flat vector are not both held (docs/MEMORY.md).
+pub fn take_flat(mut rows: Vec<TensorRow>, n: usize) -> Vec<f32> {
+    rows.sort_by_key(|r| r.layer_id);
+    let mut flat = Vec::with_capacity(n);
+    for r in rows {
+        match &r.indices {
+            None => flat.extend_from_slice(&r.values),
+            Some(_) => flat.extend_from_slice(&r.to_dense()),
+        }
+    }
+    flat
+}
+
 /// Concatenates sparse rows (in `layer_id` order) into one flat sparse vector.
 pub fn flatten_sparse(rows: &[&TensorRow], layout: &Layout) -> Sparse {
     let mut s = Sparse::default();

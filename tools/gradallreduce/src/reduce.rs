@@ -679,13 +679,9 @@ fn reduce_rank(
             mine.iter().map(|r| r.stored() as u64).sum()
         };
         let input = if dense {
-            // Each row is dropped once copied (trace::flatten_dense's values, consuming the
-            // rows): the rank's rows and its flat input are not both held (docs/MEMORY.md).
-            let mut flat = Vec::with_capacity(n as usize);
-            for r in mine {
-                flat.extend_from_slice(&r.values);
-            }
-            Flat::Dense(flat)
+            // The rank's rows and its flat input are not both held (trace::take_flat,
+            // docs/MEMORY.md).
+            Flat::Dense(trace::take_flat(mine, n as usize))
         } else {
             let rows: Vec<&TensorRow> = mine.iter().collect();
             let s = Flat::Sparse(trace::flatten_sparse(&rows, layout));

@@ -359,17 +359,7 @@ fn step_grads(rows: Vec<TensorRow>, ranks: usize, n: usize) -> Vec<Vec<f32>> {
     }
     by_rank
         .into_iter()
-        .map(|mut rows| {
-            rows.sort_by_key(|r| r.layer_id);
-            let mut flat = Vec::with_capacity(n);
-            for r in rows {
-                match &r.indices {
-                    None => flat.extend_from_slice(&r.values),
-                    Some(_) => flat.extend_from_slice(&r.to_dense()),
-                }
-            }
-            flat
-        })
+        .map(|rows| gradkit_core::trace::take_flat(rows, n))
         .collect()
 }
 

@@ -421,7 +421,7 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
         let mut accs: Vec<Vec<f32>> = Vec::new();
         if deft {
             for (r, rows) in by_rank.iter_mut().enumerate() {
-                let mut acc = take_flat(std::mem::take(rows), n);
+                let mut acc = trace::take_flat(std::mem::take(rows), n);
                 if residual_on {
                     states[r].residual.compensate(&mut acc);
                 }
@@ -478,7 +478,7 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
             }
         } else {
             for (r, rows) in by_rank.iter_mut().enumerate() {
-                select_rank(r, take_flat(std::mem::take(rows), n))?;
+                select_rank(r, trace::take_flat(std::mem::take(rows), n))?;
             }
         }
         if let Some(w) = &mut metrics_w {
@@ -518,20 +518,6 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// One rank's rows of a step (dense, checked complete) as one flat vector, in `layer_id`
-/// order; each row is dropped once copied.
-fn take_flat(mut rows: Vec<TensorRow>, n: usize) -> Vec<f32> {
-    rows.sort_by_key(|r| r.layer_id);
-    let mut acc = Vec::with_capacity(n);
-    for r in rows {
-        match &r.indices {
-            None => acc.extend_from_slice(&r.values),
-            Some(_) => acc.extend_from_slice(&r.to_dense()),
-        }
-    }
-    acc
 }
 
 /// Every method but DEFT, global or per layer.
