@@ -111,22 +111,43 @@ pub enum Round<R> {
     Stop,
 }
 
+/// What the I/O rank's source hands [`Feed::round_from`], piece by piece: rows for one rank
+/// (pieces for the same rank are appended in order), then how the round ends.
+#[derive(Debug)]
+pub enum Piece<T> {
+    /// Rows for rank `.0` (rank 0's own are kept).
+    Rows(usize, Vec<T>),
+    /// The round is complete and checked: every rank gets the rows it was given.
+    Done,
+    /// No more rounds: the input ended (rows given before it are dropped).
+    End,
+    /// Stop every rank (see [`Round::Stop`]); rows given before it are dropped.
+    Stop,
+}
+
 /// The tag of [`Feed`]'s messages: no collective uses it, so a round posted while a rank is
 /// still in the previous round's collectives waits for that rank instead of being taken by
 /// them.
 const FEED_TAG: u32 = 3;
+/// Message statuses. Under MPI a round is, to each rank, any number of `ROWS` messages (a
+/// status byte, then an Arrow IPC stream like [`scatter`]'s), then one of `DONE`, `END`,
+/// `STOP`; in-process, one `ROWS` (its rows in the rank's queue), `END` or `STOP` byte.
 const ROWS: u8 = 0;
 const END: u8 = 1;
 const STOP: u8 = 2;
+const DONE: u8 = 3;
 
 /// A scatter in rounds (a trace streamed one step at a time): in every round the I/O rank
 /// (rank 0) hands each rank its rows, or tells all that the input ended or that it stopped.
-/// Under MPI each rank's rows travel as one message (a status byte, then an Arrow IPC stream
-/// like [`scatter`]'s), charged to the `io` phase; in-process ranks get the rows themselves
-/// (no copy) through a queue per rank, and a one-byte message through the communicator says
-/// when, so a rank waiting for a round that will never come is woken like any other pending
-/// call when a rank fails ([`crate::CommError::PeerFailed`]). Rank 0 cannot get more than one
-/// round ahead of a rank as long as each round is followed by a collective.
+/// Under MPI rank 0 sends rows as its source yields them, one message at a time (each sent
+/// before the next piece is asked for: at most one encoded message in flight), charged to
+/// the `io` phase, and only the closing `DONE` lets the ranks use them, so a source that
+/// fails halfway through a round (a bad rank in the middle of a step) stops every rank at
+/// that round; in-process ranks get the rows themselves (no copy) through a queue per rank,
+/// and a one-byte message through the communicator says when, so a rank waiting for a round
+/// that will never come is woken like any other pending call when a rank fails
+/// ([`crate::CommError::PeerFailed`]). Rank 0 cannot get more than one round ahead of a rank
+/// as long as each round is followed by a collective.
 pub struct Feed<T> {
     /// In-process ranks: the rows handed to each rank and not yet taken.
     queues: Vec<std::sync::Mutex<std::collections::VecDeque<Vec<T>>>>,
@@ -149,73 +170,119 @@ impl<T: Table> Feed<T> {
         comm: &dyn Comm,
         round: Option<Round<Vec<Vec<T>>>>,
     ) -> Result<Round<Vec<T>>> {
+        let Some(round) = round else {
+            return self.round_from(comm, None);
+        };
+        let mut pieces: Vec<Piece<T>> = match round {
+            Round::Rows(per) => {
+                let mut v: Vec<Piece<T>> = per
+                    .into_iter()
+                    .enumerate()
+                    .map(|(d, rows)| Piece::Rows(d, rows))
+                    .collect();
+                v.push(Piece::Done);
+                v
+            }
+            Round::End => vec![Piece::End],
+            Round::Stop => vec![Piece::Stop],
+        };
+        pieces.reverse();
+        let mut next = || pieces.pop().unwrap_or(Piece::Stop);
+        self.round_from(comm, Some(&mut next))
+    }
+
+    /// One round, called by every rank: rank 0 passes its `source`, which the feed calls
+    /// until it says how the round ends ([`Piece::Done`], `End` or `Stop`); every other rank
+    /// passes `None`. Each rank gets its own rows (those of every `Piece::Rows` for it, in
+    /// order; none: empty), or the same `End` or `Stop`.
+    pub fn round_from(
+        &self,
+        comm: &dyn Comm,
+        source: Option<&mut dyn FnMut() -> Piece<T>>,
+    ) -> Result<Round<Vec<T>>> {
         let (me, p) = (comm.rank(), comm.size());
-        if me == 0 {
-            let round = round.context("rank 0 hands out the rows")?;
-            let (status, mut per) = match round {
-                Round::Rows(per) => (ROWS, per),
-                Round::End => (END, Vec::new()),
-                Round::Stop => (STOP, Vec::new()),
-            };
-            if status == ROWS {
-                per.resize_with(p, Vec::new);
-            }
-            let mine = (status == ROWS).then(|| std::mem::take(&mut per[0]));
-            if p > 1 {
-                let _io = comm.phase(IO_PHASE);
-                let mut sends = Vec::with_capacity(p - 1);
-                for d in 1..p {
-                    let rows = per.get_mut(d).map(std::mem::take);
-                    let msg = match rows {
-                        Some(rows) if !self.queues.is_empty() => {
-                            self.queues[d]
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .push_back(rows);
-                            vec![status]
-                        }
-                        // A status byte, then the rows as an Arrow IPC stream. Sent at once,
-                        // one rank after the other, so that rank 0 holds the step's rows not
-                        // yet sent and one encoded message, not every rank's message
-                        // (docs/MEMORY.md, issue 19).
-                        Some(rows) => {
-                            let mut msg = vec![status];
-                            encode_owned_into(rows, &mut msg)?;
-                            comm.exchange(FEED_TAG, vec![(d, Buf::from_vec(msg))], &[])?;
-                            continue;
-                        }
-                        None => vec![status],
-                    };
-                    sends.push((d, Buf::from_vec(msg)));
-                }
-                if !sends.is_empty() {
-                    comm.exchange(FEED_TAG, sends, &[])?;
-                }
-            }
-            return Ok(match (status, mine) {
-                (ROWS, Some(rows)) => Round::Rows(rows),
-                (END, _) => Round::End,
-                _ => Round::Stop,
-            });
+        if me != 0 {
+            return self.receive(comm);
         }
+        let source = source.context("rank 0 hands out the rows")?;
+        let _io = (p > 1).then(|| comm.phase(IO_PHASE));
+        let local = !self.queues.is_empty();
+        let mut per: Vec<Vec<T>> = (0..if local { p } else { 1 }).map(|_| Vec::new()).collect();
+        let status = loop {
+            match source() {
+                Piece::Rows(d, rows) if d == 0 || local => {
+                    let to = per
+                        .get_mut(d)
+                        .context("internal: rows for a rank outside the world")?;
+                    to.extend(rows);
+                }
+                // A status byte, then the rows as an Arrow IPC stream, sent before the next
+                // piece is read: rank 0 holds one encoded message (docs/MEMORY.md, issue 19).
+                Piece::Rows(d, rows) => {
+                    let mut msg = vec![ROWS];
+                    encode_owned_into(rows, &mut msg)?;
+                    comm.exchange(FEED_TAG, vec![(d, Buf::from_vec(msg))], &[])?;
+                }
+                Piece::Done => break DONE,
+                Piece::End => break END,
+                Piece::Stop => break STOP,
+            }
+        };
+        if p > 1 {
+            // The closing byte; in-process ranks find their rows in their queue.
+            let mut sends = Vec::with_capacity(p - 1);
+            for (d, queue) in self.queues.iter().enumerate().skip(1) {
+                if status == DONE {
+                    let rows = per.get_mut(d).map(std::mem::take).unwrap_or_default();
+                    queue
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push_back(rows);
+                }
+            }
+            for d in 1..p {
+                let byte = if local && status == DONE {
+                    ROWS
+                } else {
+                    status
+                };
+                sends.push((d, Buf::from_vec(vec![byte])));
+            }
+            comm.exchange(FEED_TAG, sends, &[])?;
+        }
+        Ok(match status {
+            DONE => Round::Rows(std::mem::take(&mut per[0])),
+            END => Round::End,
+            _ => Round::Stop,
+        })
+    }
+
+    /// A rank other than 0: the messages of one round, until the one that ends it.
+    fn receive(&self, comm: &dyn Comm) -> Result<Round<Vec<T>>> {
         let _io = comm.phase(IO_PHASE);
-        let msg: Vec<u8> = comm
-            .exchange(FEED_TAG, vec![], &[(0, Kind::U8)])?
-            .into_iter()
-            .next()
-            .context("no message from rank 0")?
-            .into_vec()?;
-        match msg.first() {
-            Some(&ROWS) if !self.queues.is_empty() => self.queues[me]
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pop_front()
-                .map(Round::Rows)
-                .context("internal: a round without rows for this rank"),
-            Some(&ROWS) => Ok(Round::Rows(decode(&msg[1..])?)),
-            Some(&END) => Ok(Round::End),
-            Some(&STOP) => Ok(Round::Stop),
-            _ => anyhow::bail!("internal: a message from rank 0 that is not a round"),
+        let mut rows: Vec<T> = Vec::new();
+        loop {
+            let msg: Vec<u8> = comm
+                .exchange(FEED_TAG, vec![], &[(0, Kind::U8)])?
+                .into_iter()
+                .next()
+                .context("no message from rank 0")?
+                .into_vec()?;
+            match msg.first() {
+                Some(&ROWS) if !self.queues.is_empty() => {
+                    return self.queues[comm.rank()]
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .pop_front()
+                        .map(Round::Rows)
+                        .context("internal: a round without rows for this rank");
+                }
+                Some(&ROWS) => rows.extend(decode::<T>(&msg[1..])?),
+                Some(&DONE) => return Ok(Round::Rows(rows)),
+                Some(&END) => return Ok(Round::End),
+                Some(&STOP) => return Ok(Round::Stop),
+                _ => anyhow::bail!("internal: a message from rank 0 that is not a round"),
+            }
         }
     }
 }

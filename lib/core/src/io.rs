@@ -722,6 +722,7 @@ impl TensorStream {
             chunks,
             pending: VecDeque::new(),
             whole,
+            last_run_step: None,
         })
     }
 }
@@ -820,6 +821,8 @@ pub struct TensorSteps {
     chunks: TensorChunks,
     pending: VecDeque<TensorRow>,
     whole: Option<std::collections::btree_map::IntoIter<u32, Vec<TensorRow>>>,
+    /// The step of the last row [`TensorSteps::next_run`] handed out.
+    last_run_step: Option<u32>,
 }
 
 impl TensorSteps {
@@ -855,6 +858,65 @@ impl TensorSteps {
                 }
             }
         }
+    }
+}
+
+impl TensorSteps {
+    /// The step of the next row ([`TensorSteps::next_run`]'s), without taking it; `None`
+    /// after the last row.
+    pub fn peek_step(&mut self) -> Result<Option<u32>> {
+        self.fill()?;
+        Ok(self.pending.front().map(|r| r.step))
+    }
+
+    /// The next run of rows in file order that share one `(step, rank)`, cut once its
+    /// values (and indices) reach `max_bytes` (at least one row): what a trace ordered by
+    /// (step, rank, layer) holds of one rank in one step, read without the step's other ranks
+    /// (docs/MEMORY.md: rank 0 under mpirun). A step whose ranks are interleaved gives several
+    /// runs per rank. `None` after the last row. Steps come ascending as from
+    /// [`TensorSteps::next_step`] (do not mix the two on one stream).
+    pub fn next_run(&mut self, max_bytes: usize) -> Result<Option<Vec<TensorRow>>> {
+        let mut run: Vec<TensorRow> = Vec::new();
+        let mut bytes = 0usize;
+        loop {
+            if !self.fill()? {
+                return Ok((!run.is_empty()).then_some(run));
+            }
+            while let Some(r) = self.pending.pop_front() {
+                if let Some(first) = run.first() {
+                    if (r.step, r.rank) != (first.step, first.rank) || bytes >= max_bytes {
+                        self.pending.push_front(r);
+                        return Ok(Some(run));
+                    }
+                } else if let Some(last) = self.last_run_step.filter(|s| r.step < *s) {
+                    // The file changed since the first pass.
+                    bail!(
+                        "in {}: not ordered by step: step {} comes after step {last}",
+                        self.source,
+                        r.step
+                    );
+                }
+                self.last_run_step = Some(r.step);
+                bytes += 4 * (r.values.len() + r.indices.as_ref().map_or(0, Vec::len));
+                run.push(r);
+            }
+        }
+    }
+
+    /// Makes `pending` non-empty unless the input ended (`false`): the next chunk, or the
+    /// next step of a trace read whole.
+    fn fill(&mut self) -> Result<bool> {
+        while self.pending.is_empty() {
+            let more = match &mut self.whole {
+                Some(w) => w.next().map(|(_, rows)| rows),
+                None => self.chunks.next_chunk()?,
+            };
+            match more {
+                Some(rows) => self.pending.extend(rows),
+                None => return Ok(false),
+            }
+        }
+        Ok(true)
     }
 }
 

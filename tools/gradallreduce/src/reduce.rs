@@ -8,7 +8,7 @@ use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::Args;
 use gradkit_collectives::registry::{Adjust, Balance, ReevalStepD, Split};
 use gradkit_collectives::{cost, reducer_for, Algo, Flat, Op, Params};
-use gradkit_comm::dist::{self, Round};
+use gradkit_comm::dist::{self, Piece, Round};
 use gradkit_comm::{Comm, PhaseCounts, World};
 use gradkit_core::cli::IoArgs;
 use gradkit_core::io::{KeyScan, TableWriter, TensorSteps, TensorStream};
@@ -210,8 +210,9 @@ impl ReduceArgs {
     }
 }
 
-/// What the I/O rank prepares before any rank starts: the trace opened and its first step
-/// read and checked, the `--state` file, the output opened (docs/MEMORY.md).
+/// What the I/O rank prepares before any rank starts: the trace opened and its first run of
+/// rows read (the whole first step is checked as it is handed out), the `--state` file, the
+/// output opened (docs/MEMORY.md).
 struct Prepared {
     /// Elements of the flat index space (the 1-bit state file records it).
     n: u64,
@@ -222,22 +223,30 @@ struct Prepared {
     io: IoRank,
 }
 
-/// The I/O rank's side of the reduction: the trace one step (every rank's rows) at a time,
-/// each step checked as the whole-trace check did, and the reduced tensor written as each
-/// step completes (one row group per step). Memory: one step of the trace, not the trace.
+/// The I/O rank's side of the reduction: the trace one step at a time, handed out one run of
+/// rows (one rank's rows of the step, in a trace ordered by step, rank and layer) at a time
+/// ([`dist::Piece`]), each step checked as the whole-trace check did, and the reduced tensor
+/// written as each step completes (one row group per step). Memory (docs/MEMORY.md): under
+/// mpirun rank 0 holds its own rows of the step, one piece of another rank's rows and its
+/// encoding, and less than [`PIECE_BYTES`] per rank held back; in-process ranks one step.
 struct IoRank {
     /// The input's name, for messages.
     source: String,
     steps: TensorSteps,
-    /// The first step, read by [`load`] for its checks and not yet handed out.
+    /// The first run of rows, read by [`load`] for its checks and not yet handed out.
     first: Option<Vec<TensorRow>>,
     /// The first pass over the keys: the layers' shapes as the whole trace gives them.
     scan: KeyScan,
-    /// The layers of the first step, which every step must have.
+    /// The layers every step must have: those of the first step once it was checked (of the
+    /// first run until then).
     layout: Layout,
+    /// Whether the first step was checked (and `layout` is its layers).
+    first_checked: bool,
     algo: Algo,
     /// The trace's ranks (the world's size).
     p: usize,
+    /// The step being handed out.
+    cur: Option<StepCheck>,
     /// The reduced tensor, finished by [`write_outputs`].
     writer: TableWriter<TensorRow>,
     /// Why the I/O rank stopped handing out steps (a bad step, a failed write); reported at
@@ -245,38 +254,147 @@ struct IoRank {
     failed: Option<anyhow::Error>,
 }
 
-impl IoRank {
-    /// The next round of the feed: the next step's rows by rank, the end of the trace, or a
-    /// stop once something failed.
-    fn next_round(&mut self) -> Round<Vec<Vec<TensorRow>>> {
-        if self.failed.is_some() {
-            return Round::Stop;
+/// The size of the pieces another rank's rows go out in under mpirun (values and indices):
+/// rank 0 reads this much of a rank's run of rows and sends it before reading on, and the
+/// rows of a step whose ranks are interleaved are held back for their rank up to this size
+/// rather than sent one message per short run.
+const PIECE_BYTES: usize = 2 << 20;
+
+/// What the I/O rank keeps of the step it is handing out, for the checks the whole-step check
+/// made: the rows' keys (no values), the first alltoall embedding error, and the rows held
+/// back for each rank ([`PIECE_BYTES`]).
+struct StepCheck {
+    step: u32,
+    keys: Vec<TensorRow>,
+    embedding: Option<anyhow::Error>,
+    /// Per rank: rows not handed out yet, and their bytes.
+    held: Vec<(Vec<TensorRow>, usize)>,
+}
+
+impl StepCheck {
+    fn new(step: u32, p: usize) -> Self {
+        StepCheck {
+            step,
+            keys: Vec::new(),
+            embedding: None,
+            held: (0..p).map(|_| (Vec::new(), 0)).collect(),
         }
-        match self.next_step() {
-            Ok(Some(rows)) => {
-                let mut per: Vec<Vec<TensorRow>> = (0..self.p).map(|_| Vec::new()).collect();
-                for r in rows {
-                    per[r.rank as usize % self.p].push(r);
-                }
-                Round::Rows(per)
-            }
-            Ok(None) => Round::End,
+    }
+
+    /// Takes a run of rows of one rank: notes their keys and checks, and gives back the rows
+    /// to hand out now (rank 0's at once; another rank's once [`PIECE_BYTES`] are held).
+    fn add(&mut self, run: Vec<TensorRow>, algo: Algo) -> Option<(usize, Vec<TensorRow>)> {
+        let p = self.held.len();
+        let d = run.first().map_or(0, |r| r.rank as usize % p);
+        self.keys.extend(run.iter().map(|r| TensorRow {
+            layer: r.layer.clone(),
+            shape: r.shape.clone(),
+            indices: None,
+            values: Vec::new(),
+            ..*r
+        }));
+        if algo == Algo::AllToAll && self.embedding.is_none() {
+            self.embedding = gradkit_collectives::alltoall::check_embedding_rows(&run).err();
+        }
+        let bytes: usize = run
+            .iter()
+            .map(|r| 4 * (r.values.len() + r.indices.as_ref().map_or(0, Vec::len)))
+            .sum();
+        let held = &mut self.held[d];
+        held.0.extend(run);
+        held.1 += bytes;
+        (d == 0 || held.1 >= PIECE_BYTES).then(|| (d, std::mem::take(held).0))
+    }
+
+    /// Rows still held for some rank (at the end of the step).
+    fn take_held(&mut self) -> Option<(usize, Vec<TensorRow>)> {
+        let d = self.held.iter().position(|h| !h.0.is_empty())?;
+        Some((d, std::mem::take(&mut self.held[d]).0))
+    }
+}
+
+impl IoRank {
+    /// The next piece of the feed's round ([`dist::Feed::round_from`]): a run of the next
+    /// step's rows for its rank, `Done` once the step was read and checked, the end of the
+    /// trace, or a stop once something failed (the rows already sent are then dropped).
+    fn piece(&mut self) -> Piece<TensorRow> {
+        match self.try_piece() {
+            Ok(piece) => piece,
             Err(e) => {
                 self.failed = Some(e);
-                Round::Stop
+                self.cur = None;
+                Piece::Stop
             }
         }
     }
 
-    fn next_step(&mut self) -> Result<Option<Vec<TensorRow>>> {
-        if let Some(rows) = self.first.take() {
-            return Ok(Some(rows));
+    fn try_piece(&mut self) -> Result<Piece<TensorRow>> {
+        if self.failed.is_some() {
+            return Ok(Piece::Stop);
         }
-        let Some((_, rows)) = self.steps.next_step()? else {
-            return Ok(None);
-        };
-        check_step(&rows, &self.layout, self.p, self.algo, &self.source)?;
-        Ok(Some(rows))
+        loop {
+            let next = self.peek_step()?;
+            let step = match &self.cur {
+                Some(cur) => cur.step,
+                None => match next {
+                    Some(step) => self.cur.insert(StepCheck::new(step, self.p)).step,
+                    None => return Ok(Piece::End),
+                },
+            };
+            let Some(cur) = self.cur.as_mut() else {
+                bail!("internal: no step being handed out");
+            };
+            if next != Some(step) {
+                // The step ended: the rows still held go out, then the checks decide.
+                if let Some((d, rows)) = cur.take_held() {
+                    return Ok(Piece::Rows(d, rows));
+                }
+                let cur = self.cur.take();
+                self.check(cur)?;
+                return Ok(Piece::Done);
+            }
+            let run = match self.first.take() {
+                Some(run) => run,
+                None => self
+                    .steps
+                    .next_run(PIECE_BYTES)?
+                    .context("internal: a run went missing")?,
+            };
+            let Some(cur) = self.cur.as_mut() else {
+                bail!("internal: no step being handed out");
+            };
+            if let Some((d, rows)) = cur.add(run, self.algo) {
+                return Ok(Piece::Rows(d, rows));
+            }
+        }
+    }
+
+    /// The step of the next run of rows; `None` at the end of the trace.
+    fn peek_step(&mut self) -> Result<Option<u32>> {
+        match &self.first {
+            Some(run) => Ok(run.first().map(|r| r.step)),
+            None => self.steps.peek_step(),
+        }
+    }
+
+    /// What the whole-trace check (`trace::check_complete`, and for alltoall the embedding
+    /// rows) said of one step, with its messages: every rank has rows, each the layers of the
+    /// first step. The first step's layers are those of all its rows, as `load` took them.
+    fn check(&mut self, cur: Option<StepCheck>) -> Result<()> {
+        let cur = cur.context("internal: no step being handed out")?;
+        if !self.first_checked {
+            let mut layout = Layout::of_rows(&cur.keys);
+            self.scan.complete_shapes(&mut layout);
+            self.layout = layout;
+            self.first_checked = true;
+        }
+        let source = &self.source;
+        gradkit_core::io::check_step(&cur.keys, &self.layout, self.p, None)
+            .with_context(|| format!("in {source}"))?;
+        match cur.embedding {
+            Some(e) => Err(e.context(format!("in {source}"))),
+            None => Ok(()),
+        }
     }
 
     /// Appends a step's reduced rows to the output (nothing once something failed).
@@ -287,23 +405,6 @@ impl IoRank {
             }
         }
     }
-}
-
-/// What the whole-trace check (`trace::check_complete`, and for alltoall the embedding rows)
-/// said of one step, with its messages: every rank has rows, each the layers of `layout`.
-fn check_step(
-    rows: &[TensorRow],
-    layout: &Layout,
-    p: usize,
-    algo: Algo,
-    source: &str,
-) -> Result<()> {
-    gradkit_core::io::check_step(rows, layout, p, None).with_context(|| format!("in {source}"))?;
-    if algo == Algo::AllToAll {
-        gradkit_collectives::alltoall::check_embedding_rows(rows)
-            .with_context(|| format!("in {source}"))?;
-    }
-    Ok(())
 }
 
 /// Opens the trace on the I/O rank and checks what can be checked before any rank starts:
@@ -323,12 +424,15 @@ fn load(args: &ReduceArgs, world: &World, out: &Output) -> Result<Prepared> {
     let p = scan.ranks.len();
     let meta_in = stream.meta.clone();
     let mut steps = stream.steps(&scan)?;
-    let Some((first_step, first)) = steps.next_step()? else {
+    // The first run of rows (one rank's rows of the first step) gives the layers these
+    // checks need; the whole first step is checked as it is handed out, like every step.
+    let first = steps.next_run(usize::MAX)?;
+    let Some(first_step) = first.as_ref().and_then(|r| r.first()).map(|r| r.step) else {
         bail!("{source}: the trace has no rows");
     };
+    let first = first.unwrap_or_default();
     let mut layout = Layout::of_rows(&first);
     scan.complete_shapes(&mut layout);
-    check_step(&first, &layout, p, args.algo, &source)?;
     if p != world.size() {
         bail!(
             "{source} holds {p} ranks but this run has {} (flag --ranks, or mpirun -np)",
@@ -361,8 +465,10 @@ fn load(args: &ReduceArgs, world: &World, out: &Output) -> Result<Prepared> {
             first: Some(first),
             scan,
             layout,
+            first_checked: false,
             algo: args.algo,
             p,
+            cur: None,
             writer,
             failed: None,
         },
@@ -629,8 +735,11 @@ fn reduce_rank(
     let mut layouts: Option<(Layout, Layout)> = None;
     let mut stopped = false;
     loop {
-        let round = io.as_mut().map(IoRank::next_round);
-        let mut mine = match inputs.feed.round(comm, round)? {
+        let round = match io.as_mut() {
+            Some(io) => inputs.feed.round_from(comm, Some(&mut || io.piece()))?,
+            None => inputs.feed.round_from(comm, None)?,
+        };
+        let mut mine = match round {
             Round::Rows(rows) => rows,
             Round::End => break,
             Round::Stop => {
