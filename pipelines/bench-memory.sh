@@ -121,11 +121,12 @@ rss "gradpartition deft" 1 "$B/gradpartition --method deft --density 0.01 --no-b
 rss "gradpartition oktopk (sparse input)" 0 "$B/gradpartition --method oktopk -q $DIR/sel.parquet -o $DIR/regions.parquet"
 # gradallreduce: rank 0 streams the trace one step at a time to the ranks and writes each
 # step's result as it completes. "state": what the reducers keep across steps (the sparse
-# algorithms' residuals of dense input, the 1-bit error buffers: about one model per rank,
-# i.e. one step).
+# algorithms' residuals of dense input: one model per rank, i.e. one step; onebit's error
+# buffers: a worker error of one model and a server error of 1/P of it per rank, 1 + 1/P steps).
 for algo in $ALGOS; do
   st=0
   case " $SPARSE_ALGOS " in *" $algo "*) st=1 ;; esac
+  [ "$algo" = onebit ] && st="(1+1/$RANKS)"
   extra=""
   [ "$algo" = onebit ] && extra="--state $DIR/ar-1b.state"
   [ "$algo" = ring ] && extra="--metrics $DIR/ar-ring-m.parquet"
@@ -138,6 +139,7 @@ if command -v mpirun >/dev/null; then
   for algo in $MPI_ALGOS; do
     st=0
     case " $SPARSE_ALGOS " in *" $algo "*) st=1 ;; esac
+    [ "$algo" = onebit ] && st="(1+1/$RANKS)"
     extra=""
     [ "$algo" = onebit ] && extra="--state $DIR/ar-1b-mpi.state"
     # shellcheck disable=SC2086

@@ -1524,14 +1524,24 @@ fn approx_row_bytes<T: 'static>(r: &T) -> usize {
 /// run never leaves a half-written file at `path`. A path that exists and is not a regular
 /// file (a device, a FIFO, `/dev/stdout`) is written in place instead.
 pub fn write_file_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    write_file_atomic_with(path, |w| w.write_all(data))
+}
+
+/// [`write_file_atomic`] of the bytes `fill` writes, through a buffer: a big file is not held
+/// whole in memory first.
+pub fn write_file_atomic_with(
+    path: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<()> {
+    let ctx = || format!("cannot write {}", path.display());
     if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
-        return std::fs::write(path, data)
-            .with_context(|| format!("cannot write {}", path.display()));
+        let mut f = std::io::BufWriter::new(File::create(path).with_context(ctx)?);
+        return fill(&mut f).and_then(|_| f.flush()).with_context(ctx);
     }
     let tmp = crate::paths::TempFile::create(path)?;
-    let mut f = tmp.file();
-    f.write_all(data)
-        .with_context(|| format!("cannot write {}", path.display()))?;
+    let mut f = std::io::BufWriter::with_capacity(1 << 20, tmp.file());
+    fill(&mut f).and_then(|_| f.flush()).with_context(ctx)?;
+    drop(f);
     tmp.persist()
 }
 

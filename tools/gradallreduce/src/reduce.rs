@@ -587,7 +587,7 @@ fn check_paths(args: &ReduceArgs) -> Result<()> {
 /// the I/O rank stopped.
 struct RankOut {
     metrics: Vec<MetricRow>,
-    state: Vec<TensorRow>,
+    state: Option<Vec<state::Errors>>,
     io: Option<Result<TableWriter<TensorRow>>>,
 }
 
@@ -618,7 +618,8 @@ pub fn run(args: ReduceArgs) -> Result<()> {
     let (metrics_out, loaded) = world.agree(prepared)?.unzip();
     let n = loaded.as_ref().map_or(0, |p| p.n);
     let (io, state_in) = loaded.map(|p| (p.io, p.state)).unzip();
-    let state_in = state_in.flatten();
+    // --state rows, taken by rank 0 and handed out by the feed (moved, not copied, in-process).
+    let state_in = std::sync::Mutex::new(state_in.flatten());
     // Rank 0 streams the trace to every rank, step by step, and writes the output.
     let io = std::sync::Mutex::new(io);
     let feed = dist::Feed::<TensorRow>::new(world.backend(), world.size());
@@ -628,7 +629,7 @@ pub fn run(args: ReduceArgs) -> Result<()> {
     let results = world.run(|comm| {
         let inputs = RankIn {
             feed: &feed,
-            state: state_in.as_deref(),
+            state: &state_in,
         };
         let io = match comm.rank() {
             0 => io.lock().unwrap_or_else(|e| e.into_inner()).take(),
@@ -667,10 +668,10 @@ fn write_outputs(
     metrics_out: Option<&Output>,
     writer: TableWriter<TensorRow>,
     metric_rows: &[MetricRow],
-    (n, state_rows): (u64, Vec<TensorRow>),
+    (n, errors): (u64, Option<Vec<state::Errors>>),
 ) -> Result<()> {
     if let (Some(path), Some(variant)) = (&args.state, state::variant_of(args.algo)) {
-        let errors = state::errors_by_rank(state_rows, world.size())?;
+        let errors = errors.context("internal: no 1-bit state gathered (--state)")?;
         state::StateFile::save(path, variant, n as usize, &errors)?;
     }
     if let Some(m) = metrics_out {
@@ -687,17 +688,18 @@ fn write_outputs(
 
 fn merge(mut a: RankOut, b: RankOut) -> RankOut {
     a.metrics.extend(b.metrics);
-    a.state.extend(b.state);
+    a.state = a.state.or(b.state);
     a.io = a.io.or(b.io);
     a
 }
 
 /// What every rank gets from the I/O rank: the feed of the trace's steps, and the `--state`
-/// rows (in-process ranks share them; under mpirun only rank 0 holds them and scatters them).
+/// rows (every rank's, held by rank 0's process; rank 0 takes them and hands each rank its own
+/// in the feed's first round).
 #[derive(Clone, Copy)]
 struct RankIn<'a> {
     feed: &'a dist::Feed<TensorRow>,
-    state: Option<&'a [TensorRow]>,
+    state: &'a std::sync::Mutex<Option<Vec<TensorRow>>>,
 }
 
 /// One rank's reduction, step by step: in every round rank 0 (`io`) reads the next step and
@@ -717,7 +719,24 @@ fn reduce_rank(
     let mut reducer = reducer_for(args.algo, params)?;
     // --state: this rank's saved errors, before the first step (none on a fresh start).
     if let Some(path) = &args.state {
-        let saved = dist::scatter(comm, inputs.state, |r: &TensorRow| r.rank as usize)?;
+        // Rank 0 hands each rank its rows in one round of the feed (in-process they are moved,
+        // so every rank's state is not held twice); every rank takes part.
+        let round = (comm.rank() == 0).then(|| {
+            let all = inputs
+                .state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            let mut per: Vec<Vec<TensorRow>> = (0..comm.size()).map(|_| Vec::new()).collect();
+            for r in all.unwrap_or_default() {
+                per[r.rank as usize % comm.size()].push(r);
+            }
+            Round::Rows(per)
+        });
+        let saved = match inputs.feed.round(comm, round)? {
+            Round::Rows(rows) => rows,
+            Round::End | Round::Stop => Vec::new(),
+        };
         reducer
             .load_state(&state::from_rows(saved))
             .with_context(|| format!("--state {}", path.display()))?;
@@ -834,7 +853,7 @@ fn reduce_rank(
         // Every rank left at the same round: none runs the collectives below.
         return Ok(RankOut {
             metrics: Vec::new(),
-            state: Vec::new(),
+            state: None,
             io: io.map(|io| {
                 Err(io
                     .failed
@@ -844,10 +863,12 @@ fn reduce_rank(
     }
     reducer.finish(comm)?;
     // --state: every rank's errors after the last step, to the I/O rank, which saves them.
-    let saved = if args.state.is_some() {
-        dist::gather(comm, state::rank_rows(rank, reducer.state()))?.unwrap_or_default()
-    } else {
-        Vec::new()
+    // The reducer goes first, so that its buffers and their copy are not both held.
+    let state = args.state.is_some().then(|| reducer.state());
+    drop(reducer);
+    let saved = match state {
+        Some(st) => state::gather_errors(comm, st)?,
+        None => None,
     };
     let metrics = dist::gather(comm, sink.rows)?.unwrap_or_default();
     Ok(RankOut {

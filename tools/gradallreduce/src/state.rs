@@ -12,6 +12,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use gradkit_collectives::onebit::{OneBitState, Variant, SERVER_ERROR, WORKER_ERROR};
 use gradkit_collectives::Algo;
+use gradkit_comm::{dist, Buf, Comm, CommExt, Kind};
 use gradkit_core::TensorRow;
 
 /// The `--state` file: every rank's error buffers, little-endian.
@@ -53,18 +54,6 @@ impl StateFile {
             bail!("{}: no 1-bit state to save", ctx());
         }
         let (padded, server_len) = OneBitState::lens(variant, p, n);
-        let mut w: Vec<u8> = Vec::with_capacity(HEADER + 4 * p * (padded + server_len));
-        w.extend_from_slice(MAGIC);
-        w.extend_from_slice(&1u32.to_le_bytes());
-        let v = match variant {
-            Variant::Server => 0u32,
-            Variant::Naive => 1,
-        };
-        w.extend_from_slice(&v.to_le_bytes());
-        w.extend_from_slice(&(p as u32).to_le_bytes());
-        w.extend_from_slice(&(n as u64).to_le_bytes());
-        w.extend_from_slice(&(padded as u64).to_le_bytes());
-        w.extend_from_slice(&(server_len as u64).to_le_bytes());
         for (r, (we, se)) in ranks.iter().enumerate() {
             if we.len() != padded || se.len() != server_len {
                 bail!(
@@ -74,11 +63,31 @@ impl StateFile {
                     se.len()
                 );
             }
-            for x in we.iter().chain(se) {
-                w.extend_from_slice(&x.to_le_bytes());
-            }
         }
-        gradkit_core::io::write_file_atomic(path, &w).with_context(ctx)
+        let v = match variant {
+            Variant::Server => 0u32,
+            Variant::Naive => 1,
+        };
+        // Streamed through a buffer: the file is never held whole in memory (docs/MEMORY.md).
+        gradkit_core::io::write_file_atomic_with(path, |w| {
+            w.write_all(MAGIC)?;
+            w.write_all(&1u32.to_le_bytes())?;
+            w.write_all(&v.to_le_bytes())?;
+            w.write_all(&(p as u32).to_le_bytes())?;
+            w.write_all(&(n as u64).to_le_bytes())?;
+            w.write_all(&(padded as u64).to_le_bytes())?;
+            w.write_all(&(server_len as u64).to_le_bytes())?;
+            let mut bytes = Vec::with_capacity(1 << 16);
+            for (we, se) in ranks {
+                for chunk in we.chunks(1 << 14).chain(se.chunks(1 << 14)) {
+                    bytes.clear();
+                    bytes.extend(chunk.iter().flat_map(|x| x.to_le_bytes()));
+                    w.write_all(&bytes)?;
+                }
+            }
+            Ok(())
+        })
+        .with_context(ctx)
     }
 
     /// Reads every rank's errors; checks the file was saved for `variant` on `p` ranks with
@@ -157,33 +166,66 @@ pub fn rank_rows(rank: u32, state: Vec<(String, Vec<f32>)>) -> Vec<TensorRow> {
         .collect()
 }
 
+/// Every rank's errors on the I/O rank, in rank order (`None` on the others), from each rank's
+/// `Reducer::state`, taken by value: moved as `f32` buffers (in-process ranks hand their
+/// vectors over, MPI ranks send them as they are), not encoded as rows, so the gathered state
+/// is held once. An error names a rank whose state lacks one of the buffers.
+pub fn gather_errors(
+    comm: &dyn Comm,
+    mine: Vec<(String, Vec<f32>)>,
+) -> Result<Option<Vec<Errors>>> {
+    let (mut w, mut s) = (None, None);
+    for (name, v) in mine {
+        match name.as_str() {
+            WORKER_ERROR => w = Some(v),
+            SERVER_ERROR => s = Some(v),
+            other => bail!("rank {}: unknown 1-bit state `{other}`", comm.rank()),
+        }
+    }
+    // A rank without state sends empty buffers, so that no rank waits; rank 0 reports it
+    // (a worker error is never empty).
+    let (w, s) = (w.unwrap_or_default(), s.unwrap_or_default());
+    let _io = comm.phase(dist::IO_PHASE);
+    let p = comm.size();
+    let mut parts: [Vec<Vec<f32>>; 2] = [Vec::new(), Vec::new()];
+    for (part, (buf, out)) in [w, s].into_iter().zip(&mut parts).enumerate() {
+        if comm.rank() != 0 {
+            comm.exchange(STATE_TAG, vec![(0, Buf::from_vec(buf))], &[])?;
+            continue;
+        }
+        let srcs: Vec<(usize, Kind)> = (1..p).map(|r| (r, Kind::F32)).collect();
+        let got = if p > 1 {
+            comm.exchange(STATE_TAG, vec![], &srcs)?
+        } else {
+            Vec::new()
+        };
+        out.push(buf);
+        for b in got {
+            out.push(
+                b.into_vec()
+                    .with_context(|| format!("1-bit state part {part}"))?,
+            );
+        }
+    }
+    if comm.rank() != 0 {
+        return Ok(None);
+    }
+    let [ws, ss] = parts;
+    let errors: Vec<Errors> = ws.into_iter().zip(ss).collect();
+    for (r, (w, _)) in errors.iter().enumerate() {
+        if w.is_empty() {
+            bail!("rank {r} returned no 1-bit state to save (--state)");
+        }
+    }
+    Ok(Some(errors))
+}
+
+/// The tag of [`gather_errors`]'s messages (after the last step: no collective is in flight).
+const STATE_TAG: u32 = 2;
+
 /// This rank's rows back as `Reducer::load_state` takes them.
 pub fn from_rows(rows: Vec<TensorRow>) -> Vec<(String, Vec<f32>)> {
     rows.into_iter().map(|r| (r.layer, r.values)).collect()
-}
-
-/// Every rank's (worker, server) errors from the gathered rows (rank order); an error names
-/// a rank whose state lacks one of them.
-pub fn errors_by_rank(rows: Vec<TensorRow>, p: usize) -> Result<Vec<Errors>> {
-    type Partial = (Option<Vec<f32>>, Option<Vec<f32>>);
-    let mut out: Vec<Partial> = vec![(None, None); p];
-    for r in rows {
-        let slot = out
-            .get_mut(r.rank as usize)
-            .with_context(|| format!("1-bit state from rank {} of {p}", r.rank))?;
-        match r.layer.as_str() {
-            WORKER_ERROR => slot.0 = Some(r.values),
-            SERVER_ERROR => slot.1 = Some(r.values),
-            other => bail!("rank {}: unknown 1-bit state `{other}`", r.rank),
-        }
-    }
-    out.into_iter()
-        .enumerate()
-        .map(|(r, e)| match e {
-            (Some(w), Some(s)) => Ok((w, s)),
-            _ => bail!("rank {r} returned no 1-bit state to save (--state)"),
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -297,12 +339,6 @@ mod tests {
     #[test]
     fn rows_round_trip_by_rank() {
         let e = errs(3, 8, 0);
-        let mut rows = to_rows(e.clone());
-        rows.reverse(); // gathered order must not matter
-        assert_eq!(errors_by_rank(rows, 3).unwrap(), e);
-        let rows = to_rows(errs(2, 8, 0));
-        let m = format!("{:#}", errors_by_rank(rows, 3).unwrap_err());
-        assert_eq!(m, "rank 2 returned no 1-bit state to save (--state)");
         let mine: Vec<TensorRow> = to_rows(e.clone())
             .into_iter()
             .filter(|r| r.rank == 1)
@@ -313,6 +349,39 @@ mod tests {
                 (WORKER_ERROR.to_string(), e[1].0.clone()),
                 (SERVER_ERROR.to_string(), e[1].1.clone())
             ]
+        );
+    }
+
+    /// Every rank's buffers arrive on rank 0 in rank order, as each rank gave them; a rank
+    /// without state is named.
+    #[test]
+    fn gather_errors_collects_every_rank_in_order() {
+        for p in [1, 3] {
+            let e = errs(p, 8, 4);
+            let got = gradkit_comm::run_local(p, |comm| {
+                let (w, s) = e[comm.rank()].clone();
+                gather_errors(
+                    comm,
+                    vec![(SERVER_ERROR.into(), s), (WORKER_ERROR.into(), w)],
+                )
+            })
+            .unwrap();
+            assert_eq!(got[0].as_ref().unwrap(), &e, "P = {p}");
+            assert!(got[1..].iter().all(|g| g.is_none()));
+        }
+        let err = gradkit_comm::run_local(3, |comm| {
+            let st = if comm.rank() == 2 {
+                Vec::new()
+            } else {
+                let (w, s) = errs(3, 8, 0)[comm.rank()].clone();
+                vec![(WORKER_ERROR.into(), w), (SERVER_ERROR.into(), s)]
+            };
+            gather_errors(comm, st)
+        });
+        let m = format!("{:#}", err.unwrap_err());
+        assert!(
+            m.contains("rank 2 returned no 1-bit state to save (--state)"),
+            "{m}"
         );
     }
 }
