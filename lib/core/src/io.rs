@@ -630,18 +630,35 @@ impl TensorStream {
                     Some(o) => o.into_iter().map(|g| (Some(vec![g]), starts[g])).collect(),
                 };
                 let mut reg = LayerRegistry::default();
+                // `values` decoded into reused buffers where its layout allows (issue 19).
+                let layout = crate::read_values::ValuesLayout::of(&metadata);
                 for (groups, mut first_row) in parts {
                     let mut builder = ParquetRecordBatchReaderBuilder::new_with_metadata(
                         src.chunk_reader()?,
                         metadata.clone(),
                     )
                     .with_batch_size(batch);
+                    let mut values = match &layout {
+                        Some(l) => {
+                            builder = builder.with_projection(l.others(&metadata));
+                            let g = groups
+                                .clone()
+                                .unwrap_or_else(|| (0..starts.len()).collect());
+                            let m = metadata.metadata().clone();
+                            let r = src.chunk_reader()?;
+                            Some(crate::read_values::ValuesReader::new(l.clone(), r, m, g))
+                        }
+                        None => None,
+                    };
                     if let Some(g) = groups {
                         builder = builder.with_row_groups(g);
                     }
                     for b in builder.build()? {
                         let b = b?;
-                        let rows = batch_to_rows_at::<TensorRow>(&b, first_row)?;
+                        let rows = match &mut values {
+                            Some(v) => crate::read_values::batch_rows(&b, v, first_row)?,
+                            None => batch_to_rows_at::<TensorRow>(&b, first_row)?,
+                        };
                         first_row += b.num_rows();
                         // The decoded batch goes before the rows wait for the consumer.
                         drop(b);

@@ -10,6 +10,7 @@ pub mod budget;
 pub mod cli;
 pub mod io;
 pub mod paths;
+mod read_values;
 pub mod synth;
 pub mod tables;
 pub mod trace;

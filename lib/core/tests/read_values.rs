@@ -1,0 +1,518 @@
+//! The streaming reader's `values` column (issue 19: decoded into reused buffers by
+//! lib/core/src/read_values.rs) against an independent reader: the parquet crate's record API
+//! (`get_row_iter`, field by field). Files are written here with arrow-rs's `ArrowWriter`
+//! (every list/item nullability, V1 and V2 data pages, dictionary and plain values, tiny pages
+//! and row groups so that rows span pages and batches span row groups), with gradkit's own
+//! writer, and, where `.venv/bin/python` has pyarrow, with pyarrow. Values are compared bit
+//! for bit (NaN payloads, −0.0, infinities); null lists and null items must be refused with the
+//! messages the arrow path gives.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::{
+    ArrayRef, Float32Array, ListArray, RecordBatch, StringArray, UInt32Array, UInt64Array,
+};
+use arrow_buffer::{NullBuffer, OffsetBuffer};
+use arrow_schema::{DataType, Field, Schema};
+use gradkit_core::io::{Input, ReadOptions, TensorStream};
+use gradkit_core::TensorRow;
+use parquet::arrow::ArrowWriter;
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::{WriterProperties, WriterVersion};
+use parquet::file::reader::FileReader;
+use parquet::file::serialized_reader::SerializedFileReader;
+use parquet::record::{Field as RField, ListAccessor};
+
+const OPTS: ReadOptions = ReadOptions {
+    allow_nonfinite: true,
+};
+
+/// A row as the reference sees it: `values` as bit patterns.
+#[derive(Debug, PartialEq)]
+struct Ref {
+    step: u32,
+    rank: u32,
+    layer_id: u32,
+    layer: String,
+    numel: u64,
+    shape: Option<Vec<u32>>,
+    indices: Option<Vec<u32>>,
+    values: Vec<u32>,
+}
+
+impl From<&TensorRow> for Ref {
+    fn from(r: &TensorRow) -> Self {
+        Ref {
+            step: r.step,
+            rank: r.rank,
+            layer_id: r.layer_id,
+            layer: r.layer.clone(),
+            numel: r.numel,
+            shape: r.shape.clone(),
+            indices: r.indices.clone(),
+            values: r.values.iter().map(|v| v.to_bits()).collect(),
+        }
+    }
+}
+
+fn u32_of(f: &RField) -> u32 {
+    match f {
+        RField::UInt(v) => *v,
+        RField::Int(v) => u32::try_from(*v).unwrap(),
+        RField::Long(v) => u32::try_from(*v).unwrap(),
+        RField::ULong(v) => u32::try_from(*v).unwrap(),
+        other => panic!("not an integer: {other:?}"),
+    }
+}
+
+fn u32_list(f: &RField) -> Option<Vec<u32>> {
+    match f {
+        RField::Null => None,
+        RField::ListInternal(l) => Some(l.elements().iter().map(u32_of).collect()),
+        other => panic!("not a list: {other:?}"),
+    }
+}
+
+/// Every row of `path` read with the parquet crate's record API, in file order.
+fn reference(path: &Path) -> Vec<Ref> {
+    let reader = SerializedFileReader::new(std::fs::File::open(path).unwrap()).unwrap();
+    let mut out = Vec::new();
+    for row in reader.get_row_iter(None).unwrap() {
+        let row = row.unwrap();
+        let get = |name: &str| {
+            row.get_column_iter()
+                .find(|(n, _)| n.as_str() == name)
+                .map(|(_, f)| f.clone())
+                .unwrap()
+        };
+        let values = match get("values") {
+            RField::ListInternal(l) => (0..l.len())
+                .map(|i| l.get_float(i).unwrap().to_bits())
+                .collect::<Vec<u32>>(),
+            other => panic!("values: {other:?}"),
+        };
+        out.push(Ref {
+            step: u32_of(&get("step")),
+            rank: u32_of(&get("rank")),
+            layer_id: u32_of(&get("layer_id")),
+            layer: match get("layer") {
+                RField::Str(s) => s,
+                other => panic!("layer: {other:?}"),
+            },
+            numel: match get("numel") {
+                RField::ULong(v) => v,
+                RField::Long(v) => v as u64,
+                other => panic!("numel: {other:?}"),
+            },
+            shape: u32_list(&get("shape")),
+            indices: u32_list(&get("indices")),
+            values,
+        });
+    }
+    out
+}
+
+/// The rows of `TensorStream::chunks`, or its error (with causes).
+fn streamed(path: &Path) -> Result<Vec<Ref>, String> {
+    let run = || -> anyhow::Result<Vec<Ref>> {
+        let mut c = TensorStream::open(&Input::Path(path.to_path_buf()), OPTS)?.chunks();
+        let mut out = Vec::new();
+        while let Some(rows) = c.next_chunk()? {
+            out.extend(rows.iter().map(Ref::from));
+        }
+        Ok(out)
+    };
+    run().map_err(|e| format!("{e:#}"))
+}
+
+/// The rows of `TensorStream::steps`, step by step.
+fn by_steps(path: &Path) -> Vec<Ref> {
+    let s = TensorStream::open(&Input::Path(path.to_path_buf()), OPTS).unwrap();
+    let scan = s.scan().unwrap();
+    let mut out = Vec::new();
+    for st in s.steps(&scan).unwrap() {
+        let (_, rows) = st.unwrap();
+        out.extend(rows.iter().map(Ref::from));
+    }
+    out
+}
+
+/// Awkward float bit patterns: NaN payloads (quiet and signalling, both signs), −0.0,
+/// infinities, subnormals.
+const ODD: [u32; 8] = [
+    0x7fc0_1234,
+    0xffc0_0001,
+    0x7f80_0001,
+    0x8000_0000,
+    0x7f80_0000,
+    0xff80_0000,
+    0x0000_0001,
+    0x3f80_0000,
+];
+
+fn value(i: usize, salt: u32) -> f32 {
+    if i % 7 == 3 {
+        f32::from_bits(ODD[(i / 7 + salt as usize) % ODD.len()])
+    } else {
+        // A few distinct values repeat, so that dictionary pages are worth writing.
+        (((i as u32).wrapping_mul(2654435761) ^ salt) % 97) as f32 - 48.5
+    }
+}
+
+/// Dense and sparse rows of several sizes (a sparse row with no values among them) over
+/// `steps` steps; the big layer spans many small pages.
+fn rows(steps: u32) -> Vec<TensorRow> {
+    let layers: [(&str, u64); 4] = [("big", 20_000), ("mid", 300), ("one", 1), ("empty", 50)];
+    let mut out = Vec::new();
+    for step in 0..steps {
+        for rank in 0..2u32 {
+            for (id, (name, numel)) in layers.iter().enumerate() {
+                let salt = step * 31 + rank * 7 + id as u32;
+                let (indices, values) = match (id + (step + rank) as usize) % 3 {
+                    0 => (None, (0..*numel as usize).map(|i| value(i, salt)).collect()),
+                    _ if *name == "empty" => (Some(vec![]), vec![]),
+                    _ => {
+                        let idx: Vec<u32> = (0..*numel as u32).step_by(3).collect();
+                        let v = (0..idx.len()).map(|i| value(i, salt)).collect();
+                        (Some(idx), v)
+                    }
+                };
+                out.push(TensorRow {
+                    step,
+                    rank,
+                    layer_id: id as u32,
+                    layer: name.to_string(),
+                    numel: *numel,
+                    shape: Some(vec![*numel as u32]),
+                    indices,
+                    values,
+                });
+            }
+        }
+    }
+    out
+}
+
+fn u32_lists(rows: &[Option<&[u32]>]) -> ArrayRef {
+    let lens = rows.iter().map(|r| r.map_or(0, |v| v.len()));
+    let flat: Vec<u32> = rows
+        .iter()
+        .flatten()
+        .flat_map(|v| v.iter().copied())
+        .collect();
+    let nulls = NullBuffer::from_iter(rows.iter().map(|r| r.is_some()));
+    Arc::new(ListArray::new(
+        Arc::new(Field::new_list_field(DataType::UInt32, true)),
+        OffsetBuffer::from_lengths(lens),
+        Arc::new(UInt32Array::from(flat)),
+        Some(nulls),
+    ))
+}
+
+/// `values` of `rows` as a list column with the given nullability of the list and the item;
+/// `null_row` makes that row's list null, `null_item` one item of that row null.
+struct ValuesSpec {
+    list_nullable: bool,
+    item_nullable: bool,
+    null_row: Option<usize>,
+    null_item: Option<usize>,
+}
+
+/// `rows` as an arrow batch built here (not with gradkit's `to_batch`).
+fn batch(rows: &[TensorRow], spec: &ValuesSpec) -> RecordBatch {
+    let lens = rows.iter().map(|r| r.values.len());
+    let flat: Vec<f32> = rows.iter().flat_map(|r| r.values.iter().copied()).collect();
+    let mut item_valid = vec![true; flat.len()];
+    if let Some(r) = spec.null_item {
+        let start: usize = rows[..r].iter().map(|r| r.values.len()).sum();
+        item_valid[start] = false;
+    }
+    let items = Float32Array::new(
+        flat.into(),
+        spec.item_nullable
+            .then(|| NullBuffer::from(item_valid.clone())),
+    );
+    let list_nulls = spec
+        .null_row
+        .map(|n| NullBuffer::from_iter((0..rows.len()).map(|i| i != n)));
+    let values = ListArray::new(
+        Arc::new(Field::new_list_field(DataType::Float32, spec.item_nullable)),
+        OffsetBuffer::from_lengths(lens),
+        Arc::new(items),
+        list_nulls,
+    );
+    let shape: Vec<Option<&[u32]>> = rows.iter().map(|r| r.shape.as_deref()).collect();
+    let indices: Vec<Option<&[u32]>> = rows.iter().map(|r| r.indices.as_deref()).collect();
+    let cols: Vec<(&str, ArrayRef, bool)> = vec![
+        (
+            "step",
+            Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.step))),
+            false,
+        ),
+        (
+            "rank",
+            Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.rank))),
+            false,
+        ),
+        (
+            "layer_id",
+            Arc::new(UInt32Array::from_iter_values(
+                rows.iter().map(|r| r.layer_id),
+            )),
+            false,
+        ),
+        (
+            "layer",
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|r| r.layer.as_str()),
+            )),
+            false,
+        ),
+        (
+            "numel",
+            Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.numel))),
+            false,
+        ),
+        ("shape", u32_lists(&shape), true),
+        ("indices", u32_lists(&indices), true),
+        ("values", Arc::new(values), spec.list_nullable),
+    ];
+    let fields: Vec<Field> = cols
+        .iter()
+        .map(|(n, c, nullable)| Field::new(*n, c.data_type().clone(), *nullable))
+        .collect();
+    RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        cols.into_iter().map(|(_, c, _)| c).collect(),
+    )
+    .unwrap()
+}
+
+/// Small pages and row groups: rows span pages, record batches span row groups.
+fn props(v2: bool, dictionary: bool, group_rows: usize) -> WriterProperties {
+    WriterProperties::builder()
+        .set_writer_version(if v2 {
+            WriterVersion::PARQUET_2_0
+        } else {
+            WriterVersion::PARQUET_1_0
+        })
+        .set_dictionary_enabled(dictionary)
+        .set_data_page_size_limit(4096)
+        .set_write_batch_size(256)
+        .set_max_row_group_row_count(Some(group_rows))
+        .build()
+}
+
+fn write(path: &Path, b: &RecordBatch, props: WriterProperties) {
+    let f = std::fs::File::create(path).unwrap();
+    let mut w = ArrowWriter::try_new(f, b.schema(), Some(props)).unwrap();
+    w.append_key_value_metadata(KeyValue::new(
+        "gradkit.schema".to_string(),
+        "tensor/1".to_string(),
+    ));
+    w.write(b).unwrap();
+    w.close().unwrap();
+}
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+#[test]
+fn every_layout_reads_as_the_record_api_reads_it() {
+    let dir = tmp();
+    let rows = rows(3);
+    let mut n = 0;
+    for list_nullable in [false, true] {
+        for item_nullable in [false, true] {
+            for (v2, dictionary, group_rows) in [
+                (false, true, 5),
+                (true, false, 3),
+                (false, false, 1000),
+                (true, true, 7),
+            ] {
+                let spec = ValuesSpec {
+                    list_nullable,
+                    item_nullable,
+                    null_row: None,
+                    null_item: None,
+                };
+                let p = dir.path().join(format!("f{n}.parquet"));
+                n += 1;
+                write(&p, &batch(&rows, &spec), props(v2, dictionary, group_rows));
+                let want = reference(&p);
+                assert_eq!(want.len(), rows.len());
+                // The reference agrees with the rows written (so it is a reference at all).
+                assert_eq!(want, rows.iter().map(Ref::from).collect::<Vec<_>>());
+                assert_eq!(streamed(&p).unwrap(), want, "{}", p.display());
+            }
+        }
+    }
+}
+
+#[test]
+fn gradkit_writer_files_read_as_the_record_api_reads_them() {
+    let dir = tmp();
+    let p = dir.path().join("g.parquet");
+    common::write_rows(&p, &rows(4));
+    let want = reference(&p);
+    assert_eq!(want, rows(4).iter().map(Ref::from).collect::<Vec<_>>());
+    assert_eq!(streamed(&p).unwrap(), want);
+}
+
+#[test]
+fn steps_read_row_groups_out_of_file_order() {
+    // One step per row group, steps 2, 0, 1 in the file: `steps` reads the groups in step
+    // order (`chunks_in` with an order), and `values` must follow the same groups.
+    let dir = tmp();
+    let all = rows(3);
+    let per_step = all.len() / 3;
+    let order = [2usize, 0, 1];
+    let reordered: Vec<TensorRow> = order
+        .iter()
+        .flat_map(|&s| all[s * per_step..(s + 1) * per_step].iter().cloned())
+        .collect();
+    let spec = ValuesSpec {
+        list_nullable: true,
+        item_nullable: true,
+        null_row: None,
+        null_item: None,
+    };
+    let p = dir.path().join("o.parquet");
+    write(&p, &batch(&reordered, &spec), props(false, true, per_step));
+    let mut want = reference(&p);
+    want.sort_by_key(|r| r.step); // stable: file order within a step
+    assert_eq!(by_steps(&p), want);
+}
+
+#[test]
+fn null_lists_and_null_items_are_refused_as_before() {
+    let dir = tmp();
+    let rows = rows(1);
+    for (i, (null_row, null_item, expect)) in [
+        (
+            Some(5),
+            None,
+            "column `values` has null values; the format requires a value in every row",
+        ),
+        (None, Some(4), "column `values` has null list items"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let spec = ValuesSpec {
+            list_nullable: true,
+            item_nullable: true,
+            null_row,
+            null_item,
+        };
+        let p = dir.path().join(format!("n{i}.parquet"));
+        // Row groups of 3 rows: the bad row is in the second group.
+        write(&p, &batch(&rows, &spec), props(false, false, 3));
+        let err = streamed(&p).unwrap_err();
+        assert!(err.contains(expect), "{err}");
+    }
+}
+
+#[test]
+fn a_dense_row_whose_values_miss_numel_is_refused() {
+    let dir = tmp();
+    let mut rows = rows(1);
+    rows[0].indices = None;
+    let keep = rows[0].numel as usize - 1;
+    rows[0].values.truncate(keep);
+    let spec = ValuesSpec {
+        list_nullable: false,
+        item_nullable: false,
+        null_row: None,
+        null_item: None,
+    };
+    let p = dir.path().join("d.parquet");
+    write(&p, &batch(&rows, &spec), props(false, true, 4));
+    let err = streamed(&p).unwrap_err();
+    let want = format!(
+        "column `values`: dense row has {} values but numel is {}",
+        rows[0].numel - 1,
+        rows[0].numel
+    );
+    assert!(err.contains(&want), "{err}");
+}
+
+fn python() -> Option<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python");
+    let ok = std::process::Command::new(&root)
+        .args(["-c", "import pyarrow"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    ok.then_some(root)
+}
+
+/// Files written by pyarrow itself: nullable items (pyarrow's default), empty lists, rows over
+/// many pages, many row groups, NaN payloads; then a null list and a null item.
+#[test]
+fn pyarrow_files_read_as_the_record_api_reads_them() {
+    let Some(py) = python() else {
+        eprintln!("skipped: no .venv/bin/python with pyarrow");
+        return;
+    };
+    let dir = tmp();
+    let script = r#"
+import struct, sys
+import pyarrow as pa, pyarrow.parquet as pq
+out, bad = sys.argv[1], sys.argv[2]
+odd = [0x7fc01234, 0xffc00001, 0x7f800001, 0x80000000, 0x7f800000, 0x00000001]
+def f(bits): return struct.unpack('<f', struct.pack('<I', bits))[0]
+rows = []
+for step in range(3):
+    for rank in range(2):
+        for lid, (name, n) in enumerate([("big", 30000), ("small", 10), ("e", 5)]):
+            if name == "e":
+                idx, vals = [], []
+            elif (step + rank + lid) % 2 == 0:
+                idx, vals = None, [f(odd[i % 6]) if i % 5 == 0 else float(i % 13) - 6.0 for i in range(n)]
+            else:
+                idx = list(range(0, n, 4)); vals = [f(odd[(i + step) % 6]) for i in range(len(idx))]
+            rows.append(dict(step=step, rank=rank, layer_id=lid, layer=name, numel=n, shape=[n], indices=idx, values=vals))
+schema = pa.schema([("step", pa.uint32()), ("rank", pa.uint32()), ("layer_id", pa.uint32()),
+    ("layer", pa.string()), ("numel", pa.uint64()), ("shape", pa.list_(pa.uint32())),
+    ("indices", pa.list_(pa.uint32())), ("values", pa.list_(pa.float32()))])
+t = pa.Table.from_pylist(rows, schema=schema)
+pq.write_table(t, out, row_group_size=4, data_page_size=2048, compression="zstd")
+rows[7]["values"] = None
+pq.write_table(pa.Table.from_pylist(rows, schema=schema), bad + "0.parquet", row_group_size=4)
+rows[7]["values"] = [None] + [0.0] * 9
+rows[7]["numel"] = 10
+pq.write_table(pa.Table.from_pylist(rows, schema=schema), bad + "1.parquet", row_group_size=4)
+"#;
+    let good = dir.path().join("py.parquet");
+    let bad = dir.path().join("bad");
+    let st = std::process::Command::new(py)
+        .args(["-c", script])
+        .arg(&good)
+        .arg(&bad)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let want = reference(&good);
+    assert_eq!(want.len(), 18);
+    assert!(want
+        .iter()
+        .any(|r| r.values.is_empty() && r.indices == Some(vec![])));
+    assert!(want.iter().any(|r| r.values.contains(&0x7fc0_1234)));
+    assert_eq!(streamed(&good).unwrap(), want);
+    assert_eq!(by_steps(&good), want);
+    for (i, expect) in [
+        "column `values` has null values; the format requires a value in every row",
+        "column `values` has null list items",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let p = dir.path().join(format!("bad{i}.parquet"));
+        let err = streamed(&p).unwrap_err();
+        assert!(err.contains(expect), "{err}");
+    }
+}
