@@ -33,6 +33,7 @@ use parquet::schema::types::{ColumnDescPtr, ColumnPath, SchemaDescriptor};
 use crate::tables::{
     batch_to_rows_at, validate_tensor_row, LayerRegistry, SchemaKind, Table, TensorRow,
 };
+use crate::write_pages::{assemble_chunk, EncodedPage, PageTask, ValuesWriter};
 
 /// Key-value metadata of a gradkit file (`gradkit.schema`, `gradkit.producer`, parameters…).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -1040,13 +1041,16 @@ fn anonymous_file(dir: &Path) -> std::io::Result<File> {
 /// and spliced into the file in order, so the output does not depend on timing: the row-group
 /// boundaries depend only on the rows written.
 pub struct TableWriter<T: Table> {
-    file: Option<SerializedFileWriter<Box<dyn Write + Send>>>,
+    file: std::sync::Arc<Splice>,
     factory: Option<ArrowRowGroupWriterFactory>,
+    /// How each column is encoded, and the file's writer properties.
+    plans: Vec<ColumnPlan>,
+    props: WriterPropertiesPtr,
     /// Slices of written batches not yet handed to an encoder, and their payload bytes.
     pending: Vec<RecordBatch>,
     pending_bytes: usize,
-    /// Row groups being encoded, oldest first, with their payload bytes.
-    in_flight: VecDeque<(JoinHandle<Result<Vec<EncodedColumn>>>, usize)>,
+    /// Row groups being encoded or appended, oldest first, with their payload bytes.
+    in_flight: VecDeque<(JoinHandle<Result<()>>, usize)>,
     max_in_flight: usize,
     row_groups: usize,
     /// The step of the last row written (`tensor/1`): a new step starts a new row group
@@ -1056,9 +1060,71 @@ pub struct TableWriter<T: Table> {
     step_group_bytes: usize,
     /// [`ROW_GROUP_BYTES`], smaller in tests.
     row_group_bytes: usize,
+    /// `tensor/1`: the `values` column, encoded by write_pages.rs from the rows themselves.
+    values: Option<ValuesWriter>,
     tmp: Option<crate::paths::TempFile>,
     out: Output,
     _t: std::marker::PhantomData<T>,
+}
+
+type FileWriter = SerializedFileWriter<Box<dyn Write + Send>>;
+
+/// The file being written, shared with the row-group encoders: each appends its own row group
+/// when `next` is its index, so row groups land in order while the calling thread goes on
+/// encoding (issue 19: the appends were a serial step of the calling thread).
+struct Splice {
+    state: std::sync::Mutex<SpliceState>,
+    turn: std::sync::Condvar,
+}
+
+struct SpliceState {
+    file: Option<FileWriter>,
+    /// The next row group to append.
+    next: usize,
+    /// A row group failed (or the writer was dropped): the later ones are not appended.
+    failed: bool,
+}
+
+impl Splice {
+    fn state(&self) -> Result<std::sync::MutexGuard<'_, SpliceState>> {
+        self.state
+            .lock()
+            .map_err(|_| anyhow!("internal: a row-group writer panicked"))
+    }
+
+    /// Waits for row group `index`'s turn, then appends `cols` (or records the failure).
+    fn append(&self, index: usize, cols: Result<Vec<EncodedColumn>>) -> Result<()> {
+        let mut st = self.state()?;
+        while !st.failed && st.next != index {
+            st = self
+                .turn
+                .wait(st)
+                .map_err(|_| anyhow!("internal: a row-group writer panicked"))?;
+        }
+        let done = match st.failed {
+            true => Err(anyhow!("an earlier row group was not written")),
+            false => cols.and_then(|c| append_row_group(st.file.as_mut().expect("open"), c)),
+        };
+        match done {
+            Ok(()) => st.next += 1,
+            Err(_) => st.failed = true,
+        }
+        self.turn.notify_all();
+        done
+    }
+}
+
+/// Splices one encoded row group into the file.
+fn append_row_group(file: &mut FileWriter, cols: Vec<EncodedColumn>) -> Result<()> {
+    let mut rg = file.next_row_group()?;
+    for c in cols {
+        match c {
+            EncodedColumn::Arrow(chunk) => chunk.append_to_row_group(&mut rg)?,
+            EncodedColumn::Raw(bytes, close) => rg.append_column(&bytes, close)?,
+        }
+    }
+    rg.close()?;
+    Ok(())
 }
 
 /// Payload bytes (list items and 64 per row) per row group: readers parallelise over row
@@ -1068,7 +1134,8 @@ pub struct TableWriter<T: Table> {
 /// 16 MiB costs nothing measurable in file size (a row group's metadata is ~1 KiB).
 const ROW_GROUP_BYTES: usize = 16 << 20;
 /// Payload bytes of the row groups being encoded in the background at once (at least one row
-/// group, however big; at most one per core).
+/// group, however big; at most one per core); `tensor/1` counts the encoded bytes of `values`,
+/// already encoded by the calling thread in windows of as many bytes of rows (write_pages.rs).
 const IN_FLIGHT_BYTES: usize = 2 * ROW_GROUP_BYTES;
 /// `tensor/1`: a row group holding at least this many payload bytes ends where the step
 /// changes. Measured: a row group per 48 KiB step of a small model makes the file 12 % bigger
@@ -1250,18 +1317,29 @@ fn encode_list_column(
     Ok(EncodedColumn::Raw(bytes, close))
 }
 
-/// Encodes one row group (the job of a background thread).
+/// The encoded pages of a column (its index among the top-level columns) of a row group.
+type PagesOf = (usize, ColumnDescPtr, Vec<EncodedPage>);
+
+/// Encodes one row group (the job of a background thread); the column in `pages`, if any,
+/// is already encoded (write_pages.rs) and only assembled here.
 fn encode_row_group(
     batches: Vec<RecordBatch>,
     writers: Vec<ArrowColumnWriter>,
     plans: Vec<ColumnPlan>,
     props: WriterPropertiesPtr,
+    pages: Option<PagesOf>,
 ) -> Result<Vec<EncodedColumn>> {
     let mut lv = Levels::default();
     let mut out = Vec::with_capacity(writers.len());
     let last = writers.len().saturating_sub(1);
     let mut batches = batches;
+    let mut pages = pages;
     for (col, (mut w, plan)) in writers.into_iter().zip(plans).enumerate() {
+        if let Some((_, descr, p)) = pages.take_if(|p| p.0 == col) {
+            let (bytes, close) = assemble_chunk(descr, p, &props)?;
+            out.push(EncodedColumn::Raw(bytes, close));
+            continue;
+        }
         match plan {
             ColumnPlan::List(descr) => {
                 // The last column takes the batches themselves (see encode_list_column).
@@ -1333,9 +1411,31 @@ impl<T: Table> TableWriter<T> {
         }
         let (file, factory) = writer.into_serialized_writer()?;
         let max_in_flight = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let values = if std::any::TypeId::of::<T>() == std::any::TypeId::of::<TensorRow>() {
+            let (fields, descr) = (T::schema(), file.schema_descr());
+            fields
+                .index_of("values")
+                .ok()
+                .filter(|_| descr.num_columns() == fields.fields().len())
+                .and_then(|i| ValuesWriter::new(i, descr.column(i), file.properties()))
+        } else {
+            None
+        };
+        let plans = column_plans(&T::schema(), file.schema_descr());
+        let props = file.properties().clone();
+        let file = std::sync::Arc::new(Splice {
+            state: std::sync::Mutex::new(SpliceState {
+                file: Some(file),
+                next: 0,
+                failed: false,
+            }),
+            turn: std::sync::Condvar::new(),
+        });
         Ok(TableWriter {
-            file: Some(file),
+            file,
             factory: Some(factory),
+            plans,
+            props,
             pending: Vec::new(),
             pending_bytes: 0,
             in_flight: VecDeque::new(),
@@ -1344,6 +1444,7 @@ impl<T: Table> TableWriter<T> {
             last_step: None,
             step_group_bytes: STEP_GROUP_BYTES,
             row_group_bytes: ROW_GROUP_BYTES,
+            values,
             tmp,
             out: out.clone(),
             _t: std::marker::PhantomData,
@@ -1355,8 +1456,11 @@ impl<T: Table> TableWriter<T> {
         if rows.is_empty() {
             return Ok(());
         }
-        self.write_batch(T::to_batch(rows)?)
-            .with_context(|| format!("writing {}", self.out.name()))
+        let done = match tensor_rows(rows).filter(|_| self.values.is_some()) {
+            Some(rows) => self.write_tensor(&rows),
+            None => T::to_batch(rows).and_then(|b| self.write_batch(b)),
+        };
+        done.with_context(|| format!("writing {}", self.out.name()))
     }
 
     /// Like [`TableWriter::write`], consuming the rows: a big row's buffers move into the
@@ -1368,6 +1472,15 @@ impl<T: Table> TableWriter<T> {
     }
 
     fn write_owned_inner(&mut self, rows: Vec<T>) -> Result<()> {
+        if let Some(refs) = tensor_rows(&rows).filter(|_| self.values.is_some()) {
+            // Encoded from the rows in place; then freed on another thread, as they were by
+            // the encoders: unmapping big buffers costs about as much as compressing them.
+            self.write_tensor(&refs)?;
+            if refs.iter().map(|r| r.values.len()).sum::<usize>() >= 1 << 20 {
+                std::thread::spawn(move || drop(rows));
+            }
+            return Ok(());
+        }
         let mut small = Vec::new();
         for r in rows {
             if approx_row_bytes(&r) >= 1 << 20 {
@@ -1387,12 +1500,6 @@ impl<T: Table> TableWriter<T> {
 
     fn write_batch(&mut self, batch: RecordBatch) -> Result<()> {
         let sizes = row_bytes(&batch);
-        // tensor/1: a change of step ends a row group that holds STEP_GROUP_BYTES or more, so
-        // that when the rows of a step come in runs of that size (one rank of a model of 256 Ki
-        // parameters) every row group holds one step: a reader can stream the trace by step in
-        // any row order and find a step from the row groups' statistics (docs/MEMORY.md).
-        // Smaller runs share row groups: one per step of a tiny model would make the file
-        // bigger and its footer huge.
         let steps = match T::KIND {
             SchemaKind::Tensor => batch
                 .column_by_name("step")
@@ -1400,27 +1507,14 @@ impl<T: Table> TableWriter<T> {
                 .cloned(),
             _ => None,
         };
+        let cuts = self.group_cuts(&sizes, steps.as_ref().map(|s| &s.values()[..]));
         let mut start = 0;
-        for (i, b) in sizes.iter().enumerate() {
-            if let Some(steps) = &steps {
-                let step = steps.value(i);
-                if self.last_step.is_some_and(|l| l != step)
-                    && self.pending_bytes >= self.step_group_bytes
-                {
-                    if i > start {
-                        self.pending.push(batch.slice(start, i - start));
-                        start = i;
-                    }
-                    self.submit()?;
-                }
-                self.last_step = Some(step);
+        for (pos, bytes) in cuts {
+            if pos > start {
+                self.pending.push(batch.slice(start, pos - start));
+                start = pos;
             }
-            self.pending_bytes += b;
-            if self.pending_bytes >= self.row_group_bytes {
-                self.pending.push(batch.slice(start, i + 1 - start));
-                start = i + 1;
-                self.submit()?;
-            }
+            self.submit(bytes)?;
         }
         if start < batch.num_rows() {
             self.pending
@@ -1429,65 +1523,169 @@ impl<T: Table> TableWriter<T> {
         Ok(())
     }
 
-    /// Hands the pending rows to a background encoder as one row group.
-    fn submit(&mut self) -> Result<()> {
+    /// Where row groups end among new rows of payload `sizes` (and `steps`, `tensor/1`) that
+    /// follow the pending rows: `(row before which a group ends, the group's payload bytes)`.
+    /// Updates the pending bytes and the last step.
+    ///
+    /// `tensor/1`: a change of step ends a row group that holds STEP_GROUP_BYTES or more, so
+    /// that when the rows of a step come in runs of that size (one rank of a model of 256 Ki
+    /// parameters) every row group holds one step: a reader can stream the trace by step in
+    /// any row order and find a step from the row groups' statistics (docs/MEMORY.md).
+    /// Smaller runs share row groups: one per step of a tiny model would make the file
+    /// bigger and its footer huge.
+    fn group_cuts(&mut self, sizes: &[usize], steps: Option<&[u32]>) -> Vec<(usize, usize)> {
+        let mut cuts = Vec::new();
+        for (i, &b) in sizes.iter().enumerate() {
+            if let Some(step) = steps.map(|s| s[i]) {
+                if self.last_step.is_some_and(|l| l != step)
+                    && self.pending_bytes >= self.step_group_bytes
+                    && self.pending_bytes > 0
+                {
+                    cuts.push((i, std::mem::take(&mut self.pending_bytes)));
+                }
+                self.last_step = Some(step);
+            }
+            self.pending_bytes += b;
+            if self.pending_bytes >= self.row_group_bytes {
+                cuts.push((i + 1, std::mem::take(&mut self.pending_bytes)));
+            }
+        }
+        cuts
+    }
+
+    /// `tensor/1` rows: `values` is encoded into pages here, from the rows' own slices, a
+    /// window of at most [`IN_FLIGHT_BYTES`] at a time on all cores (write_pages.rs); the
+    /// other columns go into a batch and are encoded with the row group as for any table.
+    fn write_tensor(&mut self, rows: &[&TensorRow]) -> Result<()> {
+        let sizes: Vec<usize> = rows.iter().map(|r| tensor_row_bytes(r)).collect();
+        let steps: Vec<u32> = rows.iter().map(|r| r.step).collect();
+        let mut cuts = self.group_cuts(&sizes, Some(&steps)).into_iter().peekable();
+        let batch =
+            TensorRow::to_batch(&rows.iter().map(|r| without_values(r)).collect::<Vec<_>>())?;
+        let n = rows.len();
+        // First row of `batch` not yet pending, first row of the next window.
+        let (mut start, mut a) = (0, 0);
+        while a < n {
+            let (mut b, mut bytes) = (a, 0);
+            while b < n && (b == a || bytes + sizes[b] <= IN_FLIGHT_BYTES) {
+                bytes += sizes[b];
+                b += 1;
+            }
+            let vw = self.values.as_mut().expect("tensor writer");
+            let mut tasks: Vec<PageTask<'_>> = Vec::new();
+            // (pages before the cut, row before which the group ends, its payload bytes).
+            let mut marks = Vec::new();
+            // Rows a..b, each after the cuts before it, then the cuts at b.
+            let window = rows[a..b].iter().map(Some).chain([None]);
+            for (i, row) in (a..=b).zip(window) {
+                while let Some(&(pos, gb)) = cuts.peek().filter(|c| c.0 == i && (i < b || b == n)) {
+                    vw.close_open(&mut tasks);
+                    marks.push((tasks.len(), pos, gb));
+                    cuts.next();
+                }
+                if let Some(r) = row {
+                    vw.plan_row(&r.values, &mut tasks);
+                }
+            }
+            let mut pages = vw.encode(&tasks)?.into_iter();
+            drop(tasks);
+            let mut taken = 0;
+            for (k, pos, gb) in marks {
+                let vw = self.values.as_mut().expect("tensor writer");
+                vw.push_pages(pages.by_ref().take(k - taken));
+                taken = k;
+                if pos > start {
+                    self.pending.push(batch.slice(start, pos - start));
+                    start = pos;
+                }
+                self.submit(gb)?;
+            }
+            self.values
+                .as_mut()
+                .expect("tensor writer")
+                .push_pages(pages);
+            a = b;
+        }
+        if start < n {
+            self.pending.push(batch.slice(start, n - start));
+        }
+        Ok(())
+    }
+
+    /// Hands the pending rows (of `bytes` of payload) to a background encoder as one row
+    /// group. It waits first while the row groups in flight hold [`IN_FLIGHT_BYTES`]: of
+    /// payload, or for a column already encoded (`values`), of its encoded pages.
+    fn submit(&mut self, bytes: usize) -> Result<()> {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let bytes = self.pending_bytes;
+        let pages = self.values.as_mut().map(|v| {
+            let (descr, pages) = v.take_pages();
+            (v.col, descr, pages)
+        });
+        let bytes = match &pages {
+            Some((_, _, p)) => {
+                let raw: usize = p.iter().map(|p| p.uncompressed()).sum();
+                let held: usize = p.iter().map(|p| p.compressed()).sum();
+                bytes.saturating_sub(raw) + held
+            }
+            None => bytes,
+        };
         while !self.in_flight.is_empty()
             && (self.in_flight.len() >= self.max_in_flight
                 || self.in_flight.iter().map(|j| j.1).sum::<usize>() + bytes > IN_FLIGHT_BYTES)
         {
-            self.append_oldest()?;
+            self.join_oldest()?;
         }
         let batches = std::mem::take(&mut self.pending);
-        self.pending_bytes = 0;
-        let file = self.file.as_ref().expect("writer open");
         let writers = self
             .factory
             .as_ref()
             .expect("writer open")
             .create_column_writers(self.row_groups)?;
-        let plans = column_plans(batches[0].schema_ref(), file.schema_descr());
-        let props = file.properties().clone();
+        let (plans, props) = (self.plans.clone(), self.props.clone());
+        let (index, file) = (self.row_groups, self.file.clone());
         self.row_groups += 1;
         self.in_flight.push_back((
-            std::thread::spawn(move || encode_row_group(batches, writers, plans, props)),
+            std::thread::spawn(move || {
+                file.append(
+                    index,
+                    encode_row_group(batches, writers, plans, props, pages),
+                )
+            }),
             bytes,
         ));
         Ok(())
     }
 
-    /// Waits for the oldest row group in flight and splices it into the file.
-    fn append_oldest(&mut self) -> Result<()> {
+    /// Waits for the oldest row group in flight to be encoded and spliced into the file.
+    fn join_oldest(&mut self) -> Result<()> {
         let Some((job, _)) = self.in_flight.pop_front() else {
             return Ok(());
         };
-        let cols = job
-            .join()
-            .map_err(|_| anyhow!("internal: a row-group encoder panicked"))??;
-        let file = self.file.as_mut().expect("writer open");
-        let mut rg = file.next_row_group()?;
-        for c in cols {
-            match c {
-                EncodedColumn::Arrow(chunk) => chunk.append_to_row_group(&mut rg)?,
-                EncodedColumn::Raw(bytes, close) => rg.append_column(&bytes, close)?,
-            }
-        }
-        rg.close()?;
-        Ok(())
+        job.join()
+            .map_err(|_| anyhow!("internal: a row-group encoder panicked"))?
     }
 
     /// Closes the file and renames it into place.
     pub fn finish(mut self) -> Result<()> {
         let name = self.out.name();
-        self.submit().with_context(|| format!("writing {name}"))?;
+        if let Some(vw) = self.values.as_mut() {
+            let mut tasks = Vec::new();
+            vw.close_open(&mut tasks);
+            let pages = vw
+                .encode(&tasks)
+                .with_context(|| format!("writing {name}"))?;
+            vw.push_pages(pages);
+        }
+        let bytes = std::mem::take(&mut self.pending_bytes);
+        self.submit(bytes)
+            .with_context(|| format!("writing {name}"))?;
         while !self.in_flight.is_empty() {
-            self.append_oldest()
+            self.join_oldest()
                 .with_context(|| format!("writing {name}"))?;
         }
-        let file = self.file.take().expect("writer open");
+        let file = self.file.state()?.file.take().expect("writer open");
         let mut sink = file
             .into_inner()
             .with_context(|| format!("writing {name}"))?;
@@ -1502,9 +1700,14 @@ impl<T: Table> TableWriter<T> {
 
 impl<T: Table> Drop for TableWriter<T> {
     fn drop(&mut self) {
-        // Not finished: an error happened; leave nothing half-written behind.
+        // Not finished: an error happened; leave nothing half-written behind. Row groups still
+        // in flight stop at their turn.
+        if let Ok(mut st) = self.file.state.lock() {
+            st.failed = true;
+            st.file.take();
+        }
+        self.file.turn.notify_all();
         if let Some(tmp) = self.tmp.take() {
-            self.file.take();
             self.in_flight.clear();
             drop(tmp);
         }
@@ -1527,6 +1730,33 @@ pub fn write_table<T: Table>(out: &Output, meta: &Meta, rows: &[T]) -> Result<()
         start = end;
     }
     w.finish()
+}
+
+/// The rows as `TensorRow`s, when `T` is `TensorRow`.
+fn tensor_rows<T: 'static>(rows: &[T]) -> Option<Vec<&TensorRow>> {
+    rows.iter()
+        .map(|r| (r as &dyn std::any::Any).downcast_ref::<TensorRow>())
+        .collect()
+}
+
+/// Payload bytes of a row, as [`row_bytes`] counts them in its batch.
+fn tensor_row_bytes(r: &TensorRow) -> usize {
+    let n = |v: &Option<Vec<u32>>| v.as_ref().map_or(0, |v| v.len());
+    64 + 4 * (n(&r.shape) + n(&r.indices) + r.values.len())
+}
+
+/// A copy of `r` without its values (they are encoded from `r` itself).
+fn without_values(r: &TensorRow) -> TensorRow {
+    TensorRow {
+        step: r.step,
+        rank: r.rank,
+        layer_id: r.layer_id,
+        layer: r.layer.clone(),
+        numel: r.numel,
+        shape: r.shape.clone(),
+        indices: r.indices.clone(),
+        values: Vec::new(),
+    }
 }
 
 fn approx_row_bytes<T: 'static>(r: &T) -> usize {

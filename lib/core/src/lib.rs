@@ -14,6 +14,7 @@ mod read_values;
 pub mod synth;
 pub mod tables;
 pub mod trace;
+mod write_pages;
 
 pub use io::{
     read_table, read_tensor, write_table, Input, Loaded, Meta, Output, ReadOptions, TableWriter,

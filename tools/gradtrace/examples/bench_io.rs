@@ -6,7 +6,8 @@
 //!
 //!   cargo run --release -p gradtrace --example bench_io -- [GIB] [REPS] [DIR]
 //!
-//! `BENCH_IO_NO_PYTHON=1` skips pyarrow (for profiling the Rust side alone).
+//! `BENCH_IO_NO_PYTHON=1` skips pyarrow (for profiling the Rust side alone);
+//! `BENCH_IO_WRITE_ONLY=1` runs only gradkit's `write` (for `perf record`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,6 +18,10 @@ use anyhow::{Context, Result};
 use gradkit_core::io::{read_tensor, Input, Meta, Output, ReadOptions, TableWriter};
 use gradkit_core::synth::{self, LayerSpec, SynthSpec};
 use gradkit_core::TensorRow;
+
+// The global allocator every tool installs (lib/core/src/alloc.rs).
+#[global_allocator]
+static ALLOC: gradkit_core::alloc::BigAlloc = gradkit_core::alloc::BigAlloc;
 
 /// Seconds of each repetition and the file size, per measurement name.
 #[derive(Default)]
@@ -95,7 +100,8 @@ fn main() -> Result<()> {
     let gib: f64 = args.first().map_or(Ok(1.0), |s| s.parse())?;
     let reps: usize = args.get(1).map_or(Ok(3), |s| s.parse())?;
     let dir = PathBuf::from(args.get(2).map_or("data/out", |s| s.as_str()));
-    let python = std::env::var_os("BENCH_IO_NO_PYTHON").is_none();
+    let write_only = std::env::var_os("BENCH_IO_WRITE_ONLY").is_some();
+    let python = std::env::var_os("BENCH_IO_NO_PYTHON").is_none() && !write_only;
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("bench_io.parquet");
 
@@ -120,6 +126,9 @@ fn main() -> Result<()> {
     let mut s = Samples::default();
     let mut version = String::new();
     for rep in 0..reps {
+        // Every write starts without a file at its path, as pyarrow's does (replacing a 1 GB
+        // file frees its page cache inside the timed rename).
+        let _ = std::fs::remove_file(&path);
         let (t, c) = (Instant::now(), cpu_seconds());
         let mut w = TableWriter::<TensorRow>::create(
             &Output::Path(path.clone()),
@@ -133,10 +142,16 @@ fn main() -> Result<()> {
         let disk = std::fs::metadata(&path)?.len();
         s.add(WRITE, t.elapsed().as_secs_f64(), disk);
         s.add(&format!("{WRITE} cpu"), cpu_seconds() - c, disk);
+        if write_only {
+            eprintln!("rep {}: write {:.2} s", rep + 1, s.0[WRITE].0[rep]);
+            continue;
+        }
 
         // The consuming path (rows handed over, big `values` moved, not copied); the copy of
         // the rows is made before the clock starts.
         let owned: Vec<Vec<TensorRow>> = rows.chunks(16).map(|c| c.to_vec()).collect();
+        let moved = path.with_extension("prev");
+        std::fs::rename(&path, &moved)?;
         let (t, c) = (Instant::now(), cpu_seconds());
         let mut w = TableWriter::<TensorRow>::create(
             &Output::Path(path.clone()),
@@ -148,6 +163,7 @@ fn main() -> Result<()> {
         w.finish()?;
         s.add(WRITE_OWNED, t.elapsed().as_secs_f64(), disk);
         s.add(&format!("{WRITE_OWNED} cpu"), cpu_seconds() - c, disk);
+        std::fs::remove_file(&moved)?;
 
         let (t, c) = (Instant::now(), cpu_seconds());
         let back = read_tensor(&Input::Path(path.clone()), ReadOptions::default())?;
