@@ -296,14 +296,35 @@ impl BufPool {
 /// threshold for the same advice).
 pub const HUGE_PAGE_MIN_BYTES: usize = 4 << 20;
 
-/// An empty `Vec` with room for `cap` elements. When that is at least
+/// Buffers of at least this many bytes get room for a whole number of 2 MiB huge pages
+/// ([`huge_vec`]).
+pub const HUGE_ROUND_MIN_BYTES: usize = 1 << 20;
+/// The size of a transparent huge page on x86-64 and most arm64 kernels.
+const HUGE_PAGE_BYTES: usize = 2 << 20;
+
+/// An empty `Vec` with room for at least `cap` elements. When that is at least
 /// [`HUGE_PAGE_MIN_BYTES`], its memory is advised to be backed by transparent huge pages
 /// (`madvise(MADV_HUGEPAGE)`, as numpy does for its large arrays) before anything touches it,
 /// so that filling it faults 2 MiB pages instead of 4 KiB ones and a memory-bound pass over it
 /// misses the TLB far less. Issue 19: Open MPI's in-place allreduce of 64 MiB at P = 4 took
 /// 1.6× as long on a 4 KiB-page buffer as on numpy's huge-page one. No effect where THP is
 /// off ("never") or not on Linux.
+///
+/// From [`HUGE_ROUND_MIN_BYTES`] (1 MiB) up, the room is rounded up to a multiple of 2 MiB
+/// (at most 2× for a 1 MiB buffer, less than 2 MiB more above that), so that an allocator
+/// that maps such blocks 2 MiB-aligned on huge pages (the tools' `BigAlloc` does from 2 MiB)
+/// backs the whole buffer with huge pages. Issue 19: a ring message is read by its receiver
+/// with Open MPI's single-copy `process_vm_readv`, which pins and walks the sender's pages
+/// one by one; on the 1 MiB chunks of a 2^20-element ring at P = 4 that page walk
+/// (`follow_page_pte`, `unpin_user_pages`, …) took as much CPU as the copy itself, and on
+/// huge pages walk and copy together take a quarter of the CPU they took on 4 KiB pages
+/// (docs/results/dense.md).
 pub fn huge_vec<T: Copy>(cap: usize) -> Vec<T> {
+    let size = std::mem::size_of::<T>().max(1);
+    let cap = match cap.checked_mul(size) {
+        Some(b) if b >= HUGE_ROUND_MIN_BYTES => b.next_multiple_of(HUGE_PAGE_BYTES) / size,
+        _ => cap,
+    };
     let v: Vec<T> = Vec::with_capacity(cap);
     let bytes = v.capacity() * std::mem::size_of::<T>();
     #[cfg(target_os = "linux")]
@@ -431,9 +452,20 @@ mod tests {
 
     #[test]
     fn huge_vecs_are_ordinary_vecs_of_the_room_asked_for() {
-        for cap in [0usize, 1, 1000, HUGE_PAGE_MIN_BYTES / 4 + 3] {
+        for cap in [
+            0usize,
+            1,
+            1000,
+            (1 << 18) - 1,
+            1 << 18,
+            HUGE_PAGE_MIN_BYTES / 4 + 3,
+        ] {
             let mut v: Vec<f32> = huge_vec(cap);
             assert!(v.is_empty() && v.capacity() >= cap);
+            if cap * 4 >= HUGE_ROUND_MIN_BYTES {
+                // Whole 2 MiB pages: the room asked for, rounded up to the next 2 MiB.
+                assert_eq!(v.capacity(), (cap * 4).div_ceil(2 << 20) * (2 << 20) / 4);
+            }
             v.extend((0..cap).map(|i| i as f32));
             assert!(v.iter().enumerate().all(|(i, x)| *x == i as f32));
         }

@@ -5,8 +5,10 @@
 //! Buffer reuse (issue 19): the buffers of sends that have gone out are kept in a small pool
 //! ([`BufPool`], at most two large buffers) and a large receive lands in one of them instead
 //! of a fresh allocation, so a ring that sends one chunk and receives one per step
-//! allocates and page-faults nothing once warm. The native allreduce runs in place
-//! (`MPI_IN_PLACE`) on the caller's buffer.
+//! allocates and page-faults nothing once warm. A receive of 1 MiB or more that the pool
+//! cannot take gets a [`crate::huge_vec`] (whole 2 MiB huge pages), so that the receiver's
+//! single-copy read of it as the next message walks huge pages, not 4 KiB ones. The native
+//! allreduce runs in place (`MPI_IN_PLACE`) on the caller's buffer.
 
 use mpi::point_to_point::{Destination, MatchedReceiveVec, Source};
 use mpi::topology::{Communicator, SimpleCommunicator};
@@ -127,7 +129,7 @@ fn receive_pooled<T: Elem + mpi::traits::Equivalence>(
             T::wrap(v)
         }
         None => match len {
-            Some(n) if n * T::KIND.bytes() >= crate::buf::HUGE_PAGE_MIN_BYTES => {
+            Some(n) if n * T::KIND.bytes() >= crate::buf::HUGE_ROUND_MIN_BYTES => {
                 let mut v = crate::huge_vec::<T>(n);
                 v.resize(n, T::default());
                 msg.matched_receive_into(&mut v[..]);
