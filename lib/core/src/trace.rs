@@ -189,12 +189,17 @@ pub fn flatten_dense(rows: &[&TensorRow]) -> Vec<f32> {
     let n: usize = rows.iter().map(|r| r.numel as usize).sum();
     let mut out = Vec::with_capacity(n);
     for r in rows {
-        match &r.indices {
-            None => out.extend_from_slice(&r.values),
-            Some(_) => out.extend_from_slice(&r.to_dense()),
-        }
+        extend_dense(&mut out, r);
     }
     out
+}
+
+/// Appends the dense values of `r` (a sparse row scattered into its `numel` zeros).
+fn extend_dense(out: &mut Vec<f32>, r: &TensorRow) {
+    match &r.indices {
+        None => out.extend_from_slice(&r.values),
+        Some(_) => out.extend_from_slice(&r.to_dense()),
+    }
 }
 
 /// One rank's rows of a step (every layer, checked complete) as one flat vector of `n`
@@ -204,10 +209,7 @@ pub fn take_flat(mut rows: Vec<TensorRow>, n: usize) -> Vec<f32> {
     rows.sort_by_key(|r| r.layer_id);
     let mut flat = Vec::with_capacity(n);
     for r in rows {
-        match &r.indices {
-            None => flat.extend_from_slice(&r.values),
-            Some(_) => flat.extend_from_slice(&r.to_dense()),
-        }
+        extend_dense(&mut flat, &r);
     }
     flat
 }

@@ -62,3 +62,14 @@ pub fn wait_bounded(mut child: Child, limit: Duration, what: &str) -> (ExitStatu
     };
     (status, out.join().unwrap(), err.join().unwrap())
 }
+
+/// `mpirun -np P BIN ARGS…` (the command of [`command`]) with stdout discarded: its exit code
+/// and stderr; a job still running after 300 s fails the test as a hang ([`wait_bounded`]).
+pub fn run_quiet(p: usize, bin: &str, args: &[&str]) -> (Option<i32>, String) {
+    let mut cmd = command(p);
+    cmd.arg(bin).args(args).stdout(std::process::Stdio::null());
+    let child = cmd.spawn().expect("start mpirun");
+    let what = format!("mpirun {args:?}");
+    let (status, _, err) = wait_bounded(child, Duration::from_secs(300), &what);
+    (status.code(), err)
+}

@@ -9,7 +9,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use gradkit_core::trace::{check_complete, Layout};
 use gradkit_core::{read_tensor, write_table, Input, Meta, Output, TensorRow};
@@ -116,13 +115,7 @@ fn local(args: &[&str]) -> (Option<i32>, String) {
 /// `mpirun -np P BIN args…`: exit code and stderr; a run still going after 300 s is killed
 /// and the test fails as a hang.
 fn mpirun(p: usize, args: &[&str]) -> (Option<i32>, String) {
-    let mut cmd = gradkit_testkit::mpi::command(p);
-    cmd.arg(BIN).args(args).stdout(Stdio::null());
-    let child = cmd.spawn().expect("start mpirun");
-    let what = format!("mpirun {args:?}");
-    let (status, _, err) =
-        gradkit_testkit::mpi::wait_bounded(child, Duration::from_secs(300), &what);
-    (status.code(), err)
+    gradkit_testkit::mpi::run_quiet(p, BIN, args)
 }
 
 #[test]
