@@ -587,7 +587,9 @@ fn check_paths(args: &ReduceArgs) -> Result<()> {
 /// the I/O rank stopped.
 struct RankOut {
     metrics: Vec<MetricRow>,
-    state: Option<Vec<state::Errors>>,
+    /// Rank 0: whether the `--state` file was saved (it is written before the metrics are
+    /// gathered, while every rank is still there to send its errors).
+    saved: Result<()>,
     io: Option<Result<TableWriter<TensorRow>>>,
 }
 
@@ -630,6 +632,7 @@ pub fn run(args: ReduceArgs) -> Result<()> {
         let inputs = RankIn {
             feed: &feed,
             state: &state_in,
+            n,
         };
         let io = match comm.rank() {
             0 => io.lock().unwrap_or_else(|e| e.into_inner()).take(),
@@ -639,18 +642,14 @@ pub fn run(args: ReduceArgs) -> Result<()> {
     })?;
 
     let written = match (metrics_out, results.into_iter().reduce(merge)) {
-        (Some(metrics_out), Some(r)) => match r.io {
-            Some(Ok(writer)) => write_outputs(
-                &args,
-                &world,
-                metrics_out.as_ref(),
-                writer,
-                &r.metrics,
-                (n, r.state),
-            ),
+        (Some(metrics_out), Some(r)) => match (r.io, r.saved) {
+            (Some(Ok(writer)), Ok(())) => {
+                write_outputs(&args, &world, metrics_out.as_ref(), writer, &r.metrics)
+            }
+            (Some(Ok(_)), Err(e)) => Err(e),
             // A bad step or a failed write: the I/O rank stopped every rank.
-            Some(Err(e)) => Err(e),
-            None => Err(anyhow::anyhow!("internal: rank 0 returned no output")),
+            (Some(Err(e)), _) => Err(e),
+            (None, _) => Err(anyhow::anyhow!("internal: rank 0 returned no output")),
         },
         _ => Ok(()),
     };
@@ -659,7 +658,7 @@ pub fn run(args: ReduceArgs) -> Result<()> {
     world.agree(written)
 }
 
-/// The I/O rank's outputs: the `--state` file, the metrics, the reduced tensor (its rows
+/// The I/O rank's outputs (the `--state` file is already written): the metrics, the reduced tensor (its rows
 /// already written step by step: here it is finished and given its name), the summary on
 /// stderr.
 fn write_outputs(
@@ -668,12 +667,7 @@ fn write_outputs(
     metrics_out: Option<&Output>,
     writer: TableWriter<TensorRow>,
     metric_rows: &[MetricRow],
-    (n, errors): (u64, Option<Vec<state::Errors>>),
 ) -> Result<()> {
-    if let (Some(path), Some(variant)) = (&args.state, state::variant_of(args.algo)) {
-        let errors = errors.context("internal: no 1-bit state gathered (--state)")?;
-        state::StateFile::save(path, variant, n as usize, &errors)?;
-    }
     if let Some(m) = metrics_out {
         let mut mm = Meta::producer("gradallreduce");
         mm.set("algo", args.algo).set("world_size", world.size());
@@ -688,7 +682,9 @@ fn write_outputs(
 
 fn merge(mut a: RankOut, b: RankOut) -> RankOut {
     a.metrics.extend(b.metrics);
-    a.state = a.state.or(b.state);
+    if a.saved.is_ok() {
+        a.saved = b.saved;
+    }
     a.io = a.io.or(b.io);
     a
 }
@@ -699,6 +695,8 @@ fn merge(mut a: RankOut, b: RankOut) -> RankOut {
 #[derive(Clone, Copy)]
 struct RankIn<'a> {
     feed: &'a dist::Feed<TensorRow>,
+    /// Elements of the flat index space (rank 0; what the `--state` file records).
+    n: u64,
     state: &'a std::sync::Mutex<Option<Vec<TensorRow>>>,
 }
 
@@ -853,7 +851,7 @@ fn reduce_rank(
         // Every rank left at the same round: none runs the collectives below.
         return Ok(RankOut {
             metrics: Vec::new(),
-            state: None,
+            saved: Ok(()),
             io: io.map(|io| {
                 Err(io
                     .failed
@@ -866,14 +864,17 @@ fn reduce_rank(
     // The reducer goes first, so that its buffers and their copy are not both held.
     let state = args.state.is_some().then(|| reducer.state());
     drop(reducer);
-    let saved = match state {
-        Some(st) => state::gather_errors(comm, st)?,
-        None => None,
+    let saved = match (state, &args.state, state::variant_of(args.algo)) {
+        (Some(st), Some(path), Some(variant)) => {
+            let target = (comm.rank() == 0).then_some((path.as_path(), variant, inputs.n as usize));
+            state::save_gathered(comm, st, target)
+        }
+        _ => Ok(()),
     };
     let metrics = dist::gather(comm, sink.rows)?.unwrap_or_default();
     Ok(RankOut {
         metrics,
-        state: saved,
+        saved,
         io: io.map(|io| match io.failed {
             Some(e) => Err(e),
             None => Ok(io.writer),

@@ -47,38 +47,63 @@ pub fn variant_of(algo: Algo) -> Option<Variant> {
 impl StateFile {
     /// Writes every rank's errors (`ranks`, rank order) for `variant` on `ranks.len()` ranks
     /// and `n` elements to `path` atomically (temporary file, linked when complete).
+    #[cfg(test)]
     pub fn save(path: &Path, variant: Variant, n: usize, ranks: &[Errors]) -> Result<()> {
+        let mut each = ranks.iter().map(|(w, s)| (w.as_slice(), s.as_slice()));
+        Self::save_from(path, variant, n, ranks.len(), |_| {
+            Ok(each.next().expect("one per rank"))
+        })
+    }
+
+    /// [`StateFile::save`] of `p` ranks' errors that `next(r)` hands over one rank at a time,
+    /// written as they come (only one rank's buffers need be held). `next` is called for every
+    /// rank, in order, even after an error (so that no rank waits to hand its buffers over);
+    /// the first error is returned and no file is left behind.
+    pub fn save_from<E: AsRef<[f32]>>(
+        path: &Path,
+        variant: Variant,
+        n: usize,
+        p: usize,
+        mut next: impl FnMut(usize) -> Result<(E, E)>,
+    ) -> Result<()> {
         let ctx = || format!("writing 1-bit state (--state {})", path.display());
-        let p = ranks.len();
         if p == 0 {
             bail!("{}: no 1-bit state to save", ctx());
         }
         let (padded, server_len) = OneBitState::lens(variant, p, n);
-        for (r, (we, se)) in ranks.iter().enumerate() {
-            if we.len() != padded || se.len() != server_len {
-                bail!(
-                    "{}: rank {r} holds {} + {} error values, expected {padded} + {server_len}",
-                    ctx(),
-                    we.len(),
-                    se.len()
-                );
-            }
-        }
         let v = match variant {
             Variant::Server => 0u32,
             Variant::Naive => 1,
         };
+        let (mut taken, mut failed) = (0usize, None::<anyhow::Error>);
         // Streamed through a buffer: the file is never held whole in memory (docs/MEMORY.md).
-        gradkit_core::io::write_file_atomic_with(path, |w| {
+        let written = gradkit_core::io::write_file_atomic_with(path, |w| {
             w.write_all(MAGIC)?;
-            w.write_all(&1u32.to_le_bytes())?;
-            w.write_all(&v.to_le_bytes())?;
-            w.write_all(&(p as u32).to_le_bytes())?;
-            w.write_all(&(n as u64).to_le_bytes())?;
-            w.write_all(&(padded as u64).to_le_bytes())?;
-            w.write_all(&(server_len as u64).to_le_bytes())?;
+            for x in [1u32, v, p as u32] {
+                w.write_all(&x.to_le_bytes())?;
+            }
+            for x in [n, padded, server_len] {
+                w.write_all(&(x as u64).to_le_bytes())?;
+            }
             let mut bytes = Vec::with_capacity(1 << 16);
-            for (we, se) in ranks {
+            for r in 0..p {
+                taken = r + 1;
+                let fail = |e: anyhow::Error, failed: &mut Option<anyhow::Error>| {
+                    let m = format!("{e:#}");
+                    *failed = Some(e);
+                    std::io::Error::other(m)
+                };
+                let (we, se) = next(r).map_err(|e| fail(e, &mut failed))?;
+                let (we, se) = (we.as_ref(), se.as_ref());
+                if we.len() != padded || se.len() != server_len {
+                    let e = anyhow::anyhow!(
+                        "{}: rank {r} holds {} + {} error values, expected {padded} + {server_len}",
+                        ctx(),
+                        we.len(),
+                        se.len()
+                    );
+                    return Err(fail(e, &mut failed));
+                }
                 for chunk in we.chunks(1 << 14).chain(se.chunks(1 << 14)) {
                     bytes.clear();
                     bytes.extend(chunk.iter().flat_map(|x| x.to_le_bytes()));
@@ -86,8 +111,14 @@ impl StateFile {
                 }
             }
             Ok(())
-        })
-        .with_context(ctx)
+        });
+        for r in taken..p {
+            let _ = next(r);
+        }
+        match (failed, written) {
+            (Some(e), _) => Err(e),
+            (None, w) => w.with_context(ctx),
+        }
     }
 
     /// Reads every rank's errors; checks the file was saved for `variant` on `p` ranks with
@@ -166,61 +197,69 @@ pub fn rank_rows(rank: u32, state: Vec<(String, Vec<f32>)>) -> Vec<TensorRow> {
         .collect()
 }
 
-/// Every rank's errors on the I/O rank, in rank order (`None` on the others), from each rank's
-/// `Reducer::state`, taken by value: moved as `f32` buffers (in-process ranks hand their
-/// vectors over, MPI ranks send them as they are), not encoded as rows, so the gathered state
-/// is held once. An error names a rank whose state lacks one of the buffers.
-pub fn gather_errors(
+/// After the last step: every rank's errors (`mine`, its `Reducer::state`, taken by value) go
+/// to the I/O rank, which writes the `--state` file (`target`: path, variant and n; rank 0
+/// only) as they arrive, one rank at a time ([`StateFile::save_from`]): rank 0 holds its own
+/// buffers and one other rank's, not every rank's. They move as raw `f32` buffers (in-process
+/// ranks hand their vectors over), not encoded as rows. Every rank sends (empty buffers when it
+/// has no state) before it reports a problem, so no rank waits forever; rank 0 names a rank
+/// without state.
+pub fn save_gathered(
     comm: &dyn Comm,
     mine: Vec<(String, Vec<f32>)>,
-) -> Result<Option<Vec<Errors>>> {
-    let (mut w, mut s) = (None, None);
+    target: Option<(&Path, Variant, usize)>,
+) -> Result<()> {
+    let (mut w, mut s, mut unknown) = (Vec::new(), Vec::new(), None);
     for (name, v) in mine {
         match name.as_str() {
-            WORKER_ERROR => w = Some(v),
-            SERVER_ERROR => s = Some(v),
-            other => bail!("rank {}: unknown 1-bit state `{other}`", comm.rank()),
+            WORKER_ERROR => w = v,
+            SERVER_ERROR => s = v,
+            other => {
+                unknown = Some(format!(
+                    "rank {}: unknown 1-bit state `{other}`",
+                    comm.rank()
+                ))
+            }
         }
     }
-    // A rank without state sends empty buffers, so that no rank waits; rank 0 reports it
-    // (a worker error is never empty).
-    let (w, s) = (w.unwrap_or_default(), s.unwrap_or_default());
     let _io = comm.phase(dist::IO_PHASE);
-    let p = comm.size();
-    let mut parts: [Vec<Vec<f32>>; 2] = [Vec::new(), Vec::new()];
-    for (part, (buf, out)) in [w, s].into_iter().zip(&mut parts).enumerate() {
-        if comm.rank() != 0 {
-            comm.exchange(STATE_TAG, vec![(0, Buf::from_vec(buf))], &[])?;
-            continue;
-        }
-        let srcs: Vec<(usize, Kind)> = (1..p).map(|r| (r, Kind::F32)).collect();
-        let got = if p > 1 {
-            comm.exchange(STATE_TAG, vec![], &srcs)?
-        } else {
-            Vec::new()
-        };
-        out.push(buf);
-        for b in got {
-            out.push(
-                b.into_vec()
-                    .with_context(|| format!("1-bit state part {part}"))?,
-            );
-        }
-    }
     if comm.rank() != 0 {
-        return Ok(None);
+        for buf in [w, s] {
+            comm.exchange(STATE_TAG, vec![(0, Buf::from_vec(buf))], &[])?;
+        }
+        return match unknown {
+            Some(m) => bail!(m),
+            None => Ok(()),
+        };
     }
-    let [ws, ss] = parts;
-    let errors: Vec<Errors> = ws.into_iter().zip(ss).collect();
-    for (r, (w, _)) in errors.iter().enumerate() {
+    let (path, variant, n) = target.context("internal: rank 0 saves the 1-bit state")?;
+    let mut own = Some((w, s));
+    StateFile::save_from(path, variant, n, comm.size(), |r| {
+        let (w, s) = match r {
+            0 => match unknown.take() {
+                Some(m) => bail!(m),
+                None => own.take().context("internal: rank 0's state taken twice")?,
+            },
+            _ => {
+                let part = || -> Result<Vec<f32>> {
+                    let got = comm.exchange(STATE_TAG, vec![], &[(r, Kind::F32)])?;
+                    Ok(got
+                        .into_iter()
+                        .next()
+                        .context("no 1-bit state message")?
+                        .into_vec()?)
+                };
+                (part()?, part()?)
+            }
+        };
         if w.is_empty() {
             bail!("rank {r} returned no 1-bit state to save (--state)");
         }
-    }
-    Ok(Some(errors))
+        Ok((w, s))
+    })
 }
 
-/// The tag of [`gather_errors`]'s messages (after the last step: no collective is in flight).
+/// The tag of [`save_gathered`]'s messages (after the last step: no collective is in flight).
 const STATE_TAG: u32 = 2;
 
 /// This rank's rows back as `Reducer::load_state` takes them.
@@ -352,36 +391,51 @@ mod tests {
         );
     }
 
-    /// Every rank's buffers arrive on rank 0 in rank order, as each rank gave them; a rank
-    /// without state is named.
+    /// Every rank's buffers reach the file in rank order, as each rank gave them (checked
+    /// against the format written out by hand); a rank without state is named, no file is left
+    /// and no rank waits forever.
     #[test]
-    fn gather_errors_collects_every_rank_in_order() {
-        for p in [1, 3] {
-            let e = errs(p, 8, 4);
-            let got = gradkit_comm::run_local(p, |comm| {
+    fn save_gathered_writes_every_rank_in_order() {
+        let n = 21;
+        for p in [1usize, 3] {
+            let (padded, server) = OneBitState::lens(Variant::Server, p, n);
+            let e = errs(p, padded, server);
+            let path = tmp(&format!("gathered-{p}"));
+            gradkit_comm::run_local(p, |comm| {
                 let (w, s) = e[comm.rank()].clone();
-                gather_errors(
+                let target = (comm.rank() == 0).then_some((path.as_path(), Variant::Server, n));
+                save_gathered(
                     comm,
                     vec![(SERVER_ERROR.into(), s), (WORKER_ERROR.into(), w)],
+                    target,
                 )
             })
             .unwrap();
-            assert_eq!(got[0].as_ref().unwrap(), &e, "P = {p}");
-            assert!(got[1..].iter().all(|g| g.is_none()));
+            let vals: Vec<f32> = e
+                .iter()
+                .flat_map(|(w, s)| w.iter().chain(s).copied())
+                .collect();
+            let want = by_hand(p as u32, n as u64, padded as u64, server as u64, &vals);
+            assert_eq!(std::fs::read(&path).unwrap(), want, "P = {p}");
+            std::fs::remove_file(&path).unwrap();
         }
+        let path = tmp("gathered-missing");
+        let (padded, server) = OneBitState::lens(Variant::Server, 3, n);
         let err = gradkit_comm::run_local(3, |comm| {
-            let st = if comm.rank() == 2 {
+            let st = if comm.rank() == 1 {
                 Vec::new()
             } else {
-                let (w, s) = errs(3, 8, 0)[comm.rank()].clone();
+                let (w, s) = errs(3, padded, server)[comm.rank()].clone();
                 vec![(WORKER_ERROR.into(), w), (SERVER_ERROR.into(), s)]
             };
-            gather_errors(comm, st)
+            let target = (comm.rank() == 0).then_some((path.as_path(), Variant::Server, n));
+            save_gathered(comm, st, target)
         });
         let m = format!("{:#}", err.unwrap_err());
         assert!(
-            m.contains("rank 2 returned no 1-bit state to save (--state)"),
+            m.contains("rank 1 returned no 1-bit state to save (--state)"),
             "{m}"
         );
+        assert!(!path.exists());
     }
 }
