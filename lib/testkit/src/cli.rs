@@ -72,3 +72,18 @@ pub fn run_with_stdin(bin: &str, args: &[&str], stdin: Option<&Path>) -> (i32, S
         String::from_utf8_lossy(&o.stderr).into_owned(),
     )
 }
+
+/// The names of the temporary files (`.tmp-` in the name: what an atomic write makes before it
+/// renames) left in `dir`: a failed or stopped run must leave none.
+pub fn temp_files(dir: impl AsRef<std::path::Path>) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .expect("read the directory")
+        .map(|e| {
+            e.expect("directory entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|n| n.contains(".tmp-"))
+        .collect()
+}

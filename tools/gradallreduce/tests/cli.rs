@@ -150,11 +150,7 @@ fn assert_clean_failure(o: &ProcOutput, needle: &str, out: &Path) {
     );
     assert!(!err.contains("panicked"), "{err}");
     assert!(!out.exists(), "output left behind");
-    let leftovers: Vec<_> = std::fs::read_dir(out.parent().unwrap())
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
-        .collect();
+    let leftovers = gradkit_testkit::cli::temp_files(out.parent().unwrap());
     assert!(leftovers.is_empty(), "tmp file left behind");
 }
 

@@ -187,11 +187,7 @@ fn a_rank_failing_inside_the_collectives_ends_the_job_with_its_message() {
             r.stderr
         );
         assert!(!out.exists(), "no output after a failed run");
-        let left: Vec<_> = std::fs::read_dir(&d)
-            .unwrap()
-            .filter_map(|e| e.ok())
-            .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
-            .collect();
+        let left = gradkit_testkit::cli::temp_files(&d);
         assert!(left.is_empty(), "temporary files left: {left:?}");
     }
 }

@@ -210,10 +210,6 @@ fn a_bad_rank_in_the_middle_of_a_step_stops_every_rank() {
             }
         }
     }
-    let left: Vec<_> = std::fs::read_dir(&d)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
-        .collect();
+    let left = gradkit_testkit::cli::temp_files(&d);
     assert!(left.is_empty(), "temporary files left: {left:?}");
 }

@@ -302,11 +302,7 @@ fn a_bad_late_step_ends_the_run_with_one_message_and_no_output() {
             );
         }
     }
-    let left: Vec<_> = std::fs::read_dir(&d)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
-        .collect();
+    let left = gradkit_testkit::cli::temp_files(&d);
     assert!(left.is_empty(), "temporary files left: {left:?}");
 }
 

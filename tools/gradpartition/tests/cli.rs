@@ -341,11 +341,7 @@ fn assert_fails(args: &[&str], what: &str, out: &Path) {
     );
     assert_eq!(err.lines().count(), 1, "one line: {err}");
     assert!(!out.exists(), "{what}: no output left");
-    let leftovers: Vec<_> = std::fs::read_dir(out.parent().unwrap())
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
-        .collect();
+    let leftovers = gradkit_testkit::cli::temp_files(out.parent().unwrap());
     assert!(leftovers.is_empty(), "{what}: temp file left");
 }
 

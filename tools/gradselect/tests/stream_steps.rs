@@ -196,11 +196,7 @@ fn a_problem_in_a_late_step_stops_the_run_and_leaves_no_output() {
         );
         assert_eq!(err.trim_end().lines().count(), 1, "{name}: one line: {err}");
         assert!(!out.exists() && !m.exists(), "{name}: no output left");
-        let left: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|f| f.contains(".tmp-"))
-            .collect();
+        let left = gradkit_testkit::cli::temp_files(dir.path());
         assert!(left.is_empty(), "{name}: temporary files left: {left:?}");
     }
 }

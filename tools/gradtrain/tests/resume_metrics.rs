@@ -175,10 +175,6 @@ fn a_killed_run_keeps_the_metrics_of_its_finished_steps() {
         .collect();
     assert_eq!(kept, reference);
     // No temporary file is left behind.
-    let left: Vec<_> = std::fs::read_dir(p)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.contains(".tmp-"))
-        .collect();
+    let left = gradkit_testkit::cli::temp_files(p);
     assert!(left.is_empty(), "{left:?}");
 }
