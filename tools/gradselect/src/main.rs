@@ -12,7 +12,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use gradkit_core::cli::{self, IoArgs};
-use gradkit_core::io::{Input, Meta, ReadOptions, TableWriter, TensorStream};
+use gradkit_core::io::{Input, Meta, ReadOptions, TableWriter, TensorSteps, TensorStream};
 use gradkit_core::trace::{self, Layout, MetricSink, Sparse};
 use gradkit_core::{read_table, MetricRow, PlanRow, TensorRow};
 use gradkit_partition::deft as pdeft;
@@ -401,29 +401,20 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
     let pb = cli::progress("gradselect", steps.len() as u64, a.io.quiet);
     let mut total = 0usize;
     let mut last = first_step;
-    let mut next = Some((first_step, first_rows));
-    while let Some((step, rows)) = next.take() {
-        if step != first_step {
-            gradkit_core::io::check_step(&rows, &layout, p, Some(true))
-                .with_context(needs_dense)?;
-        }
+    let deft = a.method == MethodArg::Deft;
+    let mut next = Some((first_step, StepRows::whole(first_rows, p)));
+    while let Some((step, mut rows)) = next.take() {
         last = step;
-        // Every rank's rows, by rank then layer_id; each rank's rows are dropped as soon as
-        // its accumulator is made, so the step is held once.
-        let mut by_rank: Vec<Vec<TensorRow>> = (0..p).map(|_| Vec::new()).collect();
-        for r in rows {
-            by_rank[r.rank as usize].push(r);
-        }
-        let deft = a.method == MethodArg::Deft;
         // DEFT's leader needs every rank's accumulator before anyone selects; every other
         // method selects rank by rank, with one accumulator alive at a time.
         let mut step_plan: Option<Vec<(pdeft::Piece, usize)>> = None;
         let mut accs: Vec<Vec<f32>> = Vec::new();
         if deft {
-            for (r, rows) in by_rank.iter_mut().enumerate() {
-                let mut acc = trace::take_flat(std::mem::take(rows), n);
+            for (r, st) in states.iter().enumerate() {
+                let rows = rows.rank(r, &mut trace_steps, &layout, &needs_dense)?;
+                let mut acc = trace::take_flat(rows, n);
                 if residual_on {
-                    states[r].residual.compensate(&mut acc);
+                    st.residual.compensate(&mut acc);
                 }
                 accs.push(acc);
             }
@@ -477,17 +468,34 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
                 select_rank(r, acc)?;
             }
         } else {
-            for (r, rows) in by_rank.iter_mut().enumerate() {
-                select_rank(r, trace::take_flat(std::mem::take(rows), n))?;
+            for r in 0..p {
+                let rows = rows.rank(r, &mut trace_steps, &layout, &needs_dense)?;
+                select_rank(r, trace::take_flat(rows, n))?;
             }
         }
+        rows.finish(&mut trace_steps, &layout, &needs_dense)?;
         if let Some(w) = &mut metrics_w {
             w.write_owned(std::mem::take(&mut sink.rows))?;
         } else {
             sink.rows.clear();
         }
         pb.inc(1);
-        next = trace_steps.next_step()?;
+        // DEFT's leader plans from every rank's accumulator: it reads a step whole; every
+        // other method reads the next step rank by rank (docs/MEMORY.md).
+        next = if deft {
+            match trace_steps.next_step()? {
+                Some((step, rows)) => {
+                    gradkit_core::io::check_step(&rows, &layout, p, Some(true))
+                        .with_context(needs_dense)?;
+                    Some((step, StepRows::whole(rows, p)))
+                }
+                None => None,
+            }
+        } else {
+            trace_steps
+                .peek_step()?
+                .map(|step| (step, StepRows::runs(step, p)))
+        };
     }
     pb.finish_and_clear();
 
@@ -518,6 +526,126 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// One step's rows for the ranks in turn: a step read whole (the first step, which gives the
+/// layout; every step for DEFT), or one read rank by rank from the trace's runs of one
+/// `(step, rank)` (`TensorSteps::next_run`): a rank is handed out as soon as its rows are
+/// complete, so that with a trace ordered by (step, rank) only one rank's rows are held, not
+/// the step's. The whole-step check (`io::check_step`, its messages) runs on the rows' keys at
+/// the end of the step; a rank whose rows are not complete when the step ends is reported by it.
+enum StepRows {
+    Whole(Vec<Vec<TensorRow>>),
+    Runs {
+        step: u32,
+        /// The step's rows without their values, for the check.
+        keys: Vec<TensorRow>,
+        /// Per rank: rows read and not handed out yet.
+        held: Vec<Vec<TensorRow>>,
+    },
+}
+
+impl StepRows {
+    fn whole(rows: Vec<TensorRow>, p: usize) -> Self {
+        let mut by_rank: Vec<Vec<TensorRow>> = (0..p).map(|_| Vec::new()).collect();
+        for r in rows {
+            by_rank[r.rank as usize % p].push(r);
+        }
+        StepRows::Whole(by_rank)
+    }
+
+    fn runs(step: u32, p: usize) -> Self {
+        StepRows::Runs {
+            step,
+            keys: Vec::new(),
+            held: (0..p).map(|_| Vec::new()).collect(),
+        }
+    }
+
+    /// Rank `r`'s rows of the step (read from `steps` as needed), every layer of `layout`.
+    /// `ctx` names the input in a failed check's message.
+    fn rank(
+        &mut self,
+        r: usize,
+        steps: &mut TensorSteps,
+        layout: &Layout,
+        ctx: &dyn Fn() -> String,
+    ) -> Result<Vec<TensorRow>> {
+        let (step, keys, held) = match self {
+            StepRows::Whole(by_rank) => return Ok(std::mem::take(&mut by_rank[r])),
+            StepRows::Runs { step, keys, held } => (*step, keys, held),
+        };
+        while !complete(&held[r], layout) {
+            if steps.peek_step()? != Some(step) {
+                // The step ended without every layer of rank r: the check says what is wrong.
+                gradkit_core::io::check_step(keys, layout, held.len(), Some(true))
+                    .with_context(ctx)?;
+                bail!("internal: step {step} rank {r} incomplete after its check");
+            }
+            let run = steps
+                .next_run(usize::MAX)?
+                .context("internal: a run went missing")?;
+            keys.extend(run.iter().map(|row| TensorRow {
+                layer: row.layer.clone(),
+                shape: row.shape.clone(),
+                indices: row.indices.as_ref().map(|_| Vec::new()),
+                values: Vec::new(),
+                ..*row
+            }));
+            let p = held.len();
+            if let Some(first) = run.first() {
+                held[first.rank as usize % p].extend(run);
+            }
+        }
+        Ok(std::mem::take(&mut held[r]))
+    }
+
+    /// Reads what is left of the step and runs the whole-step check on its keys.
+    fn finish(
+        self,
+        steps: &mut TensorSteps,
+        layout: &Layout,
+        ctx: &dyn Fn() -> String,
+    ) -> Result<()> {
+        let StepRows::Runs {
+            step,
+            mut keys,
+            held,
+        } = self
+        else {
+            return Ok(());
+        };
+        while steps.peek_step()? == Some(step) {
+            let run = steps
+                .next_run(usize::MAX)?
+                .context("internal: a run went missing")?;
+            keys.extend(run.into_iter().map(|row| TensorRow {
+                values: Vec::new(),
+                indices: row.indices.as_ref().map(|_| Vec::new()),
+                ..row
+            }));
+        }
+        gradkit_core::io::check_step(&keys, layout, held.len(), Some(true)).with_context(ctx)
+    }
+}
+
+/// Whether `rows` are one rank's complete step: dense, exactly the layers of `layout`, each
+/// with its `numel` values.
+fn complete(rows: &[TensorRow], layout: &Layout) -> bool {
+    if rows.len() != layout.layers.len() {
+        return false;
+    }
+    let mut ids: Vec<(u32, usize)> = rows
+        .iter()
+        .filter(|r| r.is_dense())
+        .map(|r| (r.layer_id, r.values.len()))
+        .collect();
+    ids.sort_unstable();
+    ids.len() == layout.layers.len()
+        && ids
+            .iter()
+            .zip(&layout.layers)
+            .all(|(&(id, len), l)| id == l.layer_id && len as u64 == l.numel)
 }
 
 /// Every method but DEFT, global or per layer.

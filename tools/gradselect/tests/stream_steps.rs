@@ -90,9 +90,21 @@ fn every_input_path_selects_what_brute_force_top_k_selects() {
     rm.sort_by_key(|r| (r.rank, r.step, std::cmp::Reverse(r.layer_id)));
     let rank_major = dir.path().join("rank-major.parquet");
     write_trace(&rank_major, &rm);
+    // Ordered by step, but within a step the ranks interleaved layer by layer, or in reverse:
+    // read rank by rank, a rank is selected once its rows are complete, ranks in order.
+    let mut il = trace.clone();
+    il.sort_by_key(|r| (r.step, r.layer_id, r.rank));
+    let interleaved = dir.path().join("interleaved.parquet");
+    write_trace(&interleaved, &il);
+    let mut rev = trace.clone();
+    rev.sort_by_key(|r| (r.step, std::cmp::Reverse(r.rank), r.layer_id));
+    let reversed = dir.path().join("reversed.parquet");
+    write_trace(&reversed, &rev);
     // k = floor(0.1 · 72) = 7 of the whole model.
     let (want, want_res) = brute_force(&trace, p, steps, 7);
     for (name, input, stdin) in [
+        ("interleaved ranks", interleaved.to_str().unwrap(), None),
+        ("reversed ranks", reversed.to_str().unwrap(), None),
         ("ordered file", ordered.to_str().unwrap(), None),
         ("stdin", "-", Some(ordered.as_path())),
         ("rank-major file", rank_major.to_str().unwrap(), None),
