@@ -317,11 +317,7 @@ pub fn server_sum_deferred(
     due: f32,
     out: &mut [u8],
 ) -> f64 {
-    assert_eq!(err.len() % 8, 0, "1-bit server chunks are whole bytes");
-    assert_eq!(out.len(), err.len() / 8, "1-bit server output bytes");
-    for (b, _) in msgs {
-        assert!(b.len() * 8 >= err.len(), "1-bit server message too short");
-    }
+    check_server(msgs, err, out);
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the function only needs AVX2, which this CPU was just checked to have.
@@ -398,13 +394,22 @@ mod avx2 {
     }
 }
 
+/// The length contract of [`server_sum_deferred`].
+fn check_server(msgs: &[(Vec<u8>, f32)], err: &[f32], out: &[u8]) {
+    assert_eq!(err.len() % 8, 0, "1-bit server chunks are whole bytes");
+    assert_eq!(out.len(), err.len() / 8, "1-bit server output bytes");
+    for (b, _) in msgs {
+        assert!(b.len() * 8 >= err.len(), "1-bit server message too short");
+    }
+}
+
 /// The baseline (no AVX2) builds of the one-pass kernels, whatever the CPU: for tests that
 /// check the run-time dispatch gives the same bits.
 #[doc(hidden)]
 pub mod portable {
     /// [`super::compress_deferred`] without the AVX2 dispatch.
     pub fn compress_deferred(x: &[f32], e: &mut [f32], bits: &mut [u8], due: f32) -> f32 {
-        assert!(x.len() <= e.len() && e.len().is_multiple_of(8) && bits.len() == e.len() / 8);
+        super::check_lengths(x, e, bits);
         if e.is_empty() {
             return 0.0;
         }
@@ -418,8 +423,7 @@ pub mod portable {
         due: f32,
         out: &mut [u8],
     ) -> f64 {
-        assert!(err.len().is_multiple_of(8) && out.len() == err.len() / 8);
-        assert!(msgs.iter().all(|(b, _)| b.len() * 8 >= err.len()));
+        super::check_server(msgs, err, out);
         super::server_sum_deferred_body(msgs, err, due, out)
     }
 }
