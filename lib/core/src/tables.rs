@@ -102,6 +102,19 @@ impl TensorRow {
     pub fn nnz(&self) -> usize {
         self.values.iter().filter(|v| **v != 0.0).count()
     }
+    /// This row without its values (a sparse row keeps an empty `indices`, so it still reads
+    /// as sparse): what the whole-step checks (`io::check_step`) look at, for a step whose
+    /// values are handed out as they are read.
+    pub fn key(&self) -> TensorRow {
+        TensorRow {
+            layer: self.layer.clone(),
+            shape: self.shape.clone(),
+            indices: self.indices.as_ref().map(|_| Vec::new()),
+            values: Vec::new(),
+            ..*self
+        }
+    }
+
     /// The dense vector this row represents.
     pub fn to_dense(&self) -> Vec<f32> {
         match &self.indices {

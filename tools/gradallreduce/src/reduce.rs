@@ -218,7 +218,7 @@ struct Prepared {
     n: u64,
     /// `--state`: every rank's saved 1-bit errors ([`state::to_rows`]; none when the file
     /// does not exist yet); `None` without `--state`.
-    state: Option<Vec<TensorRow>>,
+    state: Option<Vec<Vec<TensorRow>>>,
     /// The trace and the output, for rank 0 while the ranks run.
     io: IoRank,
 }
@@ -286,13 +286,7 @@ impl StepCheck {
     fn add(&mut self, run: Vec<TensorRow>, algo: Algo) -> Option<(usize, Vec<TensorRow>)> {
         let p = self.held.len();
         let d = run.first().map_or(0, |r| r.rank as usize % p);
-        self.keys.extend(run.iter().map(|r| TensorRow {
-            layer: r.layer.clone(),
-            shape: r.shape.clone(),
-            indices: None,
-            values: Vec::new(),
-            ..*r
-        }));
+        self.keys.extend(run.iter().map(TensorRow::key));
         if algo == Algo::AllToAll && self.embedding.is_none() {
             self.embedding = gradkit_collectives::alltoall::check_embedding_rows(&run).err();
         }
@@ -451,7 +445,7 @@ fn load(args: &ReduceArgs, world: &World, out: &Output) -> Result<Prepared> {
         (Some(path), Some(variant)) if path.exists() => Some(state::to_rows(
             state::StateFile::load(path, variant, world.size(), n as usize)?,
         )),
-        (Some(_), Some(_)) => Some(Vec::new()),
+        (Some(_), Some(_)) => Some((0..world.size()).map(|_| Vec::new()).collect()),
         _ => None,
     };
     // Last, once every check passed: rows go out as the steps complete.
@@ -697,7 +691,7 @@ struct RankIn<'a> {
     feed: &'a dist::Feed<TensorRow>,
     /// Elements of the flat index space (rank 0; what the `--state` file records).
     n: u64,
-    state: &'a std::sync::Mutex<Option<Vec<TensorRow>>>,
+    state: &'a std::sync::Mutex<Option<Vec<Vec<TensorRow>>>>,
 }
 
 /// One rank's reduction, step by step: in every round rank 0 (`io`) reads the next step and
@@ -720,16 +714,12 @@ fn reduce_rank(
         // Rank 0 hands each rank its rows in one round of the feed (in-process they are moved,
         // so every rank's state is not held twice); every rank takes part.
         let round = (comm.rank() == 0).then(|| {
-            let all = inputs
+            let per = inputs
                 .state
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .take();
-            let mut per: Vec<Vec<TensorRow>> = (0..comm.size()).map(|_| Vec::new()).collect();
-            for r in all.unwrap_or_default() {
-                per[r.rank as usize % comm.size()].push(r);
-            }
-            Round::Rows(per)
+            Round::Rows(per.unwrap_or_else(|| (0..comm.size()).map(|_| Vec::new()).collect()))
         });
         let saved = match inputs.feed.round(comm, round)? {
             Round::Rows(rows) => rows,

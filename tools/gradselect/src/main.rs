@@ -582,20 +582,7 @@ impl StepRows {
                     .with_context(ctx)?;
                 bail!("internal: step {step} rank {r} incomplete after its check");
             }
-            let run = steps
-                .next_run(usize::MAX)?
-                .context("internal: a run went missing")?;
-            keys.extend(run.iter().map(|row| TensorRow {
-                layer: row.layer.clone(),
-                shape: row.shape.clone(),
-                indices: row.indices.as_ref().map(|_| Vec::new()),
-                values: Vec::new(),
-                ..*row
-            }));
-            let p = held.len();
-            if let Some(first) = run.first() {
-                held[first.rank as usize % p].extend(run);
-            }
+            read_run(steps, keys, held)?;
         }
         Ok(std::mem::take(&mut held[r]))
     }
@@ -610,23 +597,33 @@ impl StepRows {
         let StepRows::Runs {
             step,
             mut keys,
-            held,
+            mut held,
         } = self
         else {
             return Ok(());
         };
         while steps.peek_step()? == Some(step) {
-            let run = steps
-                .next_run(usize::MAX)?
-                .context("internal: a run went missing")?;
-            keys.extend(run.into_iter().map(|row| TensorRow {
-                values: Vec::new(),
-                indices: row.indices.as_ref().map(|_| Vec::new()),
-                ..row
-            }));
+            read_run(steps, &mut keys, &mut held)?;
         }
         gradkit_core::io::check_step(&keys, layout, held.len(), Some(true)).with_context(ctx)
     }
+}
+
+/// Reads the next run of one `(step, rank)`: its keys to `keys`, its rows to `held[rank]`.
+fn read_run(
+    steps: &mut TensorSteps,
+    keys: &mut Vec<TensorRow>,
+    held: &mut [Vec<TensorRow>],
+) -> Result<()> {
+    let run = steps
+        .next_run(usize::MAX)?
+        .context("internal: a run went missing")?;
+    keys.extend(run.iter().map(TensorRow::key));
+    let p = held.len();
+    if let Some(first) = run.first() {
+        held[first.rank as usize % p].extend(run);
+    }
+    Ok(())
 }
 
 /// Whether `rows` are one rank's complete step: dense, exactly the layers of `layout`, each
