@@ -1,5 +1,5 @@
 //! Moving tables between the I/O rank and the others: under MPI, rank 0 reads the input,
-//! scatters each rank its rows, and gathers the outputs (DESIGN §3). Tables travel as Arrow
+//! hands each rank its rows ([`Feed`]), and gathers the outputs (DESIGN §3). Tables travel as Arrow
 //! IPC streams. This traffic is charged to the `io` phase, which metrics leave out.
 
 use anyhow::{Context, Result};
@@ -32,46 +32,6 @@ pub fn decode<T: Table>(bytes: &[u8]) -> Result<Vec<T>> {
         rows.extend(T::from_batch(&b?).context("decoding rows from rank 0")?);
     }
     Ok(rows)
-}
-
-/// This rank's rows of a table held by the I/O rank (`owner` says which rank a row goes to).
-/// In-process ranks share memory and just filter; otherwise rank 0 sends each rank its rows.
-pub fn scatter<T: Table + Clone>(
-    comm: &dyn Comm,
-    all: Option<&[T]>,
-    owner: impl Fn(&T) -> usize,
-) -> Result<Vec<T>> {
-    let me = comm.rank();
-    if comm.backend().in_process() || comm.size() == 1 {
-        let all = all.context("input table missing on a local rank")?;
-        return Ok(all.iter().filter(|r| owner(r) == me).cloned().collect());
-    }
-    let _io = comm.phase(IO_PHASE);
-    if me == 0 {
-        let all = all.context("rank 0 holds the input")?;
-        let p = comm.size();
-        let mut per: Vec<Vec<T>> = (0..p).map(|_| Vec::new()).collect();
-        for r in all {
-            per[owner(r) % p].push(r.clone());
-        }
-        let mine = std::mem::take(&mut per[0]);
-        let sends = per
-            .iter()
-            .enumerate()
-            .skip(1)
-            .map(|(d, rows)| Ok((d, Buf::from_vec(encode(rows)?))))
-            .collect::<Result<Vec<_>>>()?;
-        comm.exchange(1, sends, &[])?;
-        Ok(mine)
-    } else {
-        let b = comm.exchange(1, vec![], &[(0, Kind::U8)])?;
-        let bytes: Vec<u8> = b
-            .into_iter()
-            .next()
-            .context("no rows from rank 0")?
-            .into_vec()?;
-        decode(&bytes)
-    }
 }
 
 /// Gathers every rank's rows on rank 0 (in rank order); other ranks get `None`.
@@ -130,7 +90,7 @@ pub enum Piece<T> {
 /// them.
 const FEED_TAG: u32 = 3;
 /// Message statuses. Under MPI a round is, to each rank, any number of `ROWS` messages (a
-/// status byte, then an Arrow IPC stream like [`scatter`]'s), then one of `DONE`, `END`,
+/// status byte, then an Arrow IPC stream ([`encode`])), then one of `DONE`, `END`,
 /// `STOP`; in-process, one `ROWS` (its rows in the rank's queue), `END` or `STOP` byte.
 const ROWS: u8 = 0;
 const END: u8 = 1;

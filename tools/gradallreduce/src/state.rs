@@ -2,9 +2,9 @@
 //!
 //! The reducer does no I/O: it hands its state out and takes it back as named values
 //! (`Reducer::state` / `Reducer::load_state`). This module owns the file: the I/O rank
-//! reads it (when it exists) before any rank starts, each rank gets its buffers before the
-//! first step (`dist::scatter`, the `io` phase), and after the last step every rank's buffers
-//! are gathered to the I/O rank (`dist::gather`), which writes the file atomically.
+//! reads it (when it exists) before any rank starts, each rank gets its buffers in the feed's
+//! first round (`dist::Feed`, the `io` phase), and after the last step every rank's buffers
+//! go to the I/O rank, which writes the file atomically as they arrive ([`save_gathered`]).
 
 use std::io::Read;
 use std::path::Path;
@@ -166,33 +166,27 @@ impl StateFile {
     }
 }
 
-/// Every rank's errors as rows that `dist::scatter`/`gather` move between the I/O rank and
-/// the others: per rank, layer 0 = [`WORKER_ERROR`], layer 1 = [`SERVER_ERROR`].
-pub fn to_rows(ranks: Vec<Errors>) -> Vec<TensorRow> {
-    let mut rows = Vec::with_capacity(2 * ranks.len());
-    for (r, (w, s)) in ranks.into_iter().enumerate() {
-        rows.extend(rank_rows(
-            r as u32,
-            vec![(WORKER_ERROR.into(), w), (SERVER_ERROR.into(), s)],
-        ));
-    }
-    rows
-}
-
-/// One rank's `Reducer::state` as rows (layer id = position).
-pub fn rank_rows(rank: u32, state: Vec<(String, Vec<f32>)>) -> Vec<TensorRow> {
-    state
+/// Every rank's errors as rows, one `Vec` per rank (rank order), as the feed's first round
+/// hands them out: layer 0 = [`WORKER_ERROR`], layer 1 = [`SERVER_ERROR`].
+pub fn to_rows(ranks: Vec<Errors>) -> Vec<Vec<TensorRow>> {
+    ranks
         .into_iter()
         .enumerate()
-        .map(|(i, (name, values))| TensorRow {
-            step: 0,
-            rank,
-            layer_id: i as u32,
-            layer: name,
-            numel: values.len() as u64,
-            shape: None,
-            indices: None,
-            values,
+        .map(|(r, (w, s))| {
+            [(WORKER_ERROR, w), (SERVER_ERROR, s)]
+                .into_iter()
+                .enumerate()
+                .map(|(i, (name, values))| TensorRow {
+                    step: 0,
+                    rank: r as u32,
+                    layer_id: i as u32,
+                    layer: name.to_string(),
+                    numel: values.len() as u64,
+                    shape: None,
+                    indices: None,
+                    values,
+                })
+                .collect()
         })
         .collect()
 }
@@ -378,10 +372,8 @@ mod tests {
     #[test]
     fn rows_round_trip_by_rank() {
         let e = errs(3, 8, 0);
-        let mine: Vec<TensorRow> = to_rows(e.clone())
-            .into_iter()
-            .filter(|r| r.rank == 1)
-            .collect();
+        let mine: Vec<TensorRow> = to_rows(e.clone()).swap_remove(1);
+        assert!(mine.iter().all(|r| r.rank == 1));
         assert_eq!(
             from_rows(mine),
             vec![
