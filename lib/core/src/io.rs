@@ -600,6 +600,76 @@ impl TensorStream {
         Ok(scan)
     }
 
+    /// The layers of step `step` as [`crate::trace::Layout::of_rows`] of its rows would give
+    /// them (each layer's name, `numel` and first shape in file order), read from the key
+    /// columns of the row groups that hold the step (`scan`'s), without the `values`: what a
+    /// tool needs before it reads the step's values rank by rank (docs/MEMORY.md). The rows
+    /// themselves are checked when they are read.
+    pub fn step_layout(&self, scan: &KeyScan, step: u32) -> Result<crate::trace::Layout> {
+        self.step_layout_inner(scan, step)
+            .with_context(|| format!("in {}", self.source))
+    }
+
+    fn step_layout_inner(&self, scan: &KeyScan, step: u32) -> Result<crate::trace::Layout> {
+        let cols = ["step", "layer_id", "layer", "numel", "shape"];
+        let schema = self.metadata.schema();
+        let roots = cols
+            .iter()
+            .map(|c| schema.index_of(c))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mask = ProjectionMask::roots(self.metadata.parquet_schema(), roots);
+        let full = TensorRow::schema();
+        let want = Schema::new(
+            cols.iter()
+                .map(|c| full.field_with_name(c).cloned())
+                .collect::<Result<Vec<_>, _>>()?,
+        );
+        // The row groups that may hold the step (all of them for a file the scan could not
+        // place, e.g. one with an empty row group list).
+        let groups: Vec<usize> = (0..scan.group_steps.len())
+            .filter(|&g| scan.group_steps[g].is_some_and(|(a, b)| a <= step && step <= b))
+            .collect();
+        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(
+            self.src.chunk_reader()?,
+            self.metadata.clone(),
+        )
+        .with_projection(mask)
+        .with_row_groups(groups)
+        .with_batch_size(1 << 16)
+        .build()?;
+        let mut seen: BTreeMap<u32, (String, u64, Option<Vec<u32>>)> = BTreeMap::new();
+        for b in reader {
+            let b = crate::tables::conform(&want, &b?, 0)?;
+            for c in ["step", "layer_id", "layer", "numel"] {
+                if b.column_by_name(c).is_some_and(|a| a.null_count() > 0) {
+                    bail!("column `{c}` has null values; the format requires a value in every row");
+                }
+            }
+            let steps = b.column(0).as_primitive::<UInt32Type>().values();
+            let ids = b.column(1).as_primitive::<UInt32Type>().values();
+            let names = b.column(2).as_string::<i32>();
+            let numel = b.column(3).as_primitive::<arrow_array::types::UInt64Type>();
+            let shape = b.column(4).as_list::<i32>();
+            for i in (0..b.num_rows()).filter(|&i| steps[i] == step) {
+                let sh = (!shape.is_null(i)).then(|| {
+                    let v = shape.value(i);
+                    v.as_primitive::<UInt32Type>().values().to_vec()
+                });
+                let e = seen
+                    .entry(ids[i])
+                    .or_insert_with(|| (names.value(i).to_string(), numel.value(i), None));
+                if e.2.is_none() {
+                    e.2 = sh;
+                }
+            }
+        }
+        Ok(crate::trace::Layout::new(
+            seen.into_iter()
+                .map(|(id, (n, s, sh))| (id, n, s, sh))
+                .collect(),
+        ))
+    }
+
     /// The rows in file order, a record batch at a time, each row validated as
     /// [`read_tensor`] validates it (the first failing row in file order is reported). Decoding
     /// runs on a thread of its own, at most [`READ_AHEAD`] batches of about

@@ -305,13 +305,35 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
     gradkit_core::io::check_ranks(&scan.ranks).with_context(needs_dense)?;
     let steps = scan.steps.clone();
     let p = scan.ranks.len();
-    let mut trace_steps = stream.steps(&scan)?;
-    let Some((first_step, first_rows)) = trace_steps.next_step()? else {
+    let deft = a.method == MethodArg::Deft;
+    // The layers come from the first step: DEFT reads every step whole (its leader plans from
+    // every rank's accumulator); every other method reads even the first step rank by rank,
+    // its layers taken from the key columns alone (TensorStream::step_layout) and the step
+    // checked at its end like every step.
+    let Some(&first_step) = steps.first() else {
         bail!("the input has no rows ({source})");
     };
-    let mut layout = Layout::of_rows(&first_rows);
-    scan.complete_shapes(&mut layout);
-    gradkit_core::io::check_step(&first_rows, &layout, p, Some(true)).with_context(needs_dense)?;
+    let keys_layout = match deft {
+        true => None,
+        false => Some(stream.step_layout(&scan, first_step)?),
+    };
+    let mut trace_steps = stream.steps(&scan)?;
+    let (layout, first) = match keys_layout {
+        Some(mut layout) => {
+            scan.complete_shapes(&mut layout);
+            (layout, StepRows::runs(first_step, p))
+        }
+        None => {
+            let Some((_, first_rows)) = trace_steps.next_step()? else {
+                bail!("the input has no rows ({source})");
+            };
+            let mut layout = Layout::of_rows(&first_rows);
+            scan.complete_shapes(&mut layout);
+            gradkit_core::io::check_step(&first_rows, &layout, p, Some(true))
+                .with_context(needs_dense)?;
+            (layout, StepRows::whole(first_rows, p))
+        }
+    };
     let n = layout.total();
     if n > u32::MAX as u64 {
         bail!("the model has {n} elements; the flat index space is u32");
@@ -401,8 +423,7 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
     let pb = cli::progress("gradselect", steps.len() as u64, a.io.quiet);
     let mut total = 0usize;
     let mut last = first_step;
-    let deft = a.method == MethodArg::Deft;
-    let mut next = Some((first_step, StepRows::whole(first_rows, p)));
+    let mut next = Some((first_step, first));
     while let Some((step, mut rows)) = next.take() {
         last = step;
         // DEFT's leader needs every rank's accumulator before anyone selects; every other
