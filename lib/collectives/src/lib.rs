@@ -110,6 +110,16 @@ pub trait Reducer: Send {
             Some((k, _)) => anyhow::bail!("{}: keeps no state, but was given `{k}`", self.name()),
         }
     }
+    /// [`Reducer::load_state`] of values the reducer may keep (no copy where it overrides
+    /// this; the default copies).
+    fn load_state_owned(&mut self, state: Vec<(String, Vec<f32>)>) -> Result<()> {
+        self.load_state(&state)
+    }
+    /// [`Reducer::state`] of a reducer that is done: its state moved out where it overrides
+    /// this (no copy; the reducer keeps none), a copy by default.
+    fn take_state(&mut self) -> Vec<(String, Vec<f32>)> {
+        self.state()
+    }
 }
 
 /// Reduction operator of the dense algorithms.

@@ -25,7 +25,8 @@
 //! compressor and the server stage are one pass each; [`OneBitState::worker_error`] /
 //! [`OneBitState::server_error`] give the settled values, bit for bit those of the two-pass
 //! form. The reducer hands them out and takes them back as values ([`Reducer::state`] / [`Reducer::load_state`], named
-//! [`WORKER_ERROR`] and [`SERVER_ERROR`]); gradallreduce's `--state FILE` saves and loads
+//! [`WORKER_ERROR`] and [`SERVER_ERROR`]; moved rather than copied by [`Reducer::take_state`] /
+//! [`Reducer::load_state_owned`]); gradallreduce's `--state FILE` saves and loads
 //! them — DeepSpeed drops them on checkpoint load; we keep them.
 
 use anyhow::{bail, Result};
@@ -199,6 +200,18 @@ impl OneBitState {
         (
             settled_sum_sq(&self.worker_error, self.worker_due).sqrt(),
             settled_sum_sq(&self.server_error, self.server_due).sqrt(),
+        )
+    }
+
+    /// Both errors, settled in place and moved out (the state keeps empty buffers): what
+    /// [`OneBitState::worker_error`] and [`OneBitState::server_error`] give, without a copy.
+    fn take_errors(&mut self) -> (Vec<f32>, Vec<f32>) {
+        settle_errors(&mut self.worker_error, self.worker_due);
+        settle_errors(&mut self.server_error, self.server_due);
+        (self.worker_due, self.server_due) = (0.0, 0.0);
+        (
+            std::mem::take(&mut self.worker_error),
+            std::mem::take(&mut self.server_error),
         )
     }
 
@@ -433,9 +446,26 @@ impl Reducer for OneBitReducer {
         vec![(WORKER_ERROR.to_string(), w), (SERVER_ERROR.to_string(), s)]
     }
 
+    /// This rank's worker and server error moved out, settled (the reducer is done: it
+    /// holds no state afterwards).
+    fn take_state(&mut self) -> Vec<(String, Vec<f32>)> {
+        let (w, s) = match (self.state.as_mut(), self.pending.take()) {
+            (Some(st), _) => st.take_errors(),
+            (None, Some(ws)) => ws,
+            (None, None) => return Vec::new(),
+        };
+        self.state = None;
+        vec![(WORKER_ERROR.to_string(), w), (SERVER_ERROR.to_string(), s)]
+    }
+
     /// Takes both [`WORKER_ERROR`] and [`SERVER_ERROR`] (or nothing). Their lengths are
     /// checked against P and n at once when the reducer has run, else at the first step.
     fn load_state(&mut self, state: &[(String, Vec<f32>)]) -> Result<()> {
+        self.load_state_owned(state.to_vec())
+    }
+
+    /// [`Reducer::load_state`] keeping the given buffers (no copy).
+    fn load_state_owned(&mut self, state: Vec<(String, Vec<f32>)>) -> Result<()> {
         let name = self.name();
         if state.is_empty() {
             return Ok(());
@@ -449,7 +479,7 @@ impl Reducer for OneBitReducer {
                     bail!("{name}: unknown state `{other}` (known: {WORKER_ERROR}, {SERVER_ERROR})")
                 }
             };
-            if slot.replace(v.clone()).is_some() {
+            if slot.replace(v).is_some() {
                 bail!("{name}: state `{key}` given twice");
             }
         }

@@ -216,9 +216,10 @@ impl ReduceArgs {
 struct Prepared {
     /// Elements of the flat index space (the 1-bit state file records it).
     n: u64,
-    /// `--state`: every rank's saved 1-bit errors ([`state::to_rows`]; none when the file
-    /// does not exist yet); `None` without `--state`.
-    state: Option<Vec<Vec<TensorRow>>>,
+    /// `--state`: the saved 1-bit errors, checked and not read yet (read one buffer at a
+    /// time as the feed hands them out: [`state::StateReader::piece`]); `None` without
+    /// `--state` or when the file does not exist yet.
+    state: Option<state::StateReader>,
     /// The trace and the output, for rank 0 while the ranks run.
     io: IoRank,
 }
@@ -442,10 +443,12 @@ fn load(args: &ReduceArgs, world: &World, out: &Output) -> Result<Prepared> {
     }
     let n = layout.total();
     let state = match (&args.state, state::variant_of(args.algo)) {
-        (Some(path), Some(variant)) if path.exists() => Some(state::to_rows(
-            state::StateFile::load(path, variant, world.size(), n as usize)?,
-        )),
-        (Some(_), Some(_)) => Some((0..world.size()).map(|_| Vec::new()).collect()),
+        (Some(path), Some(variant)) if path.exists() => Some(state::StateFile::open(
+            path,
+            variant,
+            world.size(),
+            n as usize,
+        )?),
         _ => None,
     };
     // Last, once every check passed: rows go out as the steps complete.
@@ -614,7 +617,8 @@ pub fn run(args: ReduceArgs) -> Result<()> {
     let (metrics_out, loaded) = world.agree(prepared)?.unzip();
     let n = loaded.as_ref().map_or(0, |p| p.n);
     let (io, state_in) = loaded.map(|p| (p.io, p.state)).unzip();
-    // --state rows, taken by rank 0 and handed out by the feed (moved, not copied, in-process).
+    // The --state file, read by rank 0 as the feed hands each rank its buffers (moved, not
+    // copied, in-process).
     let state_in = std::sync::Mutex::new(state_in.flatten());
     // Rank 0 streams the trace to every rank, step by step, and writes the output.
     let io = std::sync::Mutex::new(io);
@@ -684,14 +688,14 @@ fn merge(mut a: RankOut, b: RankOut) -> RankOut {
 }
 
 /// What every rank gets from the I/O rank: the feed of the trace's steps, and the `--state`
-/// rows (every rank's, held by rank 0's process; rank 0 takes them and hands each rank its own
-/// in the feed's first round).
+/// file (rank 0 takes it and hands each rank its own buffers in the feed's first round, read
+/// one buffer at a time).
 #[derive(Clone, Copy)]
 struct RankIn<'a> {
     feed: &'a dist::Feed<TensorRow>,
     /// Elements of the flat index space (rank 0; what the `--state` file records).
     n: u64,
-    state: &'a std::sync::Mutex<Option<Vec<Vec<TensorRow>>>>,
+    state: &'a std::sync::Mutex<Option<state::StateReader>>,
 }
 
 /// One rank's reduction, step by step: in every round rank 0 (`io`) reads the next step and
@@ -711,22 +715,38 @@ fn reduce_rank(
     let mut reducer = reducer_for(args.algo, params)?;
     // --state: this rank's saved errors, before the first step (none on a fresh start).
     if let Some(path) = &args.state {
-        // Rank 0 hands each rank its rows in one round of the feed (in-process they are moved,
-        // so every rank's state is not held twice); every rank takes part.
-        let round = (comm.rank() == 0).then(|| {
-            let per = inputs
-                .state
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take();
-            Round::Rows(per.unwrap_or_else(|| (0..comm.size()).map(|_| Vec::new()).collect()))
-        });
-        let saved = match inputs.feed.round(comm, round)? {
+        // Rank 0 reads the file as the feed's round asks for it and hands each piece to its
+        // rank (under mpirun sent before the next is read, 2 MiB at most; in-process whole
+        // buffers, moved), so no process holds every rank's errors twice; every rank takes
+        // part (none on a fresh start). A failed read stops every rank at the first step
+        // (`IoRank::failed`).
+        let round = match io.as_mut() {
+            Some(io) => {
+                let mut file = inputs
+                    .state
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take();
+                let max = if comm.backend().in_process() {
+                    usize::MAX
+                } else {
+                    state::PIECE_VALUES
+                };
+                let failed = &mut io.failed;
+                let mut source = || match file.as_mut() {
+                    Some(f) => f.piece(max, failed),
+                    None => Piece::Done,
+                };
+                inputs.feed.round_from(comm, Some(&mut source))?
+            }
+            None => inputs.feed.round_from(comm, None)?,
+        };
+        let saved = match round {
             Round::Rows(rows) => rows,
             Round::End | Round::Stop => Vec::new(),
         };
         reducer
-            .load_state(&state::from_rows(saved))
+            .load_state_owned(state::from_rows(saved))
             .with_context(|| format!("--state {}", path.display()))?;
     }
     let algo = args.algo.name();
@@ -851,8 +871,8 @@ fn reduce_rank(
     }
     reducer.finish(comm)?;
     // --state: every rank's errors after the last step, to the I/O rank, which saves them.
-    // The reducer goes first, so that its buffers and their copy are not both held.
-    let state = args.state.is_some().then(|| reducer.state());
+    // The reducer's buffers are moved out (not copied) and it is dropped.
+    let state = args.state.is_some().then(|| reducer.take_state());
     drop(reducer);
     let saved = match (state, &args.state, state::variant_of(args.algo)) {
         (Some(st), Some(path), Some(variant)) => {

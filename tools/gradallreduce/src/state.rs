@@ -2,9 +2,11 @@
 //!
 //! The reducer does no I/O: it hands its state out and takes it back as named values
 //! (`Reducer::state` / `Reducer::load_state`). This module owns the file: the I/O rank
-//! reads it (when it exists) before any rank starts, each rank gets its buffers in the feed's
-//! first round (`dist::Feed`, the `io` phase), and after the last step every rank's buffers
-//! go to the I/O rank, which writes the file atomically as they arrive ([`save_gathered`]).
+//! checks it (when it exists) before any rank starts ([`StateFile::open`]), then reads it one
+//! buffer at a time as the feed's first round hands each rank its buffers (`dist::Feed`, the
+//! `io` phase; [`StateReader::piece`]), and after the last step every rank's buffers go to
+//! the I/O rank, which writes the file atomically as they arrive ([`save_gathered`]). The I/O
+//! rank never holds every rank's buffers (docs/MEMORY.md, issue 19).
 
 use std::io::Read;
 use std::path::Path;
@@ -33,6 +35,7 @@ const MAGIC: &[u8; 8] = b"GKONEBIT";
 const HEADER: usize = 44;
 
 /// One rank's (worker error, server error).
+#[cfg(test)]
 pub type Errors = (Vec<f32>, Vec<f32>);
 
 /// The 1-bit variant of `algo`, `None` for an algorithm without `--state`.
@@ -122,10 +125,24 @@ impl StateFile {
     }
 
     /// Reads every rank's errors; checks the file was saved for `variant` on `p` ranks with
-    /// `n` elements.
+    /// `n` elements ([`StateFile::open`], then every buffer).
+    #[cfg(test)]
     pub fn load(path: &Path, variant: Variant, p: usize, n: usize) -> Result<Vec<Errors>> {
+        let mut f = Self::open(path, variant, p, n)?;
+        (0..p)
+            .map(|_| Ok((f.next_piece(usize::MAX)?.2, f.next_piece(usize::MAX)?.2)))
+            .collect()
+    }
+
+    /// Opens a saved file and checks it, without reading the errors: the header (saved for
+    /// `variant` on `p` ranks with `n` elements, the lengths of the padding rule) and the
+    /// file's length (long enough for every rank's buffers: a truncated file is refused here,
+    /// before any rank starts). The buffers are then read one at a time
+    /// ([`StateReader::next_piece`]), so that the I/O rank never holds every rank's.
+    pub fn open(path: &Path, variant: Variant, p: usize, n: usize) -> Result<StateReader> {
         let ctx = || format!("reading 1-bit state (--state {})", path.display());
-        let mut f = std::io::BufReader::new(std::fs::File::open(path).with_context(ctx)?);
+        let file = std::fs::File::open(path).with_context(ctx)?;
+        let mut f = std::io::BufReader::with_capacity(1 << 16, file);
         let mut head = [0u8; HEADER];
         f.read_exact(&mut head)
             .with_context(|| format!("{}: file too short", ctx()))?;
@@ -150,44 +167,137 @@ impl StateFile {
         if u64_at(28) as usize != padded || u64_at(36) as usize != server_len {
             bail!("{}: buffer lengths do not match the padding rule", ctx());
         }
-        let mut out = Vec::with_capacity(p);
-        let mut buf = vec![0u8; 4 * (padded + server_len)];
-        for _ in 0..p {
-            f.read_exact(&mut buf)
-                .with_context(|| format!("{}: file truncated", ctx()))?;
-            let mut vals: Vec<f32> = buf
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().expect("4")))
-                .collect();
-            let server = vals.split_off(padded);
-            out.push((vals, server));
+        // What reading every buffer would find: the same error as a read past the end.
+        let need = HEADER as u64 + 4 * (p as u64) * (padded + server_len) as u64;
+        if f.get_ref().metadata().with_context(ctx)?.len() < need {
+            return Err(anyhow::Error::new(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "failed to fill whole buffer",
+            )))
+            .with_context(|| format!("{}: file truncated", ctx()));
         }
-        Ok(out)
+        Ok(StateReader {
+            path: path.to_path_buf(),
+            f,
+            lens: [padded, server_len],
+            p,
+            next: 0,
+            at: 0,
+        })
+    }
+}
+
+/// A `--state` file checked by [`StateFile::open`], read a piece at a time in the file's
+/// order (rank 0's worker error, its server error, rank 1's, …).
+pub struct StateReader {
+    path: std::path::PathBuf,
+    f: std::io::BufReader<std::fs::File>,
+    /// Values of a worker error and of a server error.
+    lens: [usize; 2],
+    p: usize,
+    /// The buffer being read: rank `next / 2`, worker error when even.
+    next: usize,
+    /// Values of that buffer already read.
+    at: usize,
+}
+
+/// The most values of one piece of a saved buffer that the feed's `--state` round sends at
+/// once under mpirun (2 MiB, as the trace's pieces): the I/O rank holds one piece and its
+/// encoding besides its own buffers; [`from_rows`] joins a buffer's pieces again. In-process
+/// ranks get whole buffers (moved, nothing encoded).
+pub const PIECE_VALUES: usize = (2 << 20) / 4;
+
+impl StateReader {
+    /// The next `max` values at most of the buffer being read, in the file's order: (its
+    /// rank, 0 = worker error or 1 = server error, the values). An empty buffer is one empty
+    /// piece.
+    pub fn next_piece(&mut self, max: usize) -> Result<(usize, usize, Vec<f32>)> {
+        let (r, which) = (self.next / 2, self.next % 2);
+        if r >= self.p {
+            bail!("internal: every rank's 1-bit state was read");
+        }
+        let len = self.lens[which];
+        let take = (len - self.at).min(max);
+        let mut vals = Vec::with_capacity(take);
+        let mut bytes = [0u8; 1 << 14];
+        while vals.len() < take {
+            let k = (take - vals.len()).min(bytes.len() / 4);
+            self.f.read_exact(&mut bytes[..4 * k]).with_context(|| {
+                format!(
+                    "reading 1-bit state (--state {}): file truncated",
+                    self.path.display()
+                )
+            })?;
+            vals.extend(
+                bytes[..4 * k]
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().expect("4"))),
+            );
+        }
+        self.at += take;
+        if self.at == len {
+            (self.next, self.at) = (self.next + 1, 0);
+        }
+        Ok((r, which, vals))
+    }
+
+    /// Whether every buffer was read.
+    pub fn done(&self) -> bool {
+        self.next >= 2 * self.p
+    }
+
+    /// The source of the feed's `--state` round (`dist::Feed::round_from`) on the I/O rank:
+    /// the buffers in pieces of at most `max` values ([`PIECE_VALUES`] under mpirun; rank 0's
+    /// own, which the feed keeps rather than sends, whole), each a row for its rank
+    /// ([`error_row`]) read only when the feed asks for it (under mpirun each is sent before
+    /// the next is read), then `Done`. A read that fails is kept in `failed`
+    /// and stops every rank (`Piece::Stop`), reported once by the I/O rank.
+    pub fn piece(
+        &mut self,
+        max: usize,
+        failed: &mut Option<anyhow::Error>,
+    ) -> dist::Piece<TensorRow> {
+        if failed.is_some() {
+            return dist::Piece::Stop;
+        }
+        if self.done() {
+            return dist::Piece::Done;
+        }
+        let max = if self.next < 2 { usize::MAX } else { max };
+        match self.next_piece(max) {
+            Ok((r, which, values)) => dist::Piece::Rows(r, vec![error_row(r, which, values)]),
+            Err(e) => {
+                *failed = Some(e);
+                dist::Piece::Stop
+            }
+        }
+    }
+}
+
+/// One saved buffer as the feed hands it out: layer 0 = [`WORKER_ERROR`], layer 1 =
+/// [`SERVER_ERROR`], of rank `rank`.
+pub fn error_row(rank: usize, which: usize, values: Vec<f32>) -> TensorRow {
+    let name = [WORKER_ERROR, SERVER_ERROR][which];
+    TensorRow {
+        step: 0,
+        rank: rank as u32,
+        layer_id: which as u32,
+        layer: name.to_string(),
+        numel: values.len() as u64,
+        shape: None,
+        indices: None,
+        values,
     }
 }
 
 /// Every rank's errors as rows, one `Vec` per rank (rank order), as the feed's first round
-/// hands them out: layer 0 = [`WORKER_ERROR`], layer 1 = [`SERVER_ERROR`].
+/// hands them out ([`error_row`]).
+#[cfg(test)]
 pub fn to_rows(ranks: Vec<Errors>) -> Vec<Vec<TensorRow>> {
     ranks
         .into_iter()
         .enumerate()
-        .map(|(r, (w, s))| {
-            [(WORKER_ERROR, w), (SERVER_ERROR, s)]
-                .into_iter()
-                .enumerate()
-                .map(|(i, (name, values))| TensorRow {
-                    step: 0,
-                    rank: r as u32,
-                    layer_id: i as u32,
-                    layer: name.to_string(),
-                    numel: values.len() as u64,
-                    shape: None,
-                    indices: None,
-                    values,
-                })
-                .collect()
-        })
+        .map(|(r, (w, s))| vec![error_row(r, 0, w), error_row(r, 1, s)])
         .collect()
 }
 
@@ -256,9 +366,33 @@ pub fn save_gathered(
 /// The tag of [`save_gathered`]'s messages (after the last step: no collective is in flight).
 const STATE_TAG: u32 = 2;
 
-/// This rank's rows back as `Reducer::load_state` takes them.
+/// This rank's rows back as `Reducer::load_state` takes them: the pieces of one buffer
+/// (consecutive rows of the same layer, [`StateReader::piece`]) joined in order, each piece
+/// dropped once copied (a buffer in one piece is moved).
 pub fn from_rows(rows: Vec<TensorRow>) -> Vec<(String, Vec<f32>)> {
-    rows.into_iter().map(|r| (r.layer, r.values)).collect()
+    // Whether each row starts a run of one layer's rows, and each run's length.
+    let starts: Vec<bool> = (0..rows.len())
+        .map(|i| i == 0 || rows[i - 1].layer != rows[i].layer)
+        .collect();
+    let mut lens: Vec<usize> = Vec::new();
+    for (r, &start) in rows.iter().zip(&starts) {
+        match lens.last_mut() {
+            Some(len) if !start => *len += r.values.len(),
+            _ => lens.push(r.values.len()),
+        }
+    }
+    let mut out: Vec<(String, Vec<f32>)> = Vec::with_capacity(lens.len());
+    for (r, start) in rows.into_iter().zip(starts) {
+        match out.last_mut() {
+            Some((_, v)) if !start => v.extend_from_slice(&r.values),
+            _ => {
+                let mut v = r.values;
+                v.reserve_exact(lens[out.len()] - v.len());
+                out.push((r.layer, v));
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -381,6 +515,124 @@ mod tests {
                 (SERVER_ERROR.to_string(), e[1].1.clone())
             ]
         );
+    }
+
+    /// The feed's source hands every buffer out in pieces of at most `max` values (rank 0's
+    /// whole), in the file's order, each to its rank; joined again by `from_rows` they are the values
+    /// written by hand; then `Done`. An empty server error (onebit-naive) is one empty piece.
+    #[test]
+    fn pieces_hand_every_buffer_to_its_rank_in_order() {
+        for (variant, v) in [(Variant::Server, 0u32), (Variant::Naive, 1)] {
+            let (p, n) = (2usize, 21usize);
+            let (padded, server) = OneBitState::lens(variant, p, n);
+            let e = errs(p, padded, server);
+            let vals: Vec<f32> = e
+                .iter()
+                .flat_map(|(w, s)| w.iter().chain(s).copied())
+                .collect();
+            let mut bytes = by_hand(p as u32, n as u64, padded as u64, server as u64, &vals);
+            bytes[12..16].copy_from_slice(&v.to_le_bytes());
+            let path = tmp(&format!("pieces-{v}"));
+            std::fs::write(&path, &bytes).unwrap();
+            let mut f = StateFile::open(&path, variant, p, n).unwrap();
+            let (mut per, mut failed, mut count) = (vec![Vec::new(); p], None, 0);
+            loop {
+                match f.piece(5, &mut failed) {
+                    dist::Piece::Rows(d, rows) => {
+                        // Rank 0's own buffers (kept by the I/O rank) come whole.
+                        let most = if d == 0 { padded } else { 5 };
+                        assert!(rows
+                            .iter()
+                            .all(|r| r.values.len() <= most && r.rank == d as u32));
+                        per[d].extend(rows);
+                        count += 1;
+                    }
+                    dist::Piece::Done => break,
+                    other => panic!("{other:?}"),
+                }
+            }
+            let want_pieces = 2 + (p - 1) * (padded.div_ceil(5) + server.div_ceil(5).max(1));
+            assert_eq!(count, want_pieces, "{variant:?}");
+            for (r, rows) in per.into_iter().enumerate() {
+                let (w, s) = &e[r];
+                assert_eq!(
+                    from_rows(rows),
+                    vec![
+                        (WORKER_ERROR.to_string(), w.clone()),
+                        (SERVER_ERROR.to_string(), s.clone())
+                    ],
+                    "{variant:?} rank {r}"
+                );
+            }
+            assert!(failed.is_none());
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+
+    /// A file cut short is refused by `open` with the message a read past its end gives; one
+    /// cut after `open` stops the feed's source, which keeps the same message.
+    #[test]
+    fn a_file_cut_short_is_refused_before_or_while_it_is_read() {
+        // Larger than the reader's buffer, so that the cut is met by a read.
+        let (p, n) = (2usize, 40_000usize);
+        let (padded, server) = OneBitState::lens(Variant::Server, p, n);
+        let e = errs(p, padded, server);
+        let vals: Vec<f32> = e
+            .iter()
+            .flat_map(|(w, s)| w.iter().chain(s).copied())
+            .collect();
+        let whole = by_hand(p as u32, n as u64, padded as u64, server as u64, &vals);
+        let path = tmp("cut-short");
+        std::fs::write(&path, &whole[..whole.len() - 1]).unwrap();
+        let m = format!(
+            "{:#}",
+            StateFile::open(&path, Variant::Server, p, n).err().unwrap()
+        );
+        let want = format!(
+            "reading 1-bit state (--state {}): file truncated: failed to fill whole buffer",
+            path.display()
+        );
+        assert_eq!(m, want);
+        std::fs::write(&path, &whole).unwrap();
+        let mut f = StateFile::open(&path, Variant::Server, p, n).unwrap();
+        std::fs::write(&path, &whole[..HEADER + 4 * (padded + 3)]).unwrap();
+        let mut failed = None;
+        let mut got = 0;
+        loop {
+            match f.piece(PIECE_VALUES, &mut failed) {
+                dist::Piece::Rows(_, rows) => got += rows[0].values.len(),
+                dist::Piece::Stop => break,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(got <= padded, "{got}");
+        assert_eq!(format!("{:#}", failed.unwrap()), want);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// Pieces of one buffer are joined in order; a buffer given twice stays two entries (for
+    /// `load_state` to refuse).
+    #[test]
+    fn from_rows_joins_the_pieces_of_each_buffer() {
+        let row = |which: usize, v: &[f32]| error_row(0, which, v.to_vec());
+        let rows = vec![
+            row(0, &[1.0, 2.0]),
+            row(0, &[3.0]),
+            row(0, &[]),
+            row(0, &[4.0, -0.0]),
+            row(1, &[]),
+        ];
+        assert_eq!(
+            from_rows(rows),
+            vec![
+                (WORKER_ERROR.to_string(), vec![1.0, 2.0, 3.0, 4.0, -0.0]),
+                (SERVER_ERROR.to_string(), vec![])
+            ]
+        );
+        let rows = vec![row(0, &[1.0]), row(1, &[2.0]), row(0, &[3.0])];
+        let got = from_rows(rows);
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[2], (WORKER_ERROR.to_string(), vec![3.0]));
     }
 
     /// Every rank's buffers reach the file in rank order, as each rank gave them (checked
