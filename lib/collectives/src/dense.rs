@@ -65,21 +65,34 @@ pub fn ring_in_caller_phase(comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
 ///
 /// The chunk a rank sends in step s+1 is the one it reduced in step s, so the received
 /// buffer, once it holds the sum, is sent on as it is: one copy of a chunk per call (the
-/// first message) and no allocation per step; the sum `data + got` is written to both
-/// `data` and `got` in one pass.
+/// first message) and no allocation per step. The sum `data + got` is written to `got`, and
+/// to `data` only in the last step (chunk r+1, the one this rank keeps).
+///
+/// Every other chunk of `data` is dead once sent or summed (the allgather overwrites it
+/// before anything reads it), so for in-process ranks ([`releases`]) its memory pages are
+/// given back ([`gradkit_comm::release`]): issue 19, the messages in flight then take the
+/// room of chunks no longer needed instead of adding to P in-process ranks' inputs.
 fn ring_reduce_scatter(comm: &dyn Comm, data: &mut [f32], mut first: Vec<f32>) -> Result<Vec<f32>> {
     let (p, r, n) = (comm.size(), comm.rank(), data.len());
     let (right, left) = ((r + 1) % p, (r + p - 1) % p);
-    let mut buf = message(&mut first, &data[chunk(n, p, r)]);
+    let on = releases(comm);
+    let mut buf = message_releasing(on, &mut first, &mut data[chunk(n, p, r)]);
     for s in 0..p - 1 {
         let recv_c = (r + 2 * p - s - 1) % p;
         let mut got: Vec<f32> = comm.sendrecv(right, buf, left)?;
         let dst = &mut data[chunk(n, p, recv_c)];
         assert_eq!(got.len(), dst.len(), "ring chunk of the wrong length");
-        for (d, g) in dst.iter_mut().zip(got.iter_mut()) {
-            let v = *d + *g;
-            *d = v;
-            *g = v;
+        if s + 2 < p {
+            for (d, g) in dst.iter().zip(got.iter_mut()) {
+                *g += *d;
+            }
+            release_if(on, dst);
+        } else {
+            for (d, g) in dst.iter_mut().zip(got.iter_mut()) {
+                let v = *d + *g;
+                *d = v;
+                *g = v;
+            }
         }
         buf = got;
     }
@@ -88,16 +101,26 @@ fn ring_reduce_scatter(comm: &dyn Comm, data: &mut [f32], mut first: Vec<f32>) -
 
 /// Ring allgather of the reduced chunks: rank r starts with chunk r+1 in `buf` (as
 /// [`ring_reduce_scatter`] leaves it) and forwards each received chunk as it came, after
-/// copying it into place; no allocation per step. Returns the last chunk received.
+/// copying it into place; no allocation per step. Returns the last chunk received, its
+/// memory pages given back (it is only kept for its capacity: [`retire`]).
 fn ring_allgather(comm: &dyn Comm, data: &mut [f32], mut buf: Vec<f32>) -> Result<Vec<f32>> {
     let (p, r, n) = (comm.size(), comm.rank(), data.len());
     let (right, left) = ((r + 1) % p, (r + p - 1) % p);
     for s in 0..p - 1 {
         let recv_c = (r + p - s) % p;
-        let got: Vec<f32> = comm.sendrecv(right, buf, left)?;
-        data[chunk(n, p, recv_c)].copy_from_slice(&got);
+        let mut got: Vec<f32> = comm.sendrecv(right, buf, left)?;
+        let dst = &mut data[chunk(n, p, recv_c)];
+        if s + 2 < p {
+            dst.copy_from_slice(&got);
+        } else if releases(comm) {
+            // The last chunk is not sent on: dead once in place.
+            gradkit_comm::copy_release(dst, &mut got);
+        } else {
+            dst.copy_from_slice(&got);
+        }
         buf = got;
     }
+    retire(releases(comm), &mut buf);
     Ok(buf)
 }
 
@@ -131,13 +154,21 @@ pub fn ring_fp16(comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
     let mut buf = Vec::new();
     {
         let _ph = comm.phase("reduce_scatter");
-        to_f16_bytes(&data[chunk(n, p, r)], &mut buf);
+        // Every chunk but r+1 is dead once sent (the allgather overwrites it): its memory
+        // pages are given back, as in `ring_reduce_scatter`.
+        let on = releases(comm);
+        let first = &mut data[chunk(n, p, r)];
+        to_f16_bytes(first, &mut buf);
+        release_if(on, first);
         for s in 0..p - 1 {
             let dst = &mut data[chunk(n, p, (r + 2 * p - s - 1) % p)];
             buf = fp16_hop(comm, buf, dst, |d, g| {
                 *d = half::f16::from_f32(*d + g).to_f32()
             })?;
             to_f16_bytes(dst, &mut buf);
+            if s + 2 < p {
+                release_if(on, dst);
+            }
         }
     }
     let _ph = comm.phase("allgather");
@@ -179,15 +210,62 @@ pub fn rabenseifner(comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
     rabenseifner_with_scratch(comm, data, &mut Vec::new())
 }
 
+/// Whether dead chunks' memory pages are given back ([`gradkit_comm::release`]): for
+/// in-process ranks, which share one address space (P ranks' inputs in one process, issue
+/// 19's memory bound). Under MPI a rank keeps its buffers resident, so that a steady-state
+/// call faults no page in (issue 19's buffer reuse): a released chunk is faulted in again
+/// when the allgather writes it.
+fn releases(comm: &dyn Comm) -> bool {
+    comm.backend().in_process()
+}
+
+/// Gives back `s`'s memory pages when `on` ([`releases`]).
+fn release_if(on: bool, s: &mut [f32]) {
+    if on {
+        gradkit_comm::release(s);
+    }
+}
+
 /// Moves a copy of `src` out in `scratch`'s memory (its capacity is reused: a message built
 /// here allocates nothing once `scratch` has grown; when it must grow, a large one gets
-/// huge pages, [`gradkit_comm::huge_vec`]).
-fn message(scratch: &mut Vec<f32>, src: &[f32]) -> Vec<f32> {
+/// huge pages, [`gradkit_comm::huge_vec`]). With `on` ([`releases`]) the stale pages past
+/// the message are given back ([`gradkit_comm::release_spare`]).
+fn message(on: bool, scratch: &mut Vec<f32>, src: &[f32]) -> Vec<f32> {
     let mut m = std::mem::take(scratch);
     m.clear();
     gradkit_comm::reserve_huge(&mut m, src.len());
     m.extend_from_slice(src);
+    if on {
+        gradkit_comm::release_spare(&mut m);
+    }
     m
+}
+
+/// [`message`] from a source that is dead once copied (overwritten before it is read again):
+/// with `on`, its memory pages are given back as it is copied
+/// ([`gradkit_comm::release_into`]), so the message and its source are never both resident
+/// in full (issue 19).
+fn message_releasing(on: bool, scratch: &mut Vec<f32>, src: &mut [f32]) -> Vec<f32> {
+    if !on {
+        return message(false, scratch, src);
+    }
+    let mut m = std::mem::take(scratch);
+    m.clear();
+    gradkit_comm::reserve_huge(&mut m, src.len());
+    gradkit_comm::release_into(&mut m, src);
+    gradkit_comm::release_spare(&mut m);
+    m
+}
+
+/// With `on` ([`releases`]): empties a buffer kept only for its capacity (the scratch a
+/// caller keeps between calls) and gives back all its memory pages, so that it holds no
+/// resident memory between calls. One release over the whole capacity: its 2 MiB huge pages
+/// go back whole (not split), so the next call faults them in as huge pages again.
+fn retire(on: bool, buf: &mut Vec<f32>) {
+    if on {
+        buf.clear();
+        gradkit_comm::release_spare(buf);
+    }
 }
 
 /// [`rabenseifner`] that builds its messages in `scratch` and keeps the last received
@@ -206,12 +284,14 @@ pub fn rabenseifner_with_scratch(
     }
     let pp = 1usize << (usize::BITS - 1 - p.leading_zeros());
     let q = p - pp;
+    let on = releases(comm);
     // Fold the extra ranks into their odd neighbours.
     let newrank: Option<usize> = {
         let _ph = comm.phase("fold");
         if r < 2 * q {
             if r % 2 == 0 {
-                comm.send(r + 1, message(scratch, data))?;
+                // `data` is dead until the unfold overwrites it.
+                comm.send(r + 1, message_releasing(on, scratch, data))?;
                 None
             } else {
                 let got: Vec<f32> = comm.recv(r - 1)?;
@@ -229,13 +309,25 @@ pub fn rabenseifner_with_scratch(
     let _ph = comm.phase("unfold");
     if r < 2 * q {
         if r % 2 == 1 {
-            comm.send(r - 1, message(scratch, data))?;
+            comm.send(r - 1, message(on, scratch, data))?;
         } else {
-            let got: Vec<f32> = comm.recv(r + 1)?;
-            data.copy_from_slice(&got);
+            let mut got: Vec<f32> = comm.recv(r + 1)?;
+            if got.len() != data.len() {
+                bail!(
+                    "rabenseifner: an unfold of {} values, expected {}",
+                    got.len(),
+                    data.len()
+                );
+            }
+            if on {
+                gradkit_comm::copy_release(data, &mut got);
+            } else {
+                data.copy_from_slice(&got);
+            }
             *scratch = got;
         }
     }
+    retire(on, scratch);
     Ok(())
 }
 
@@ -251,6 +343,7 @@ fn halving_doubling(
     q: usize,
 ) -> Result<()> {
     let real = |nr: usize| if nr < q { 2 * nr + 1 } else { nr + q };
+    let on = releases(comm);
     // Recursive halving: keep the half of the current range on this rank's side.
     let mut ranges = Vec::new();
     let (mut lo, mut hi) = (0usize, data.len());
@@ -265,7 +358,8 @@ fn halving_doubling(
             } else {
                 ((mid, hi), (lo, mid))
             };
-            let send = message(scratch, &data[give.0..give.1]);
+            // The half given is dead until the doubling step of this level overwrites it.
+            let send = message_releasing(on, scratch, &mut data[give.0..give.1]);
             let got: Vec<f32> = comm.sendrecv(partner, send, partner)?;
             add_into(&mut data[keep.0..keep.1], &got);
             *scratch = got;
@@ -286,9 +380,23 @@ fn halving_doubling(
         } else {
             (plo, mid)
         };
-        let send = message(scratch, &data[lo..hi]);
-        let got: Vec<f32> = comm.sendrecv(partner, send, partner)?;
-        data[other.0..other.1].copy_from_slice(&got);
+        let send = message(on, scratch, &data[lo..hi]);
+        let mut got: Vec<f32> = comm.sendrecv(partner, send, partner)?;
+        let dst = &mut data[other.0..other.1];
+        if got.len() != dst.len() {
+            bail!(
+                "rabenseifner: a half of {} values, expected {}",
+                got.len(),
+                dst.len()
+            );
+        }
+        if mask << 1 < pp || !on {
+            // Kept: the next message is built in its memory.
+            dst.copy_from_slice(&got);
+        } else {
+            // The last message received is dead once in place.
+            gradkit_comm::copy_release(dst, &mut got);
+        }
         *scratch = got;
         (lo, hi) = (plo, phi);
         mask <<= 1;
@@ -328,13 +436,56 @@ pub fn tree_with_scratch(comm: &dyn Comm, data: &mut [f32], scratch: &mut Vec<f3
         }
         if r != 0 {
             let hb = usize::BITS - 1 - r.leading_zeros();
-            comm.send(r - (1 << hb), message(scratch, data))?;
+            comm.send(r - (1 << hb), message(releases(comm), scratch, data))?;
         }
     }
     let _ph = comm.phase("broadcast");
-    let res = comm.broadcast(0, (r == 0).then(|| message(scratch, data)))?;
+    let on = releases(comm);
+    let res = comm.broadcast(0, (r == 0).then(|| message(on, scratch, data)))?;
     data.copy_from_slice(&res);
     *scratch = res;
+    retire(on, scratch);
+    Ok(())
+}
+
+/// [`tree`] on an owned vector, as [`DenseReducer`] calls it: a rank's reduced vector is
+/// moved to its parent instead of copied (it is not read again before the broadcast
+/// overwrites it), the root's result goes out as the broadcast's data, every other rank's
+/// result is the broadcast's buffer itself, and each child's vector is dropped once added.
+/// Same messages, same sums as [`tree`]; issue 19: in-process, the ranks together hold
+/// about P vectors (theirs, or in flight) instead of P plus a copy per message and a kept
+/// full-length scratch per rank.
+pub fn tree_owned(comm: &dyn Comm, data: &mut Vec<f32>) -> Result<()> {
+    let (p, r, n) = (comm.size(), comm.rank(), data.len());
+    if p == 1 {
+        return Ok(());
+    }
+    {
+        let _ph = comm.phase("reduce");
+        // Children of r are r + 2^j for every j above r's highest set bit (as in `tree`).
+        let start = if r == 0 {
+            0
+        } else {
+            usize::BITS - r.leading_zeros()
+        };
+        let mut bit = 1usize << start;
+        while bit < p {
+            if r + bit < p {
+                let got: Vec<f32> = comm.recv(r + bit)?;
+                add_into(data, &got);
+            }
+            bit <<= 1;
+        }
+        if r != 0 {
+            let hb = usize::BITS - 1 - r.leading_zeros();
+            comm.send(r - (1 << hb), std::mem::take(data))?;
+        }
+    }
+    let _ph = comm.phase("broadcast");
+    *data = comm.broadcast(0, (r == 0).then(|| std::mem::take(data)))?;
+    if data.len() != n {
+        bail!("tree: a broadcast of {} values, expected {n}", data.len());
+    }
     Ok(())
 }
 
@@ -395,11 +546,16 @@ pub fn allreduce_reusing(
         bail!("unknown dense algorithm `{name}`")
     };
     f(comm, data, scratch)?;
+    finish_op(comm, op, data);
+    Ok(())
+}
+
+/// Turns a sum into `op`'s result (the mean divides by P).
+fn finish_op(comm: &dyn Comm, op: Op, data: &mut [f32]) {
     if op == Op::Mean {
         let inv = 1.0 / comm.size() as f32;
         data.iter_mut().for_each(|v| *v *= inv);
     }
-    Ok(())
 }
 
 /// A dense algorithm as a [`Reducer`]: sparse input is densified first.
@@ -441,7 +597,13 @@ impl Reducer for DenseReducer {
         input: Flat,
     ) -> Result<StepOutput> {
         let mut data = input.into_dense(layout.total() as usize);
-        allreduce_reusing(comm, self.name, self.op, &mut data, &mut self.scratch)?;
+        if self.name == "tree" {
+            // Moves the vectors it sends (tree_owned): same messages and bits as `tree`.
+            tree_owned(comm, &mut data)?;
+            finish_op(comm, self.op, &mut data);
+        } else {
+            allreduce_reusing(comm, self.name, self.op, &mut data, &mut self.scratch)?;
+        }
         Ok(StepOutput::new(Flat::Dense(data)))
     }
 }

@@ -357,6 +357,95 @@ pub fn reserve_huge<T: Copy>(v: &mut Vec<T>, len: usize) {
     }
 }
 
+/// Regions below this many bytes are not released ([`release`]): a system call costs more
+/// than the few pages it could give back.
+const RELEASE_MIN_BYTES: usize = 64 << 10;
+/// [`release_into`] copies and releases in blocks ending on multiples of this many bytes of
+/// address (a huge page), so that every whole page of the source is released.
+const RELEASE_BLOCK_BYTES: usize = 2 << 20;
+
+/// Gives the whole memory pages of `[start, start + bytes)` back to the kernel.
+fn dontneed(start: usize, bytes: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        let page = 4096usize;
+        let lo = start.next_multiple_of(page);
+        let hi = (start + bytes) / page * page;
+        if hi > lo && hi - lo >= RELEASE_MIN_BYTES {
+            // SAFETY: [lo, hi) lies inside memory the caller holds exclusively (a `&mut`
+            // slice or a `Vec`'s spare capacity). MADV_DONTNEED on private memory only makes
+            // its pages read as zeros (an anonymous mapping) or as the file's contents (a
+            // file mapping) when next touched; the memory stays mapped and valid. A failure
+            // leaves the pages as they were.
+            unsafe {
+                libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_DONTNEED);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (start, bytes);
+}
+
+/// Declares the contents of `s` dead: its whole memory pages go back to the kernel
+/// (`madvise(MADV_DONTNEED)`), so they stop counting in the process's resident memory until
+/// written again. For a part of a buffer that an algorithm overwrites before it reads it
+/// again (a ring's chunk once sent, a received message once added). The elements keep a
+/// valid value of `T` (zero, or what they held: the pages at either end that `s` shares
+/// with its neighbours are kept, as are regions below 64 KiB), never a meaningful one.
+/// Issue 19: P in-process ranks each hold their input and their messages; released dead
+/// chunks make room for the messages. No effect off Linux.
+pub fn release<T: Elem>(s: &mut [T]) {
+    dontneed(s.as_mut_ptr() as usize, std::mem::size_of_val(s));
+}
+
+/// [`release`] for the spare capacity of `v` (the memory past its length): a kept buffer
+/// whose stale contents would otherwise stay resident.
+pub fn release_spare<T: Elem>(v: &mut Vec<T>) {
+    let spare = v.spare_capacity_mut();
+    dontneed(spare.as_mut_ptr() as usize, std::mem::size_of_val(spare));
+}
+
+/// The blocks of `src` that [`release_into`] and [`copy_release`] work in: each ends on a
+/// multiple of 2 MiB of address (the last at the end of `src`), so that every whole page of
+/// `src` lies inside one block and is released with it.
+fn release_blocks<T>(src: &[T]) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let size = std::mem::size_of::<T>().max(1);
+    let (base, len) = (src.as_ptr() as usize, src.len());
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        if at >= len {
+            return None;
+        }
+        let addr = base + at * size;
+        let end = (addr + 1).next_multiple_of(RELEASE_BLOCK_BYTES);
+        let take = ((end - addr) / size).clamp(1, len - at);
+        at += take;
+        Some(at - take..at)
+    })
+}
+
+/// Appends `src` to `out` and [`release`]s `src` as it goes, a block (up to 2 MiB of
+/// address) at a time, so that the copy and its source are never both resident in full:
+/// for a source that is dead once copied (a chunk sent and not read again before it is
+/// overwritten).
+pub fn release_into<T: Elem>(out: &mut Vec<T>, src: &mut [T]) {
+    out.reserve(src.len());
+    for b in release_blocks(src) {
+        out.extend_from_slice(&src[b.clone()]);
+        release(&mut src[b]);
+    }
+}
+
+/// Copies `src` into `dst` (same length) and [`release`]s `src` as it goes, a block at a
+/// time ([`release_into`]): for a received message that is dead once copied into place.
+pub fn copy_release<T: Elem>(dst: &mut [T], src: &mut [T]) {
+    assert_eq!(dst.len(), src.len(), "copy_release of unequal lengths");
+    for b in release_blocks(src) {
+        dst[b.clone()].copy_from_slice(&src[b.clone()]);
+        release(&mut src[b]);
+    }
+}
+
 mod sealed {
     pub trait Sealed {}
 }

@@ -26,7 +26,10 @@ pub mod mpi;
 mod traffic;
 
 pub use backend::Backend;
-pub use buf::{huge_vec, reserve_huge, Buf, DeviceMemory, Elem, Kind, Location};
+pub use buf::{
+    copy_release, huge_vec, release, release_into, release_spare, reserve_huge, Buf, DeviceMemory,
+    Elem, Kind, Location,
+};
 pub use error::{is_peer_failure, CommError, Waiting};
 pub use launch::{Launch, World};
 pub use local::run_local;

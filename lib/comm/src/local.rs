@@ -73,7 +73,13 @@ impl LocalComm {
         }
     }
 
-    /// Generic shared-memory allreduce: deposit, each rank sums its chunk, gather chunks.
+    /// Shared-memory allreduce in place, copying no rank's input: every rank publishes
+    /// where its buffer is; after a barrier, rank r sums chunk r (elements `r·n/P ..
+    /// (r+1)·n/P`) of every rank's buffer, in rank order from `T::default()` (the order the
+    /// deposit-and-copy version used: same bits), and writes the sum into that chunk of
+    /// every buffer; a last barrier keeps each buffer alive until every rank has written.
+    /// Issue 19: no rank holds a copy of another's input (before, each rank deposited a
+    /// full copy: P copies of the model in one process).
     fn native_sum<T>(&self, data: &mut [T]) -> CommResult<()>
     where
         T: Copy + Default + std::ops::AddAssign + Send + Sync + 'static,
@@ -83,36 +89,89 @@ impl LocalComm {
         if p == 1 {
             return Ok(());
         }
-        let mine: Arc<Vec<T>> = Arc::new(data.to_vec());
-        self.shared.slots.lock().unwrap_or_else(|e| e.into_inner())[self.rank] = Some(mine);
-        self.barrier()?;
-        let all: Vec<Arc<Vec<T>>> = {
-            let s = self.shared.slots.lock().unwrap_or_else(|e| e.into_inner());
-            s.iter()
-                .map(|x| slot_vec::<T>(x, n))
-                .collect::<CommResult<_>>()?
+        let mine = Published::<T> {
+            addr: data.as_mut_ptr() as usize,
+            len: n,
+            _t: std::marker::PhantomData,
         };
-        self.barrier()?;
-        let (lo, hi) = (n * self.rank / p, n * (self.rank + 1) / p);
-        let mut chunk = vec![T::default(); hi - lo];
-        for v in &all {
-            for (c, x) in chunk.iter_mut().zip(&v[lo..hi]) {
-                *c += *x;
-            }
-        }
-        drop(all);
         self.shared.slots.lock().unwrap_or_else(|e| e.into_inner())[self.rank] =
-            Some(Arc::new(chunk));
+            Some(Arc::new(mine));
         self.barrier()?;
-        {
+        // Every rank reads the same P slots (a slot is overwritten only by the next native
+        // allreduce, which no rank enters before passing one more barrier of this one), so
+        // a length or type mismatch is seen by all of them, and all return it, after that
+        // barrier, before anyone writes.
+        let bufs: CommResult<Vec<usize>> = {
             let s = self.shared.slots.lock().unwrap_or_else(|e| e.into_inner());
-            for (q, x) in s.iter().enumerate() {
-                let (lo, hi) = (n * q / p, n * (q + 1) / p);
-                let c = slot_vec::<T>(x, hi - lo)?;
-                data[lo..hi].copy_from_slice(&c);
+            s.iter().map(|x| published::<T>(x, n)).collect()
+        };
+        let bufs = match bufs {
+            Ok(b) => b,
+            Err(e) => {
+                self.barrier()?;
+                return Err(e);
+            }
+        };
+        let (lo, hi) = (n * self.rank / p, n * (self.rank + 1) / p);
+        // SAFETY: every address is the start of a live `&mut [T]` of `n` elements, held by
+        // its rank inside this call until the barrier below; its owner touches it only
+        // through this pointer until then. Rank r reads and writes only elements lo..hi of
+        // each buffer, and the ranks' ranges are disjoint, so no element is accessed by two
+        // threads. Between the first barrier and the next no rank can fail (every rank is
+        // in this call and `sum_chunk` neither allocates nor panics), so no rank returns
+        // while another may still write into its buffer.
+        unsafe { sum_chunk::<T>(&bufs, lo, hi) };
+        self.barrier()
+    }
+}
+
+/// One rank's native-allreduce buffer, published to the other ranks of the call.
+struct Published<T> {
+    addr: usize,
+    len: usize,
+    _t: std::marker::PhantomData<fn() -> T>,
+}
+
+/// The address of a published buffer of `n` elements of `T`: another element type or
+/// length on another rank is an error (every rank must call the same allreduce).
+fn published<T: 'static>(x: &Option<Arc<dyn Any + Send + Sync>>, n: usize) -> CommResult<usize> {
+    let x = x.as_ref().ok_or(CommError::PeerFailed)?;
+    let v = x.downcast_ref::<Published<T>>().ok_or_else(|| {
+        CommError::SizeMismatch("ranks called different native allreduces".into())
+    })?;
+    if v.len != n {
+        return Err(CommError::SizeMismatch(format!(
+            "native allreduce of {} values on one rank, {n} on another",
+            v.len
+        )));
+    }
+    Ok(v.addr)
+}
+
+/// Sums elements `lo..hi` of the buffers at `bufs` (rank order, from `T::default()`) and
+/// writes the sum into those elements of every buffer, a block at a time.
+///
+/// # Safety
+/// Every address holds at least `hi` valid elements of `T`, and no other thread touches
+/// elements `lo..hi` of any of them during the call.
+unsafe fn sum_chunk<T: Copy + Default + std::ops::AddAssign>(bufs: &[usize], lo: usize, hi: usize) {
+    const BLOCK: usize = 1024;
+    let mut acc = [T::default(); BLOCK];
+    let mut at = lo;
+    while at < hi {
+        let len = BLOCK.min(hi - at);
+        let acc = &mut acc[..len];
+        acc.fill(T::default());
+        for &b in bufs {
+            let src = std::slice::from_raw_parts((b as *const T).add(at), len);
+            for (a, x) in acc.iter_mut().zip(src) {
+                *a += *x;
             }
         }
-        self.barrier()
+        for &b in bufs {
+            std::slice::from_raw_parts_mut((b as *mut T).add(at), len).copy_from_slice(acc);
+        }
+        at += len;
     }
 }
 
@@ -198,26 +257,6 @@ impl Comm for LocalComm {
     fn traffic(&self) -> &Traffic {
         &self.traffic
     }
-}
-
-/// A native allreduce slot as a `Vec<T>` of `n` elements: another element type or length
-/// on another rank is an error (every rank must call the same allreduce).
-fn slot_vec<T: Send + Sync + 'static>(
-    x: &Option<Arc<dyn Any + Send + Sync>>,
-    n: usize,
-) -> CommResult<Arc<Vec<T>>> {
-    let v = x
-        .clone()
-        .ok_or(CommError::PeerFailed)?
-        .downcast::<Vec<T>>()
-        .map_err(|_| CommError::SizeMismatch("ranks called different native allreduces".into()))?;
-    if v.len() != n {
-        return Err(CommError::SizeMismatch(format!(
-            "native allreduce of {} values on one rank, {n} on another",
-            v.len()
-        )));
-    }
-    Ok(v)
 }
 
 fn panic_text(p: &(dyn Any + Send)) -> String {
