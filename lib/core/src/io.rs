@@ -1126,6 +1126,9 @@ pub struct TableWriter<T: Table> {
     /// The step of the last row written (`tensor/1`): a new step starts a new row group
     /// once the row group holds [`STEP_GROUP_BYTES`].
     last_step: Option<u32>,
+    /// The step [`TableWriter::end_step`] ended last, until the next row is written: that row
+    /// must be of another step.
+    ended: Option<u32>,
     /// [`STEP_GROUP_BYTES`], 0 in tests.
     step_group_bytes: usize,
     /// [`ROW_GROUP_BYTES`], smaller in tests.
@@ -1191,6 +1194,7 @@ fn append_row_group(file: &mut FileWriter, cols: Vec<EncodedColumn>) -> Result<(
         match c {
             EncodedColumn::Arrow(chunk) => chunk.append_to_row_group(&mut rg)?,
             EncodedColumn::Raw(bytes, close) => rg.append_column(&bytes, close)?,
+            EncodedColumn::Pages(chunk, close) => rg.append_column(&chunk, close)?,
         }
     }
     rg.close()?;
@@ -1204,9 +1208,16 @@ fn append_row_group(file: &mut FileWriter, cols: Vec<EncodedColumn>) -> Result<(
 /// 16 MiB costs nothing measurable in file size (a row group's metadata is ~1 KiB).
 const ROW_GROUP_BYTES: usize = 16 << 20;
 /// Payload bytes of the row groups being encoded in the background at once (at least one row
-/// group, however big; at most one per core); `tensor/1` counts the encoded bytes of `values`,
-/// already encoded by the calling thread in windows of as many bytes of rows (write_pages.rs).
+/// group, however big; at most one per core).
 const IN_FLIGHT_BYTES: usize = 2 * ROW_GROUP_BYTES;
+/// `tensor/1`: bytes of the row groups whose `values` pages the calling thread encoded
+/// (write_pages.rs) that may be in flight at once: encoded pages and the other columns'
+/// payload (at least one row group). The background threads only assemble and append them;
+/// under mpirun with busy-waiting ranks they may wait long for a core, and each group held
+/// there is a step's encoded copy (docs/MEMORY.md).
+const ENCODED_IN_FLIGHT_BYTES: usize = ROW_GROUP_BYTES;
+/// `tensor/1`: bytes of rows whose `values` pages are encoded in one go, on all cores.
+const ENCODE_WINDOW_BYTES: usize = ROW_GROUP_BYTES;
 /// `tensor/1`: a row group holding at least this many payload bytes ends where the step
 /// changes. Measured: a row group per 48 KiB step of a small model makes the file 12 % bigger
 /// and its footer 13 MB for 2000 steps; at 1 MiB the cost is below 1 %.
@@ -1243,6 +1254,8 @@ enum EncodedColumn {
     Arrow(ArrowColumnChunk),
     /// A list column encoded by the low-level column writer into a buffer of its own.
     Raw(Bytes, ColumnCloseResult),
+    /// `values`, its pages encoded by write_pages.rs.
+    Pages(crate::write_pages::Chunk, ColumnCloseResult),
 }
 
 /// How a top-level column is encoded.
@@ -1406,8 +1419,8 @@ fn encode_row_group(
     let mut pages = pages;
     for (col, (mut w, plan)) in writers.into_iter().zip(plans).enumerate() {
         if let Some((_, descr, p)) = pages.take_if(|p| p.0 == col) {
-            let (bytes, close) = assemble_chunk(descr, p, &props)?;
-            out.push(EncodedColumn::Raw(bytes, close));
+            let (chunk, close) = assemble_chunk(descr, p, &props)?;
+            out.push(EncodedColumn::Pages(chunk, close));
             continue;
         }
         match plan {
@@ -1512,6 +1525,7 @@ impl<T: Table> TableWriter<T> {
             max_in_flight,
             row_groups: 0,
             last_step: None,
+            ended: None,
             step_group_bytes: STEP_GROUP_BYTES,
             row_group_bytes: ROW_GROUP_BYTES,
             values,
@@ -1527,7 +1541,7 @@ impl<T: Table> TableWriter<T> {
             return Ok(());
         }
         let done = match tensor_rows(rows).filter(|_| self.values.is_some()) {
-            Some(rows) => self.write_tensor(&rows),
+            Some(rows) => self.write_tensor_rows(&rows),
             None => T::to_batch(rows).and_then(|b| self.write_batch(b)),
         };
         done.with_context(|| format!("writing {}", self.out.name()))
@@ -1545,7 +1559,7 @@ impl<T: Table> TableWriter<T> {
         if let Some(refs) = tensor_rows(&rows).filter(|_| self.values.is_some()) {
             // Encoded from the rows in place; then freed on another thread, as they were by
             // the encoders: unmapping big buffers costs about as much as compressing them.
-            self.write_tensor(&refs)?;
+            self.write_tensor_rows(&refs)?;
             if refs.iter().map(|r| r.values.len()).sum::<usize>() >= 1 << 20 {
                 std::thread::spawn(move || drop(rows));
             }
@@ -1577,7 +1591,7 @@ impl<T: Table> TableWriter<T> {
                 .cloned(),
             _ => None,
         };
-        let cuts = self.group_cuts(&sizes, steps.as_ref().map(|s| &s.values()[..]));
+        let cuts = self.group_cuts(&sizes, steps.as_ref().map(|s| &s.values()[..]))?;
         let mut start = 0;
         for (pos, bytes) in cuts {
             if pos > start {
@@ -1603,8 +1617,20 @@ impl<T: Table> TableWriter<T> {
     /// any row order and find a step from the row groups' statistics (docs/MEMORY.md).
     /// Smaller runs share row groups: one per step of a tiny model would make the file
     /// bigger and its footer huge.
-    fn group_cuts(&mut self, sizes: &[usize], steps: Option<&[u32]>) -> Vec<(usize, usize)> {
+    ///
+    /// After [`TableWriter::end_step`] the next row must be of another step (the row group may
+    /// have ended already): an error otherwise.
+    fn group_cuts(
+        &mut self,
+        sizes: &[usize],
+        steps: Option<&[u32]>,
+    ) -> Result<Vec<(usize, usize)>> {
         let mut cuts = Vec::new();
+        if let (Some(e), Some(&first)) = (self.ended.take(), steps.and_then(|s| s.first())) {
+            if e == first {
+                bail!("internal: rows of step {e} written after the step was ended");
+            }
+        }
         for (i, &b) in sizes.iter().enumerate() {
             if let Some(step) = steps.map(|s| s[i]) {
                 if self.last_step.is_some_and(|l| l != step)
@@ -1620,41 +1646,99 @@ impl<T: Table> TableWriter<T> {
                 cuts.push((i + 1, std::mem::take(&mut self.pending_bytes)));
             }
         }
-        cuts
+        Ok(cuts)
     }
 
-    /// `tensor/1` rows: `values` is encoded into pages here, from the rows' own slices, a
-    /// window of at most [`IN_FLIGHT_BYTES`] at a time on all cores (write_pages.rs); the
-    /// other columns go into a batch and are encoded with the row group as for any table.
-    fn write_tensor(&mut self, rows: &[&TensorRow]) -> Result<()> {
-        let sizes: Vec<usize> = rows.iter().map(|r| tensor_row_bytes(r)).collect();
-        let steps: Vec<u32> = rows.iter().map(|r| r.step).collect();
-        let mut cuts = self.group_cuts(&sizes, Some(&steps)).into_iter().peekable();
-        let batch =
-            TensorRow::to_batch(&rows.iter().map(|r| without_values(r)).collect::<Vec<_>>())?;
-        let n = rows.len();
+    /// `tensor/1`: every row of `step` was written; the next rows written are of another step
+    /// (an error otherwise). The row group ends now if it holds [`STEP_GROUP_BYTES`], as it
+    /// would at the next step's first row (the row groups are the same), and is in the file
+    /// when this returns: the step's encoded pages are not held while the caller computes the
+    /// next step (docs/MEMORY.md).
+    pub fn end_step(&mut self, step: u32) -> Result<()> {
+        let name = self.out.name();
+        self.end_step_inner(step)
+            .with_context(|| format!("writing {name}"))
+    }
+
+    fn end_step_inner(&mut self, step: u32) -> Result<()> {
+        match self.last_step {
+            None => return Ok(()),
+            Some(l) if l != step => {
+                bail!("internal: step {step} ended after rows of step {l}")
+            }
+            Some(_) => {}
+        }
+        self.ended = Some(step);
+        if self.pending_bytes >= self.step_group_bytes && self.pending_bytes > 0 {
+            self.flush_open()?;
+            let bytes = std::mem::take(&mut self.pending_bytes);
+            self.submit(bytes)?;
+            while !self.in_flight.is_empty() {
+                self.join_oldest()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `tensor/1`: encodes the open page of small rows (the end of a row group).
+    fn flush_open(&mut self) -> Result<()> {
+        if let Some(vw) = self.values.as_mut() {
+            let mut tasks = Vec::new();
+            vw.close_open(&mut tasks);
+            let pages = vw.encode(&tasks)?;
+            vw.push_pages(pages);
+        }
+        Ok(())
+    }
+
+    /// [`TableWriter::write_tensor`] of whole rows.
+    fn write_tensor_rows(&mut self, rows: &[&TensorRow]) -> Result<()> {
+        let keys = rows.iter().map(|r| without_values(r)).collect();
+        let values: Vec<&[f32]> = rows.iter().map(|r| &r.values[..]).collect();
+        self.write_tensor(keys, &values)
+    }
+
+    /// `tensor/1` rows given as their `keys` (rows without values) and their `values`:
+    /// `values` is encoded into pages here, from the caller's slices, a window of at most
+    /// [`ENCODE_WINDOW_BYTES`] at a time on all cores (write_pages.rs); the other columns go
+    /// into a batch and are encoded with the row group as for any table.
+    fn write_tensor(&mut self, keys: Vec<TensorRow>, values: &[&[f32]]) -> Result<()> {
+        let sizes: Vec<usize> = keys
+            .iter()
+            .zip(values)
+            .map(|(k, v)| tensor_row_bytes(k) + 4 * v.len())
+            .collect();
+        let steps: Vec<u32> = keys.iter().map(|r| r.step).collect();
+        let mut cuts = self
+            .group_cuts(&sizes, Some(&steps))?
+            .into_iter()
+            .peekable();
+        let batch = TensorRow::to_batch(&keys)?;
+        drop(keys);
+        let n = values.len();
         // First row of `batch` not yet pending, first row of the next window.
         let (mut start, mut a) = (0, 0);
         while a < n {
             let (mut b, mut bytes) = (a, 0);
-            while b < n && (b == a || bytes + sizes[b] <= IN_FLIGHT_BYTES) {
+            while b < n && (b == a || bytes + sizes[b] <= ENCODE_WINDOW_BYTES) {
                 bytes += sizes[b];
                 b += 1;
             }
+            self.wait_in_flight(bytes)?;
             let vw = self.values.as_mut().expect("tensor writer");
             let mut tasks: Vec<PageTask<'_>> = Vec::new();
             // (pages before the cut, row before which the group ends, its payload bytes).
             let mut marks = Vec::new();
             // Rows a..b, each after the cuts before it, then the cuts at b.
-            let window = rows[a..b].iter().map(Some).chain([None]);
+            let window = values[a..b].iter().map(Some).chain([None]);
             for (i, row) in (a..=b).zip(window) {
                 while let Some(&(pos, gb)) = cuts.peek().filter(|c| c.0 == i && (i < b || b == n)) {
                     vw.close_open(&mut tasks);
                     marks.push((tasks.len(), pos, gb));
                     cuts.next();
                 }
-                if let Some(r) = row {
-                    vw.plan_row(&r.values, &mut tasks);
+                if let Some(v) = row {
+                    vw.plan_row(v, &mut tasks);
                 }
             }
             let mut pages = vw.encode(&tasks)?.into_iter();
@@ -1683,8 +1767,9 @@ impl<T: Table> TableWriter<T> {
     }
 
     /// Hands the pending rows (of `bytes` of payload) to a background encoder as one row
-    /// group. It waits first while the row groups in flight hold [`IN_FLIGHT_BYTES`]: of
-    /// payload, or for a column already encoded (`values`), of its encoded pages.
+    /// group. It waits first while the row groups in flight hold [`IN_FLIGHT_BYTES`] of
+    /// payload, or, when `values` is already encoded, [`ENCODED_IN_FLIGHT_BYTES`] of its
+    /// encoded pages and the other columns' payload.
     fn submit(&mut self, bytes: usize) -> Result<()> {
         if self.pending.is_empty() {
             return Ok(());
@@ -1693,17 +1778,17 @@ impl<T: Table> TableWriter<T> {
             let (descr, pages) = v.take_pages();
             (v.col, descr, pages)
         });
-        let bytes = match &pages {
+        let (bytes, limit) = match &pages {
             Some((_, _, p)) => {
                 let raw: usize = p.iter().map(|p| p.uncompressed()).sum();
                 let held: usize = p.iter().map(|p| p.compressed()).sum();
-                bytes.saturating_sub(raw) + held
+                (bytes.saturating_sub(raw) + held, ENCODED_IN_FLIGHT_BYTES)
             }
-            None => bytes,
+            None => (bytes, IN_FLIGHT_BYTES),
         };
         while !self.in_flight.is_empty()
             && (self.in_flight.len() >= self.max_in_flight
-                || self.in_flight.iter().map(|j| j.1).sum::<usize>() + bytes > IN_FLIGHT_BYTES)
+                || self.in_flight.iter().map(|j| j.1).sum::<usize>() + bytes > limit)
         {
             self.join_oldest()?;
         }
@@ -1728,6 +1813,19 @@ impl<T: Table> TableWriter<T> {
         Ok(())
     }
 
+    /// `tensor/1`: before a window of `bytes` of rows is encoded, waits for the row groups in
+    /// flight while they and the window (counted at its size before encoding) would hold more
+    /// than [`ENCODED_IN_FLIGHT_BYTES`]: a step's pages are not encoded while the previous
+    /// step's are still being appended (docs/MEMORY.md).
+    fn wait_in_flight(&mut self, bytes: usize) -> Result<()> {
+        while !self.in_flight.is_empty()
+            && self.in_flight.iter().map(|j| j.1).sum::<usize>() + bytes > ENCODED_IN_FLIGHT_BYTES
+        {
+            self.join_oldest()?;
+        }
+        Ok(())
+    }
+
     /// Waits for the oldest row group in flight to be encoded and spliced into the file.
     fn join_oldest(&mut self) -> Result<()> {
         let Some((job, _)) = self.in_flight.pop_front() else {
@@ -1740,14 +1838,8 @@ impl<T: Table> TableWriter<T> {
     /// Closes the file and renames it into place.
     pub fn finish(mut self) -> Result<()> {
         let name = self.out.name();
-        if let Some(vw) = self.values.as_mut() {
-            let mut tasks = Vec::new();
-            vw.close_open(&mut tasks);
-            let pages = vw
-                .encode(&tasks)
-                .with_context(|| format!("writing {name}"))?;
-            vw.push_pages(pages);
-        }
+        self.flush_open()
+            .with_context(|| format!("writing {name}"))?;
         let bytes = std::mem::take(&mut self.pending_bytes);
         self.submit(bytes)
             .with_context(|| format!("writing {name}"))?;
@@ -1765,6 +1857,55 @@ impl<T: Table> TableWriter<T> {
             tmp.persist()?;
         }
         Ok(())
+    }
+}
+
+impl TableWriter<TensorRow> {
+    /// Writes a whole dense step from its flat vector (`layout`'s layers in order, as
+    /// [`crate::trace::unflatten_dense`] splits it): the rows `unflatten_dense` gives, encoded
+    /// from `flat` itself, so that the step is not copied into rows (docs/MEMORY.md); then
+    /// [`TableWriter::end_step`]. The file is the one `write` of those rows and the next
+    /// step's would give.
+    pub fn write_dense_step(
+        &mut self,
+        flat: &[f32],
+        layout: &crate::trace::Layout,
+        step: u32,
+        rank: u32,
+    ) -> Result<()> {
+        let name = self.out.name();
+        self.write_dense_inner(flat, layout, step, rank)
+            .with_context(|| format!("writing {name}"))
+    }
+
+    fn write_dense_inner(
+        &mut self,
+        flat: &[f32],
+        layout: &crate::trace::Layout,
+        step: u32,
+        rank: u32,
+    ) -> Result<()> {
+        if flat.len() as u64 != layout.total() {
+            bail!(
+                "internal: a dense step of {} values for layers of {}",
+                flat.len(),
+                layout.total()
+            );
+        }
+        let (keys, ranges): (Vec<_>, Vec<_>) = crate::trace::dense_keys(layout, step, rank)
+            .into_iter()
+            .unzip();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        if self.values.is_some() {
+            let values: Vec<&[f32]> = ranges.into_iter().map(|r| &flat[r]).collect();
+            self.write_tensor(keys, &values)?;
+        } else {
+            let rows = crate::trace::unflatten_dense(flat, layout, step, rank);
+            self.write_batch(TensorRow::to_batch(&rows)?)?;
+        }
+        self.end_step_inner(step)
     }
 }
 

@@ -255,6 +255,33 @@ pub fn unflatten_dense(flat: &[f32], layout: &Layout, step: u32, rank: u32) -> V
         .collect()
 }
 
+/// The rows [`unflatten_dense`] gives, without their values, each with the range of the flat
+/// vector its values are: what `TableWriter::write_dense_step` writes from the flat vector
+/// itself, so that a step is not held twice (docs/MEMORY.md).
+pub fn dense_keys(
+    layout: &Layout,
+    step: u32,
+    rank: u32,
+) -> Vec<(TensorRow, std::ops::Range<usize>)> {
+    layout
+        .layers
+        .iter()
+        .map(|l| {
+            let key = TensorRow {
+                step,
+                rank,
+                layer_id: l.layer_id,
+                layer: l.name.clone(),
+                numel: l.numel,
+                shape: l.shape.clone(),
+                indices: None,
+                values: Vec::new(),
+            };
+            (key, l.offset as usize..(l.offset + l.numel) as usize)
+        })
+        .collect()
+}
+
 /// Splits a flat sparse vector into sparse rows, one per layer (empty layers get empty rows).
 pub fn unflatten_sparse(s: &Sparse, layout: &Layout, step: u32, rank: u32) -> Vec<TensorRow> {
     let mut out = Vec::with_capacity(layout.layers.len());

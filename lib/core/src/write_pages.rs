@@ -14,17 +14,21 @@
 //! [`PAGE_BYTES`]. Page boundaries depend only on the rows and the row-group boundaries, not
 //! on how rows are split into write calls nor on timing.
 
+use std::collections::VecDeque;
+use std::io::{Read, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Result};
 use bytes::Bytes;
 use parquet::basic::{Compression, Encoding, EncodingMask, PageType};
 use parquet::column::page::{CompressedPage, Page, PageWriter};
 use parquet::column::writer::ColumnCloseResult;
+use parquet::errors::ParquetError;
 use parquet::file::metadata::{ColumnChunkMetaData, PageEncodingStats};
 use parquet::file::page_index::offset_index::{OffsetIndexMetaData, PageLocation};
 use parquet::file::properties::WriterPropertiesPtr;
+use parquet::file::reader::{ChunkReader, Length};
 use parquet::file::writer::{SerializedPageWriter, TrackedWrite};
 use parquet::schema::types::ColumnDescPtr;
 
@@ -356,24 +360,123 @@ fn varint(out: &mut Vec<u8>, mut x: u64) {
     out.push(x as u8);
 }
 
-/// Writes `pages` (one row group's) as a column chunk into a buffer of its own, with the
-/// metadata and offset index arrow-rs's column writer would give it.
+/// A column chunk as its pages' own buffers between their headers, read once, from its
+/// start, by the file writer's `append_column`: each page is dropped once copied into the file,
+/// so a row group's encoded values are not copied into a buffer of their own first (issue 19:
+/// the copy and the pages were held together while the I/O rank wrote a step).
+pub(crate) struct Chunk {
+    len: u64,
+    segs: Mutex<Option<VecDeque<Bytes>>>,
+}
+
+impl Length for Chunk {
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+impl ChunkReader for Chunk {
+    type T = Segments;
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Segments> {
+        let segs = match start {
+            0 => self.segs.lock().ok().and_then(|mut s| s.take()),
+            _ => None,
+        };
+        segs.map(Segments)
+            .ok_or_else(|| ParquetError::General("internal: a chunk read twice".into()))
+    }
+    fn get_bytes(&self, _: u64, _: usize) -> parquet::errors::Result<Bytes> {
+        Err(ParquetError::General(
+            "internal: a chunk is only read in order".into(),
+        ))
+    }
+}
+
+/// The bytes of a [`Chunk`] in order, each buffer dropped once read.
+pub(crate) struct Segments(VecDeque<Bytes>);
+
+impl Read for Segments {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        while let Some(front) = self.0.front_mut() {
+            let n = front.len().min(out.len());
+            out[..n].copy_from_slice(&front[..n]);
+            *front = front.slice(n..);
+            if front.is_empty() {
+                self.0.pop_front();
+            }
+            if n > 0 || out.is_empty() {
+                return Ok(n);
+            }
+        }
+        Ok(0)
+    }
+}
+
+/// What the page writer writes, as [`Chunk`] segments: a page's data (`expect`) is kept as
+/// the page's own buffer, everything else (headers) copied.
+#[derive(Default)]
+struct SegState {
+    segs: VecDeque<Bytes>,
+    head: Vec<u8>,
+    expect: Option<Bytes>,
+}
+
+struct SegSink(Arc<Mutex<SegState>>);
+
+impl SegState {
+    fn end_head(&mut self) {
+        if !self.head.is_empty() {
+            let head = std::mem::take(&mut self.head);
+            self.segs.push_back(head.into());
+        }
+    }
+}
+
+impl Write for SegSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut st = self
+            .0
+            .lock()
+            .map_err(|_| std::io::Error::other("internal: poisoned"))?;
+        let page = st
+            .expect
+            .take_if(|d| !buf.is_empty() && d.as_ptr() == buf.as_ptr() && d.len() == buf.len());
+        match page {
+            Some(data) => {
+                st.end_head();
+                st.segs.push_back(data);
+            }
+            None => st.head.extend_from_slice(buf),
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Makes `pages` (one row group's) a column chunk ([`Chunk`]: the pages themselves, not a
+/// copy), with the metadata and offset index arrow-rs's column writer would give it.
 pub(crate) fn assemble_chunk(
     descr: ColumnDescPtr,
     pages: Vec<EncodedPage>,
     props: &WriterPropertiesPtr,
-) -> Result<(Bytes, ColumnCloseResult)> {
+) -> Result<(Chunk, ColumnCloseResult)> {
     if pages.is_empty() {
         bail!("internal: a row group without pages of {}", descr.path());
     }
-    let size: usize = pages.iter().map(|p| p.data.len() + 64).sum();
-    let mut sink = TrackedWrite::new(Vec::with_capacity(size));
+    let state = Arc::new(Mutex::new(SegState::default()));
+    let mut sink = TrackedWrite::new(SegSink(state.clone()));
     let mut locations = Vec::with_capacity(pages.len());
     let (mut compressed, mut uncompressed, mut values, mut rows) = (0i64, 0i64, 0i64, 0u64);
     let count = pages.len() as i32;
     {
         let mut w = SerializedPageWriter::new(&mut sink);
         for p in pages {
+            state
+                .lock()
+                .map_err(|_| anyhow!("internal: poisoned"))?
+                .expect = Some(p.data.clone());
             let page = Page::DataPage {
                 buf: p.data,
                 num_values: p.num_values,
@@ -410,9 +513,16 @@ pub(crate) fn assemble_chunk(
         .set_num_values(values)
         .set_data_page_offset(0)
         .build()?;
-    let bytes = Bytes::from(sink.into_inner()?);
+    let len = sink.bytes_written() as u64;
+    drop(sink.into_inner()?);
+    let mut st = std::mem::take(&mut *state.lock().map_err(|_| anyhow!("internal: poisoned"))?);
+    st.end_head();
+    let chunk = Chunk {
+        len,
+        segs: Mutex::new(Some(st.segs)),
+    };
     let close = ColumnCloseResult {
-        bytes_written: bytes.len() as u64,
+        bytes_written: len,
         rows_written: rows,
         metadata,
         bloom_filter: None,
@@ -422,5 +532,5 @@ pub(crate) fn assemble_chunk(
             unencoded_byte_array_data_bytes: None,
         }),
     };
-    Ok((bytes, close))
+    Ok((chunk, close))
 }

@@ -392,12 +392,24 @@ impl IoRank {
         }
     }
 
-    /// Appends a step's reduced rows to the output (nothing once something failed).
-    fn write(&mut self, rows: Vec<TensorRow>) {
-        if self.failed.is_none() {
-            if let Err(e) = self.writer.write_owned(rows) {
-                self.failed = Some(e);
+    /// Appends a step's reduced tensor to the output as rows of rank 0 (nothing once
+    /// something failed), and ends the step, so that its row group goes to the file now: a
+    /// dense result is written from the flat vector itself, not copied into rows; a sparse one
+    /// is split into rows and dropped before they are written (docs/MEMORY.md).
+    fn write(&mut self, result: Flat, layout: &Layout, step: u32) {
+        if self.failed.is_some() {
+            return;
+        }
+        let done = match result {
+            Flat::Dense(v) => self.writer.write_dense_step(&v, layout, step, 0),
+            Flat::Sparse(s) => {
+                let rows = trace::unflatten_sparse(&s, layout, step, 0);
+                drop(s);
+                self.writer.write_owned(rows)
             }
+        };
+        if let Err(e) = done.and_then(|()| self.writer.end_step(step)) {
+            self.failed = Some(e);
         }
     }
 }
@@ -848,11 +860,7 @@ fn reduce_rank(
             sink.push(step, rank, "model_bytes_sent", c.bytes());
         }
         if let Some(io) = io.as_mut() {
-            // The result is dropped as soon as it is split into rows.
-            io.write(match out.result {
-                Flat::Dense(v) => trace::unflatten_dense(&v, layout, step, 0),
-                Flat::Sparse(s) => trace::unflatten_sparse(&s, layout, step, 0),
-            });
+            io.write(out.result, layout, step);
         }
         bar.inc(1);
     }
