@@ -59,6 +59,27 @@ impl Residual {
         g
     }
 
+    /// `acc = residual + g` built in the residual's own buffer (the same bits as
+    /// [`Residual::accumulate`]: IEEE addition is commutative); `g` is freed at once and the
+    /// residual is left empty until [`Residual::settle`] puts the new one back, so a rank
+    /// holds one model-sized vector, not two, while it selects and exchanges (issue 19). `g`
+    /// itself while the residual is empty.
+    pub fn absorb(&mut self, g: Vec<f32>) -> Vec<f32> {
+        if self.values.is_empty() {
+            return g;
+        }
+        assert_eq!(g.len(), self.values.len(), "gradient and residual lengths");
+        let mut acc = std::mem::take(&mut self.values);
+        acc.par_chunks_mut(crate::topk::CHUNK)
+            .zip(g.par_chunks(crate::topk::CHUNK))
+            .for_each(|(a, x)| {
+                for (r, y) in a.iter_mut().zip(x) {
+                    *r += *y;
+                }
+            });
+        acc
+    }
+
     /// `residual = acc` with `selected` set to zero; takes `acc` by value (no copy).
     pub fn update(&mut self, acc: Vec<f32>, selected: &[u32]) {
         self.settle(acc, Leaves::Sent, selected, &[]);
@@ -85,9 +106,12 @@ impl Residual {
     }
 
     /// The L2 norm (f64 accumulation, eight lanes per chunk: one dependent add chain per lane
-    /// instead of one per chunk, issue 19).
+    /// instead of one per chunk, issue 19). The chunks' sums are added in chunk order, so the
+    /// bits do not depend on how the threads split the work (the `residual_norm` metric is the
+    /// same from run to run).
     pub fn norm(&self) -> f64 {
-        self.values
+        let parts: Vec<f64> = self
+            .values
             .par_chunks(crate::topk::CHUNK)
             .map(|c| {
                 let mut lanes = [0f64; 8];
@@ -104,7 +128,7 @@ impl Residual {
                     .sum();
                 lanes.iter().sum::<f64>() + tail
             })
-            .sum::<f64>()
-            .sqrt()
+            .collect();
+        parts.iter().sum::<f64>().sqrt()
     }
 }

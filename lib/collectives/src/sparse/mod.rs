@@ -147,10 +147,13 @@ impl Feedback {
         (sel, acc)
     }
 
-    /// `acc = residual + g` (or `g` when error feedback is off or on the first step).
+    /// `acc = residual + g` (or `g` when error feedback is off or on the first step), in the
+    /// residual's buffer: `g` is freed here and the residual is empty until
+    /// [`Feedback::settle`] (`Residual::absorb`: one model-sized vector per rank, not two,
+    /// during the selection and the exchange).
     pub fn accumulate(&mut self, g: Vec<f32>) -> Vec<f32> {
         if self.enabled {
-            self.residual.accumulate(g)
+            self.residual.absorb(g)
         } else {
             g
         }
@@ -299,7 +302,12 @@ pub(crate) fn sum_sparse(lists: &[Sparse]) -> Sparse {
 
 /// Concatenation of sparse vectors whose index ranges are ordered and disjoint.
 pub(crate) fn concat(parts: Vec<Sparse>) -> Sparse {
-    let mut out = Sparse::default();
+    // Sized once: no regrowth (and its copy) while the parts are appended.
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let mut out = Sparse {
+        indices: Vec::with_capacity(total),
+        values: Vec::with_capacity(total),
+    };
     for p in parts {
         out.indices.extend(p.indices);
         out.values.extend(p.values);

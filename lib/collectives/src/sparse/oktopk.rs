@@ -142,7 +142,12 @@ pub fn split_and_reduce(comm: &dyn Comm, sel: &Sparse, bounds: &[u64], n: u64) -
         }
         Ok(())
     })?;
-    let mut out = Sparse::default();
+    // Sized by a count first: no regrowth (and its copies) beside the dense region.
+    let nz = buf.iter().filter(|&&v| v != 0.0).count();
+    let mut out = Sparse {
+        indices: Vec::with_capacity(nz),
+        values: Vec::with_capacity(nz),
+    };
     for (j, &v) in buf.iter().enumerate() {
         if v != 0.0 {
             out.indices.push((lo + j as u64) as u32);

@@ -51,7 +51,11 @@ pub fn sparse_allreduce(comm: &dyn Comm, sel: &Sparse, n: u64) -> Result<(Sparse
     for (&i, &v) in reduced.indices.iter().zip(&reduced.values) {
         mine[(i as u64 - lo) as usize] = v;
     }
-    let dense: Vec<f32> = comm.allgatherv(mine)?.concat();
+    // Each region is freed as soon as it is copied (not every region and the whole model).
+    let mut dense: Vec<f32> = Vec::with_capacity(n as usize);
+    for part in comm.allgatherv(mine)? {
+        dense.extend_from_slice(&part);
+    }
     let nz: Vec<u32> = (0..dense.len() as u32)
         .filter(|&i| dense[i as usize] != 0.0)
         .collect();
