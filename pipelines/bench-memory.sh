@@ -113,6 +113,9 @@ echo "| command | peak RSS MiB | × step | × (step + state) | ≤ 1.5 | × file
 echo "|---|---:|---:|---:|---|---:|---|"
 rss "gradtrace inspect" 0 "$B/gradtrace inspect $T"
 rss "gradtrace cat" 0 "$B/gradtrace cat $T -o $DIR/cat.parquet"
+# Outputs are deleted once measured (at SCALE=1 a dense output is as big as a quarter of the
+# trace); the selection and the --state files are kept: later rows read them.
+rm -f "$DIR/cat.parquet"
 rss "gradselect topk" 1 "$B/gradselect --method topk --density 0.01 -q $T -o $DIR/sel.parquet --metrics $DIR/sel-m.parquet"
 rss "gradselect topk --no-residual" 0 "$B/gradselect --method topk --density 0.01 --no-residual -q $T -o $DIR/sel3.parquet"
 rss "gradselect topk (stdin)" 1 "$B/gradselect --method topk --density 0.01 -q - -o $DIR/sel2.parquet < $T"
@@ -131,6 +134,7 @@ for algo in $ALGOS; do
   [ "$algo" = onebit ] && extra="--state $DIR/ar-1b.state"
   [ "$algo" = ring ] && extra="--metrics $DIR/ar-ring-m.parquet"
   rss "gradallreduce $algo --ranks $RANKS" "$st" "$B/gradallreduce --algo $algo --ranks $RANKS -q $T -o $DIR/ar-$algo.parquet $extra"
+  rm -f "$DIR/ar-$algo.parquet"
 done
 rss "gradallreduce oktopk --ranks $RANKS (sparse input, 1 %)" 0 "$B/gradallreduce --algo oktopk --ranks $RANKS -q $DIR/sel.parquet -o $DIR/ar-oks.parquet"
 # Under mpirun every rank is a process of its own, measured each (rank 0 reads and writes).
@@ -145,6 +149,7 @@ if command -v mpirun >/dev/null; then
     # shellcheck disable=SC2086
     rss_mpi "mpirun -np $RANKS gradallreduce $algo" "$st" "$B/gradallreduce" --algo "$algo" -q "$T" \
       -o "$DIR/ar-$algo-mpi.parquet" $extra
+    rm -f "$DIR/ar-$algo-mpi.parquet"
   done
 else
   echo "(mpirun not found: the per-rank rows are skipped)"

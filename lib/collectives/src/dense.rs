@@ -410,6 +410,27 @@ pub fn tree(comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
     tree_with_scratch(comm, data, &mut Vec::new())
 }
 
+/// The children of rank `r` of `p` in the binomial tree rooted at 0, in the order their
+/// sums are added: r + 2^j for every j above r's highest set bit (the mirror of the
+/// broadcast).
+fn tree_children(r: usize, p: usize) -> impl Iterator<Item = usize> {
+    let start = if r == 0 {
+        0
+    } else {
+        usize::BITS - r.leading_zeros()
+    };
+    (start..usize::BITS)
+        .map(|j| 1usize << j)
+        .take_while(move |&bit| bit < p)
+        .map(move |bit| r + bit)
+        .filter(move |&c| c < p)
+}
+
+/// The parent of rank `r` > 0 in that tree: `r` without its highest set bit.
+fn tree_parent(r: usize) -> usize {
+    r - (1 << (usize::BITS - 1 - r.leading_zeros()))
+}
+
 /// [`tree`] that builds the message to its parent (and the root's broadcast) in `scratch`
 /// and keeps a received buffer there. Same messages, same sums.
 pub fn tree_with_scratch(comm: &dyn Comm, data: &mut [f32], scratch: &mut Vec<f32>) -> Result<()> {
@@ -419,24 +440,13 @@ pub fn tree_with_scratch(comm: &dyn Comm, data: &mut [f32], scratch: &mut Vec<f3
     }
     {
         let _ph = comm.phase("reduce");
-        // Children of r are r + 2^j for every j above r's highest set bit (mirror of broadcast).
-        let start = if r == 0 {
-            0
-        } else {
-            usize::BITS - r.leading_zeros()
-        };
-        let mut bit = 1usize << start;
-        while bit < p {
-            if r + bit < p {
-                let got: Vec<f32> = comm.recv(r + bit)?;
-                add_into(data, &got);
-                *scratch = got;
-            }
-            bit <<= 1;
+        for child in tree_children(r, p) {
+            let got: Vec<f32> = comm.recv(child)?;
+            add_into(data, &got);
+            *scratch = got;
         }
         if r != 0 {
-            let hb = usize::BITS - 1 - r.leading_zeros();
-            comm.send(r - (1 << hb), message(releases(comm), scratch, data))?;
+            comm.send(tree_parent(r), message(releases(comm), scratch, data))?;
         }
     }
     let _ph = comm.phase("broadcast");
@@ -462,23 +472,12 @@ pub fn tree_owned(comm: &dyn Comm, data: &mut Vec<f32>) -> Result<()> {
     }
     {
         let _ph = comm.phase("reduce");
-        // Children of r are r + 2^j for every j above r's highest set bit (as in `tree`).
-        let start = if r == 0 {
-            0
-        } else {
-            usize::BITS - r.leading_zeros()
-        };
-        let mut bit = 1usize << start;
-        while bit < p {
-            if r + bit < p {
-                let got: Vec<f32> = comm.recv(r + bit)?;
-                add_into(data, &got);
-            }
-            bit <<= 1;
+        for child in tree_children(r, p) {
+            let got: Vec<f32> = comm.recv(child)?;
+            add_into(data, &got);
         }
         if r != 0 {
-            let hb = usize::BITS - 1 - r.leading_zeros();
-            comm.send(r - (1 << hb), std::mem::take(data))?;
+            comm.send(tree_parent(r), std::mem::take(data))?;
         }
     }
     let _ph = comm.phase("broadcast");

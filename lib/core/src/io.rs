@@ -512,9 +512,18 @@ impl TensorStream {
             .with_context(|| format!("in {}", self.source))
     }
 
-    fn scan_inner(&self) -> Result<KeyScan> {
+    /// A reader of the columns `cols` alone (of row groups `groups`; all when `None`), in
+    /// batches of 64 Ki rows, and the schema [`crate::tables::conform`] makes its batches
+    /// fit: what the key passes read instead of the whole rows.
+    fn key_columns(
+        &self,
+        cols: &[&str],
+        groups: Option<Vec<usize>>,
+    ) -> Result<(
+        parquet::arrow::arrow_reader::ParquetRecordBatchReader,
+        Schema,
+    )> {
         let schema = self.metadata.schema();
-        let cols = ["step", "rank", "layer_id", "shape"];
         let roots = cols
             .iter()
             .map(|c| schema.index_of(c))
@@ -526,13 +535,20 @@ impl TensorStream {
                 .map(|c| full.field_with_name(c).cloned())
                 .collect::<Result<Vec<_>, _>>()?,
         );
-        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(
+        let mut builder = ParquetRecordBatchReaderBuilder::new_with_metadata(
             self.src.chunk_reader()?,
             self.metadata.clone(),
         )
         .with_projection(mask)
-        .with_batch_size(1 << 16)
-        .build()?;
+        .with_batch_size(1 << 16);
+        if let Some(g) = groups {
+            builder = builder.with_row_groups(g);
+        }
+        Ok((builder.build()?, want))
+    }
+
+    fn scan_inner(&self) -> Result<KeyScan> {
+        let (reader, want) = self.key_columns(&["step", "rank", "layer_id", "shape"], None)?;
         let mut scan = KeyScan::default();
         let (mut steps, mut ranks) = (
             std::collections::BTreeSet::new(),
@@ -611,32 +627,14 @@ impl TensorStream {
     }
 
     fn step_layout_inner(&self, scan: &KeyScan, step: u32) -> Result<crate::trace::Layout> {
-        let cols = ["step", "layer_id", "layer", "numel", "shape"];
-        let schema = self.metadata.schema();
-        let roots = cols
-            .iter()
-            .map(|c| schema.index_of(c))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mask = ProjectionMask::roots(self.metadata.parquet_schema(), roots);
-        let full = TensorRow::schema();
-        let want = Schema::new(
-            cols.iter()
-                .map(|c| full.field_with_name(c).cloned())
-                .collect::<Result<Vec<_>, _>>()?,
-        );
-        // The row groups that may hold the step (all of them for a file the scan could not
-        // place, e.g. one with an empty row group list).
+        // The row groups that may hold the step.
         let groups: Vec<usize> = (0..scan.group_steps.len())
             .filter(|&g| scan.group_steps[g].is_some_and(|(a, b)| a <= step && step <= b))
             .collect();
-        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(
-            self.src.chunk_reader()?,
-            self.metadata.clone(),
-        )
-        .with_projection(mask)
-        .with_row_groups(groups)
-        .with_batch_size(1 << 16)
-        .build()?;
+        let (reader, want) = self.key_columns(
+            &["step", "layer_id", "layer", "numel", "shape"],
+            Some(groups),
+        )?;
         let mut seen: BTreeMap<u32, (String, u64, Option<Vec<u32>>)> = BTreeMap::new();
         for b in reader {
             let b = crate::tables::conform(&want, &b?, 0)?;

@@ -239,18 +239,11 @@ pub fn flatten_sparse(rows: &[&TensorRow], layout: &Layout) -> Sparse {
 
 /// Splits a flat dense vector into dense rows, one per layer.
 pub fn unflatten_dense(flat: &[f32], layout: &Layout, step: u32, rank: u32) -> Vec<TensorRow> {
-    layout
-        .layers
-        .iter()
-        .map(|l| TensorRow {
-            step,
-            rank,
-            layer_id: l.layer_id,
-            layer: l.name.clone(),
-            numel: l.numel,
-            shape: l.shape.clone(),
-            indices: None,
-            values: flat[l.offset as usize..(l.offset + l.numel) as usize].to_vec(),
+    dense_keys(layout, step, rank)
+        .into_iter()
+        .map(|(mut row, range)| {
+            row.values = flat[range].to_vec();
+            row
         })
         .collect()
 }
@@ -267,19 +260,30 @@ pub fn dense_keys(
         .layers
         .iter()
         .map(|l| {
-            let key = TensorRow {
-                step,
-                rank,
-                layer_id: l.layer_id,
-                layer: l.name.clone(),
-                numel: l.numel,
-                shape: l.shape.clone(),
-                indices: None,
-                values: Vec::new(),
-            };
+            let key = layer_row(l, step, rank, None, Vec::new());
             (key, l.offset as usize..(l.offset + l.numel) as usize)
         })
         .collect()
+}
+
+/// Layer `l`'s row of `(step, rank)` holding `indices` (`None`: dense) and `values`.
+fn layer_row(
+    l: &LayerInfo,
+    step: u32,
+    rank: u32,
+    indices: Option<Vec<u32>>,
+    values: Vec<f32>,
+) -> TensorRow {
+    TensorRow {
+        step,
+        rank,
+        layer_id: l.layer_id,
+        layer: l.name.clone(),
+        numel: l.numel,
+        shape: l.shape.clone(),
+        indices,
+        values,
+    }
 }
 
 /// Splits a flat sparse vector into sparse rows, one per layer (empty layers get empty rows).
@@ -289,21 +293,17 @@ pub fn unflatten_sparse(s: &Sparse, layout: &Layout, step: u32, rank: u32) -> Ve
     for l in &layout.layers {
         let end = l.offset + l.numel;
         let stop = pos + s.indices[pos..].partition_point(|&i| (i as u64) < end);
-        out.push(TensorRow {
+        let indices = s.indices[pos..stop]
+            .iter()
+            .map(|&i| i - l.offset as u32)
+            .collect();
+        out.push(layer_row(
+            l,
             step,
             rank,
-            layer_id: l.layer_id,
-            layer: l.name.clone(),
-            numel: l.numel,
-            shape: l.shape.clone(),
-            indices: Some(
-                s.indices[pos..stop]
-                    .iter()
-                    .map(|&i| i - l.offset as u32)
-                    .collect(),
-            ),
-            values: s.values[pos..stop].to_vec(),
-        });
+            Some(indices),
+            s.values[pos..stop].to_vec(),
+        ));
         pos = stop;
     }
     out
