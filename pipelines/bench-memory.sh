@@ -38,7 +38,9 @@ trap cleanup EXIT
 mkdir -p "$DIR"
 T=$DIR/trace.parquet
 
+made="an existing $T"
 if [ ! -s "$T" ]; then
+  made="--shape $SHAPE --scale $SCALE --ranks $RANKS --steps $STEPS"
   echo "+ gradtrace synthetic --shape $SHAPE --scale $SCALE --ranks $RANKS --steps $STEPS --seed 1 -o $T" >&2
   "$B/gradtrace" synthetic --shape "$SHAPE" --scale "$SCALE" --ranks "$RANKS" --steps "$STEPS" \
     --seed 1 -q -o "$T"
@@ -106,7 +108,7 @@ rss_mpi() {
 }
 
 echo
-echo "trace: --shape $SHAPE --scale $SCALE --ranks $RANKS --steps $STEPS: file $file_mib MiB;"
+echo "trace: $made: file $file_mib MiB;"
 echo "one step × $RANKS ranks decoded: $step_mib MiB ($numel values per rank)"
 echo
 echo "| command | peak RSS MiB | × step | × (step + state) | ≤ 1.5 | × file | wall |"
