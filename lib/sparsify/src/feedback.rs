@@ -42,13 +42,7 @@ impl Residual {
     /// Adds the gradient in place of a copy: `g` becomes `acc = residual + g`.
     pub fn compensate(&self, g: &mut [f32]) {
         assert_eq!(g.len(), self.values.len(), "gradient and residual lengths");
-        g.par_chunks_mut(crate::topk::CHUNK)
-            .zip(self.values.par_chunks(crate::topk::CHUNK))
-            .for_each(|(a, r)| {
-                for (x, y) in a.iter_mut().zip(r) {
-                    *x += *y;
-                }
-            });
+        add_par(g, &self.values);
     }
 
     /// `acc = residual + g` (`g` itself while the residual is empty), reusing `g`'s buffer.
@@ -70,13 +64,7 @@ impl Residual {
         }
         assert_eq!(g.len(), self.values.len(), "gradient and residual lengths");
         let mut acc = std::mem::take(&mut self.values);
-        acc.par_chunks_mut(crate::topk::CHUNK)
-            .zip(g.par_chunks(crate::topk::CHUNK))
-            .for_each(|(a, x)| {
-                for (r, y) in a.iter_mut().zip(x) {
-                    *r += *y;
-                }
-            });
+        add_par(&mut acc, &g);
         acc
     }
 
@@ -131,4 +119,16 @@ impl Residual {
             .collect();
         parts.iter().sum::<f64>().sqrt()
     }
+}
+
+/// `dst += src`, element by element, on all cores ([`crate::topk::CHUNK`]s): the one
+/// accumulation of error feedback ([`Residual::compensate`], [`Residual::absorb`]).
+fn add_par(dst: &mut [f32], src: &[f32]) {
+    dst.par_chunks_mut(crate::topk::CHUNK)
+        .zip(src.par_chunks(crate::topk::CHUNK))
+        .for_each(|(a, b)| {
+            for (x, y) in a.iter_mut().zip(b) {
+                *x += *y;
+            }
+        });
 }

@@ -394,8 +394,9 @@ impl IoRank {
 
     /// Appends a step's reduced tensor to the output as rows of rank 0 (nothing once
     /// something failed), and ends the step, so that its row group goes to the file now: a
-    /// dense result is written from the flat vector itself, not copied into rows; a sparse one
-    /// is split into rows and dropped before they are written (docs/MEMORY.md).
+    /// dense result is written from the flat vector itself, not copied into rows
+    /// (`write_dense_step` ends the step); a sparse one is split into rows and dropped before
+    /// they are written (docs/MEMORY.md).
     fn write(&mut self, result: Flat, layout: &Layout, step: u32) {
         if self.failed.is_some() {
             return;
@@ -405,10 +406,12 @@ impl IoRank {
             Flat::Sparse(s) => {
                 let rows = trace::unflatten_sparse(&s, layout, step, 0);
                 drop(s);
-                self.writer.write_owned(rows)
+                self.writer
+                    .write_owned(rows)
+                    .and_then(|()| self.writer.end_step(step))
             }
         };
-        if let Err(e) = done.and_then(|()| self.writer.end_step(step)) {
+        if let Err(e) = done {
             self.failed = Some(e);
         }
     }
