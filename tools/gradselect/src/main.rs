@@ -17,7 +17,7 @@ use gradkit_core::trace::{self, Layout, MetricSink, Sparse};
 use gradkit_core::{read_table, MetricRow, PlanRow, TensorRow};
 use gradkit_partition::deft as pdeft;
 use gradkit_partition::plan as pplan;
-use gradkit_sparsify::{deft, k_for, Adjust, Method as SMethod, Residual, Selector};
+use gradkit_sparsify::{deft, k_for, Adjust, Leaves, Method as SMethod, Residual, Selector};
 
 const ABOUT: &str =
     "Sparsify a dense gradient trace: select entries per (step, rank) with a method of the papers.
@@ -429,15 +429,17 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
         // DEFT's leader needs every rank's accumulator before anyone selects; every other
         // method selects rank by rank, with one accumulator alive at a time.
         let mut step_plan: Option<Vec<(pdeft::Piece, usize)>> = None;
-        let mut accs: Vec<Vec<f32>> = Vec::new();
+        let mut accs: Vec<(Vec<f32>, f64)> = Vec::new();
         if deft {
             for (r, st) in states.iter().enumerate() {
                 let rows = rows.rank(r, &mut trace_steps, &layout, &needs_dense)?;
                 let mut acc = trace::take_flat(rows, n);
-                if residual_on {
-                    st.residual.compensate(&mut acc);
-                }
-                accs.push(acc);
+                let sq = if residual_on {
+                    st.residual.compensate(&mut acc)
+                } else {
+                    0.0
+                };
+                accs.push((acc, sq));
             }
             step_plan = Some(match &plan {
                 Some(pl) => plan_for_step(pl, step).to_vec(),
@@ -445,25 +447,29 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
                     let k = kspec.k(n) as u64;
                     let leader = step as usize % p;
                     let rows =
-                        pdeft::plan_step(&layout, &pieces, &accs[leader], k, p, step, a.topup);
+                        pdeft::plan_step(&layout, &pieces, &accs[leader].0, k, p, step, a.topup);
                     plan_pieces(&rows, &layout)?
                 }
             });
         }
-        let mut select_rank = |r: usize, mut acc: Vec<f32>| -> Result<()> {
+        // `acc_sq`: Σ acc² from the accumulation (DEFT's), so the residual's norm needs no
+        // pass of its own.
+        let mut select_rank = |r: usize, mut acc: Vec<f32>, mut acc_sq: f64| -> Result<()> {
             let st = &mut states[r];
             if residual_on && !deft {
-                st.residual.compensate(&mut acc);
+                acc_sq = st.residual.compensate(&mut acc);
             }
             let o = match &step_plan {
                 Some(sp) => select_deft(&acc, &layout, sp, r, kspec.k(n), a.topup),
                 None => select_plain(&mut st.selectors, step, &acc, &layout, kspec),
             };
-            if residual_on {
-                st.residual.update(acc, &o.sparse.indices);
+            let rn = if residual_on {
+                let idx = &o.sparse.indices;
+                st.residual.settle_norm(acc, Leaves::Sent, idx, &[], acc_sq)
             } else {
                 drop(acc);
-            }
+                0.0
+            };
             let nnz = o.sparse.len();
             let rank = r as u32;
             sink.push(step, rank, "k_target", o.k_target as f64);
@@ -479,19 +485,18 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
                 if n > 0 { nnz as f64 / n as f64 } else { 0.0 },
             );
             sink.push(step, rank, "time_select_s", o.time);
-            let rn = if residual_on { st.residual.norm() } else { 0.0 };
             sink.push(step, rank, "residual_norm", rn);
             total += nnz;
             out_w.write_owned(trace::unflatten_sparse(&o.sparse, &layout, step, rank))
         };
         if deft {
-            for (r, acc) in accs.into_iter().enumerate() {
-                select_rank(r, acc)?;
+            for (r, (acc, sq)) in accs.into_iter().enumerate() {
+                select_rank(r, acc, sq)?;
             }
         } else {
             for r in 0..p {
                 let rows = rows.rank(r, &mut trace_steps, &layout, &needs_dense)?;
-                select_rank(r, trace::take_flat(rows, n))?;
+                select_rank(r, trace::take_flat(rows, n), 0.0)?;
             }
         }
         rows.finish(&mut trace_steps, &layout, &needs_dense)?;

@@ -56,6 +56,9 @@ pub(crate) struct Feedback {
     residual: Residual,
     /// Which entries leave the residual after this reducer's exchange.
     rule: Leaves,
+    /// `Σ acc²` of the accumulator out for this step (from [`Feedback::accumulate`]), so
+    /// [`Feedback::settle`] has the new residual's norm without a pass over it.
+    acc_sq: Option<f64>,
 }
 
 impl Feedback {
@@ -65,6 +68,7 @@ impl Feedback {
             mode: None,
             residual: Residual::default(),
             rule,
+            acc_sq: None,
         }
     }
 
@@ -153,7 +157,9 @@ impl Feedback {
     /// during the selection and the exchange).
     pub fn accumulate(&mut self, g: Vec<f32>) -> Vec<f32> {
         if self.enabled {
-            self.residual.absorb(g)
+            let (acc, sq) = self.residual.absorb_squared(g);
+            self.acc_sq = Some(sq);
+            acc
         } else {
             g
         }
@@ -167,8 +173,13 @@ impl Feedback {
         if !self.enabled {
             return None;
         }
-        self.residual.settle(acc, self.rule, sent, result);
-        Some(self.residual.norm())
+        Some(match self.acc_sq.take() {
+            Some(sq) => self.residual.settle_norm(acc, self.rule, sent, result, sq),
+            None => {
+                self.residual.settle(acc, self.rule, sent, result);
+                self.residual.norm()
+            }
+        })
     }
 
     /// The residual as `Reducer::state` (nothing before the first dense step).
