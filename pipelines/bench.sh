@@ -32,6 +32,15 @@ for rep in 1 2 3; do
   run mpirun -np 4 "$ROOT/.venv/bin/python" pipelines/bench/bench_allreduce.py --sizes 64M --iters 10 \
       | tee -a "$OUT/dense-vs-mpi4py.md"
 done
+echo "== the same at P = 2, one rank per core: the max/min spread without ranks sharing cores (docs/results/dense.md)" >&2
+: > "$OUT/dense-vs-mpi4py-p2.md"
+for rep in 1 2 3; do
+  echo "load average: $(cat /proc/loadavg)" >> "$OUT/dense-vs-mpi4py-p2.md"
+  run mpirun -np 2 $B/gradallreduce bench --algo ring,native --sizes 64M:64M --iters 10 -q \
+      | tee -a "$OUT/dense-vs-mpi4py-p2.md"
+  run mpirun -np 2 "$ROOT/.venv/bin/python" pipelines/bench/bench_allreduce.py --sizes 64M --iters 10 \
+      | tee -a "$OUT/dense-vs-mpi4py-p2.md"
+done
 
 echo "== ring, 2^20..2^26 elements, P = 4 under mpirun: time per element (docs/results/dense.md)" >&2
 run mpirun -np 4 $B/gradallreduce bench --algo ring --sizes 4M:256M --factor 2 --iters 10 -q \
