@@ -23,24 +23,21 @@ run $B/gradallreduce bench --ranks 4 --algo ring,rabenseifner,tree,native --size
 run mpirun -np 4 $B/gradallreduce bench --algo ring,rabenseifner,tree,native --sizes 4K:64M \
     --factor 4 --iters 10 --fit | tee "$OUT/dense-mpi.md"
 
+# vs_mpi4py NP FILE: ring and native against mpi4py's in-place Allreduce, 64 MiB, interleaved 3x.
+vs_mpi4py() {
+  : > "$OUT/$2"
+  for rep in 1 2 3; do
+    echo "load average: $(cat /proc/loadavg)" >> "$OUT/$2"
+    run mpirun -np "$1" $B/gradallreduce bench --algo ring,native --sizes 64M:64M --iters 10 -q \
+        | tee -a "$OUT/$2"
+    run mpirun -np "$1" "$ROOT/.venv/bin/python" pipelines/bench/bench_allreduce.py --sizes 64M --iters 10 \
+        | tee -a "$OUT/$2"
+  done
+}
 echo "== dense allreduce vs mpi4py's in-place Allreduce, 64 MiB, P = 4 under mpirun, interleaved 3x (docs/results/dense.md)" >&2
-: > "$OUT/dense-vs-mpi4py.md"
-for rep in 1 2 3; do
-  echo "load average: $(cat /proc/loadavg)" >> "$OUT/dense-vs-mpi4py.md"
-  run mpirun -np 4 $B/gradallreduce bench --algo ring,native --sizes 64M:64M --iters 10 -q \
-      | tee -a "$OUT/dense-vs-mpi4py.md"
-  run mpirun -np 4 "$ROOT/.venv/bin/python" pipelines/bench/bench_allreduce.py --sizes 64M --iters 10 \
-      | tee -a "$OUT/dense-vs-mpi4py.md"
-done
+vs_mpi4py 4 dense-vs-mpi4py.md
 echo "== the same at P = 2, one rank per core: the max/min spread without ranks sharing cores (docs/results/dense.md)" >&2
-: > "$OUT/dense-vs-mpi4py-p2.md"
-for rep in 1 2 3; do
-  echo "load average: $(cat /proc/loadavg)" >> "$OUT/dense-vs-mpi4py-p2.md"
-  run mpirun -np 2 $B/gradallreduce bench --algo ring,native --sizes 64M:64M --iters 10 -q \
-      | tee -a "$OUT/dense-vs-mpi4py-p2.md"
-  run mpirun -np 2 "$ROOT/.venv/bin/python" pipelines/bench/bench_allreduce.py --sizes 64M --iters 10 \
-      | tee -a "$OUT/dense-vs-mpi4py-p2.md"
-done
+vs_mpi4py 2 dense-vs-mpi4py-p2.md
 
 echo "== ring, 2^20..2^26 elements, P = 4 under mpirun: time per element (docs/results/dense.md)" >&2
 run mpirun -np 4 $B/gradallreduce bench --algo ring --sizes 4M:256M --factor 2 --iters 10 -q \
