@@ -37,6 +37,20 @@ fn topk_by_sorting(x: &[f32], k: usize) -> Vec<u32> {
     top
 }
 
+/// `f` run in rayon pools of 1, 2, 3 and 8 threads.
+fn per_pool<T>(f: impl Fn(&rayon::ThreadPool) -> T) -> Vec<T> {
+    [1, 2, 3, 8]
+        .into_iter()
+        .map(|t| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .unwrap();
+            f(&pool)
+        })
+        .collect()
+}
+
 fn bits(x: &[f32]) -> Vec<u32> {
     x.iter().map(|v| v.to_bits()).collect()
 }
@@ -114,21 +128,14 @@ fn the_norm_has_the_same_bits_on_any_number_of_threads() {
         .map(|&v| v as f64 * v as f64)
         .sum::<f64>()
         .sqrt();
-    let norms: Vec<u64> = [1, 2, 3, 8]
-        .into_iter()
-        .map(|t| {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(t)
-                .build()
-                .unwrap();
-            // Several calls per pool: work stealing splits differently from call to call.
-            let first = pool.install(|| r.norm());
-            for _ in 0..5 {
-                assert_eq!(pool.install(|| r.norm()).to_bits(), first.to_bits());
-            }
-            first.to_bits()
-        })
-        .collect();
+    let norms: Vec<u64> = per_pool(|pool| {
+        // Several calls per pool: work stealing splits differently from call to call.
+        let first = pool.install(|| r.norm());
+        for _ in 0..5 {
+            assert_eq!(pool.install(|| r.norm()).to_bits(), first.to_bits());
+        }
+        first.to_bits()
+    });
     assert!(norms.iter().all(|&b| b == norms[0]), "{norms:?}");
     // As gradallreduce runs it: several ranks (threads) in one shared pool at once.
     let pool = rayon::ThreadPoolBuilder::new()
@@ -228,13 +235,15 @@ fn compensate_returns_the_accumulators_sum_of_squares() {
     close(sq.sqrt(), plain_norm(&want), "compensate");
     // gradselect's order: compensate, then settle by its selection.
     let mut r = r;
-    let sent = topk_by_sorting(&acc, 1500);
-    let norm = r.settle_norm(acc.clone(), Leaves::Sent, &sent, &[], sq);
-    close(
-        norm,
-        plain_norm(&settled_by_hand(&acc, Leaves::Sent, &sent, &[])),
-        "compensate then settle_norm",
-    );
+    settle_top_and_check(&mut r, acc, sq, 1500, "compensate then settle_norm");
+}
+
+/// Settles `acc` (with its `Σ acc²`) by its top k under `Leaves::Sent` and checks the norm
+/// against the residual settled by hand.
+fn settle_top_and_check(r: &mut Residual, acc: Vec<f32>, sq: f64, k: usize, ctx: &str) {
+    let sent = topk_by_sorting(&acc, k);
+    let want = plain_norm(&settled_by_hand(&acc, Leaves::Sent, &sent, &[]));
+    close(r.settle_norm(acc, Leaves::Sent, &sent, &[], sq), want, ctx);
 }
 
 #[test]
@@ -245,13 +254,7 @@ fn the_first_step_has_an_empty_residual() {
     let (acc, sq) = r.absorb_squared(g.clone());
     assert_eq!(acc, g);
     close(sq.sqrt(), plain_norm(&g), "Σ g²");
-    let sent = topk_by_sorting(&g, 700);
-    let norm = r.settle_norm(acc, Leaves::Sent, &sent, &[], sq);
-    close(
-        norm,
-        plain_norm(&settled_by_hand(&g, Leaves::Sent, &sent, &[])),
-        "first step",
-    );
+    settle_top_and_check(&mut r, acc, sq, 700, "first step");
 }
 
 #[test]
@@ -316,22 +319,15 @@ fn settle_norm_has_the_same_bits_on_any_number_of_threads() {
     let n = 1_000_003;
     let res = gradient(&mut rng, n);
     let g = gradient(&mut rng, n);
-    let norms: Vec<u64> = [1, 2, 3, 8]
-        .into_iter()
-        .map(|t| {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(t)
-                .build()
-                .unwrap();
-            pool.install(|| {
-                let mut r = Residual {
-                    values: res.clone(),
-                };
-                let (acc, sq) = r.absorb_squared(g.clone());
-                let sent = topk_by_sorting(&acc, 10_000);
-                r.settle_norm(acc, Leaves::Sent, &sent, &[], sq).to_bits()
-            })
+    let norms: Vec<u64> = per_pool(|pool| {
+        pool.install(|| {
+            let mut r = Residual {
+                values: res.clone(),
+            };
+            let (acc, sq) = r.absorb_squared(g.clone());
+            let sent = topk_by_sorting(&acc, 10_000);
+            r.settle_norm(acc, Leaves::Sent, &sent, &[], sq).to_bits()
         })
-        .collect();
+    });
     assert!(norms.iter().all(|&b| b == norms[0]), "{norms:?}");
 }
