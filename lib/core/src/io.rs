@@ -722,12 +722,26 @@ impl TensorStream {
                     if let Some(g) = groups {
                         builder = builder.with_row_groups(g);
                     }
+                    // A damaged page is reported with the row groups of the batch that
+                    // met it (a batch may run on into the next row group).
+                    let at = |row: usize| {
+                        let group = |r: usize| starts.partition_point(|&s| s <= r).max(1) - 1;
+                        let total = starts.len();
+                        let (g0, g1) = (group(row), group(row + batch - 1));
+                        match g0 == g1 {
+                            true => format!("row group {g0} of {total} (file rows from {row})"),
+                            false => {
+                                format!("row groups {g0}–{g1} of {total} (file rows from {row})")
+                            }
+                        }
+                    };
                     for b in builder.build()? {
-                        let b = b?;
+                        let b = b.with_context(|| at(first_row))?;
                         let rows = match &mut values {
-                            Some(v) => crate::read_values::batch_rows(&b, v, first_row)?,
-                            None => batch_to_rows_at::<TensorRow>(&b, first_row)?,
-                        };
+                            Some(v) => crate::read_values::batch_rows(&b, v, first_row),
+                            None => batch_to_rows_at::<TensorRow>(&b, first_row),
+                        }
+                        .with_context(|| at(first_row))?;
                         first_row += b.num_rows();
                         // The decoded batch goes before the rows wait for the consumer.
                         drop(b);

@@ -516,3 +516,56 @@ pq.write_table(pa.Table.from_pylist(rows, schema=schema), bad + "1.parquet", row
         assert!(err.contains(expect), "{err}");
     }
 }
+
+/// The row groups a stream error names: `row group G of N` or `row groups A–B of N`.
+fn named_groups(msg: &str) -> Option<(usize, usize)> {
+    let rest = msg.split("row group").nth(1)?;
+    let spec = rest.trim_start_matches('s').trim_start();
+    let spec = spec.split(" of ").next()?;
+    let mut ends = spec.split('–').map(|x| x.trim().parse::<usize>().ok());
+    let a = ends.next()??;
+    Some((a, ends.next().flatten().unwrap_or(a)))
+}
+
+#[test]
+fn a_damaged_page_is_reported_with_its_row_group() {
+    let dir = tmp();
+    let p = dir.path().join("d.parquet");
+    let spec = ValuesSpec {
+        list_nullable: false,
+        item_nullable: false,
+        null_row: None,
+        null_item: None,
+    };
+    // One step (8 rows) per row group.
+    write(&p, &batch(&rows(6), &spec), props(false, false, 8));
+    let reader = SerializedFileReader::new(std::fs::File::open(&p).unwrap()).unwrap();
+    let md = reader.metadata();
+    assert_eq!(md.num_row_groups(), 6);
+    for damaged in [1usize, 4] {
+        let g = md.row_group(damaged);
+        let col = (0..g.num_columns())
+            .map(|c| g.column(c))
+            .find(|c| c.column_path().string().starts_with("values"))
+            .expect("values column");
+        // The first page header of the column chunk, garbled.
+        let mut bytes = std::fs::read(&p).unwrap();
+        let at = col.data_page_offset() as usize;
+        for b in &mut bytes[at..at + 12] {
+            *b ^= 0xff;
+        }
+        let q = dir.path().join(format!("d{damaged}.parquet"));
+        std::fs::write(&q, &bytes).unwrap();
+        let msg = streamed(&q).expect_err("a damaged page was read");
+        assert!(
+            msg.contains(&q.display().to_string()),
+            "file not named: {msg}"
+        );
+        let (a, b) = named_groups(&msg).unwrap_or_else(|| panic!("no row group in `{msg}`"));
+        assert!(
+            a <= damaged && damaged <= b && b < 6,
+            "row group {damaged} damaged, `{msg}` names {a}–{b}"
+        );
+        assert!(!msg.contains('\n'), "not one line: {msg}");
+    }
+}
