@@ -13,6 +13,8 @@ ex gradtrace bench_io | tee "$OUT/io.md"
 
 echo "== selection: top-k, Ok-Topk reuse, Gaussiank, DGC on 2^24 values vs numpy and one pass" >&2
 ex gradkit-sparsify bench_select | tee "$OUT/select.md"
+echo "== selection: time per element of the exact top-k, 2^20..2^26 (docs/results/select.md)" >&2
+ex gradkit-sparsify bench_select sweep 20 26 | tee "$OUT/select-sweep.md"
 
 echo "== planning: DEFT and Ok-Topk plans for BERT-base at P = 8, 64, 256" >&2
 ex gradkit-partition bench_plan | tee "$OUT/partition.md"
@@ -23,12 +25,13 @@ run $B/gradallreduce bench --ranks 4 --algo ring,rabenseifner,tree,native --size
 run mpirun -np 4 $B/gradallreduce bench --algo ring,rabenseifner,tree,native --sizes 4K:64M \
     --factor 4 --iters 10 --fit | tee "$OUT/dense-mpi.md"
 
-# vs_mpi4py NP FILE: ring and native against mpi4py's in-place Allreduce, 64 MiB, interleaved 3x.
+# vs_mpi4py NP FILE: ring, native and 1-bit against mpi4py's in-place Allreduce, 64 MiB,
+# interleaved 3x.
 vs_mpi4py() {
   : > "$OUT/$2"
   for rep in 1 2 3; do
     echo "load average: $(cat /proc/loadavg)" >> "$OUT/$2"
-    run mpirun -np "$1" $B/gradallreduce bench --algo ring,native --sizes 64M:64M --iters 10 -q \
+    run mpirun -np "$1" $B/gradallreduce bench --algo ring,native,onebit --sizes 64M:64M --iters 10 -q \
         | tee -a "$OUT/$2"
     run mpirun -np "$1" "$ROOT/.venv/bin/python" pipelines/bench/bench_allreduce.py --sizes 64M --iters 10 \
         | tee -a "$OUT/$2"
@@ -49,4 +52,6 @@ ex gradkit-collectives bench_sparse | tee "$OUT/sparse.md"
 echo "== 1-bit vs ring vs native (64 MiB, P = 4), pack/unpack GB/s; EmbRace volumes" >&2
 ex gradkit-collectives bench_onebit | tee "$OUT/onebit.md"
 
-echo "bench results are in data/out/bench/" >&2
+echo "== issue 19's goals, from the tables above" >&2
+run "$ROOT/.venv/bin/python" pipelines/bench/goals.py "$OUT" | tee "$OUT/goals.md"
+echo "bench results are in data/out/bench/ (the goals in data/out/bench/goals.md)" >&2

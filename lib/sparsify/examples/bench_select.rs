@@ -196,7 +196,7 @@ fn main() {
     let python = args
         .get(2)
         .cloned()
-        .unwrap_or_else(|| "/work/main/.venv/bin/python".into());
+        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../../.venv/bin/python").into());
     let n = 1usize << log2n;
     let k = n / 100;
     let reps = 15;

@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""Issue 19's speed goals, read from the tables `make bench` wrote (data/out/bench/).
+
+    goals.py [DIR]      (default data/out/bench; prints a Markdown table)
+
+Each row names the goal, the value measured in this bench run, how it was derived from which
+file, and a verdict: "met", "NOT met", or "not measured" when the file is missing. Ratios are
+of medians over the interleaved repetitions; the stability goal is counted per run. Memory is
+measured apart (pipelines/bench-memory.sh, docs/MEMORY.md), as is the Ok-Topk CLI step
+(docs/results/sparse.md). Only the standard library: it runs with any python3.
+"""
+import os
+import re
+import statistics
+import sys
+
+
+def tables(path):
+    """The Markdown tables of a file: a list of (header, rows), cells stripped. A table starts
+    at a row followed by a separator row (tables may follow each other without a blank line)."""
+    def cells(line):
+        return [c.strip() for c in line.strip().strip("|").split("|")]
+
+    def is_sep(line):
+        return line.startswith("|") and all(c and set(c) <= set("-:") for c in cells(line))
+
+    with open(path, encoding="utf-8") as f:
+        lines = [l.strip() for l in f]
+    out, cur = [], None
+    for i, line in enumerate(lines):
+        if not line.startswith("|"):
+            cur = None
+        elif i + 1 < len(lines) and is_sep(lines[i + 1]):
+            cur = (cells(line), [])
+            out.append(cur)
+        elif cur is not None and not is_sep(line):
+            cur[1].append(cells(line))
+    return out
+
+
+def rows_by(path, key):
+    """Rows of every table with a `key` column, as dicts (header → cell)."""
+    found = []
+    for header, rows in tables(path):
+        if key in header:
+            found += [dict(zip(header, r)) for r in rows]
+    return found
+
+
+def num(s):
+    return float(s.replace("×", "").replace("x", "").strip())
+
+
+class Goals:
+    def __init__(self, d):
+        self.d, self.rows = d, []
+
+    def path(self, name):
+        p = os.path.join(self.d, name)
+        return p if os.path.exists(p) else None
+
+    def add(self, goal, value, how, ok, info=False):
+        if ok is None:
+            verdict = "not measured"
+        elif info:
+            verdict = "(for comparison) " + ("within" if ok else "over")
+        else:
+            verdict = "met" if ok else "NOT met"
+        self.rows.append((goal, value, how, verdict))
+
+    def missing(self, goal, name):
+        self.add(goal, "–", f"{name} missing", None)
+
+
+def io(g):
+    goal_w, goal_r = "Parquet write ≤ 1.0 × pyarrow's time", "Parquet read ≥ 1.0 × pyarrow's speed"
+    p = g.path("io.md")
+    if not p:
+        g.missing(goal_w, "io.md")
+        g.missing(goal_r, "io.md")
+        return
+    text = open(p, encoding="utf-8").read()
+    w = re.search(r"write: gradkit takes ([\d.]+)x pyarrow's write_table time", text)
+    r = re.search(r"read: gradkit ([\d.]+)x pyarrow's read_table speed", text)
+    if w:
+        g.add(goal_w, f"{float(w[1]):.2f} ×", "io.md, median of 3", float(w[1]) <= 1.0)
+    if r:
+        g.add(goal_r, f"{float(r[1]):.2f} ×", "io.md, median of 3", float(r[1]) >= 1.0)
+
+
+def select_flat(g):
+    goal = "select: time per element flat within 1.5 ×, 2^20 … 2^26"
+    p = g.path("select-sweep.md")
+    if not p:
+        return g.missing(goal, "select-sweep.md")
+    for header, rows in tables(p):
+        if header and header[0] == "n" and "topk_indices ns/elem" in header:
+            i = header.index("topk_indices ns/elem")
+            v = [num(r[i]) for r in rows]
+            ratio = max(v) / min(v)
+            return g.add(goal, f"max/min {ratio:.2f}", "select-sweep.md, topk_indices", ratio <= 1.5)
+    g.missing(goal, "a sweep table in select-sweep.md")
+
+
+def dense_vs_mpi4py(g, name, p_ranks):
+    """The goals are stated at P = 4; the P = 2 run (one rank per core) is shown beside them."""
+    p = g.path(name)
+    info = p_ranks != 4
+    goals = [
+        f"ring ≤ 1.0 × mpi4py's Allreduce, 64 MiB, P = {p_ranks}",
+        f"ring stable: max/min of 10 calls ≤ 1.3, P = {p_ranks}",
+        f"native ≤ 1.1 × mpi4py, P = {p_ranks}",
+        f"1-bit allreduce faster than the ring, 64 MiB, P = {p_ranks}",
+    ]
+    if not p:
+        for goal in goals[: 2 if info else 4]:
+            g.missing(goal, name)
+        return
+    by = {}
+    for r in rows_by(p, "algo"):
+        by.setdefault(r["algo"], []).append((num(r["time_us"]), num(r["max/min"])))
+    med = {a: statistics.median(t for t, _ in v) for a, v in by.items()}
+    how = f"{name}, medians of {len(by.get('mpi4py', []))} interleaved runs"
+    if "ring" in med and "mpi4py" in med:
+        r = med["ring"] / med["mpi4py"]
+        value = f"{r:.2f} × ({med['ring'] / 1e3:.1f} vs {med['mpi4py'] / 1e3:.1f} ms)"
+        g.add(goals[0], value, how, r <= 1.0, info)
+        spreads = [s for _, s in by["ring"]]
+        within = sum(s <= 1.3 for s in spreads)
+        ref = [s for _, s in by["mpi4py"]]
+        value = (f"ring {within} of {len(spreads)} runs ({', '.join(f'{s:.2f}' for s in spreads)}); "
+                 f"mpi4py {sum(s <= 1.3 for s in ref)} of {len(ref)}")
+        g.add(goals[1], value, name, within == len(spreads), info)
+    if info:
+        return
+    if "native" in med and "mpi4py" in med:
+        r = med["native"] / med["mpi4py"]
+        g.add(goals[2], f"{r:.2f} ×", how, r <= 1.1)
+    if "onebit" in med and "ring" in med:
+        r = med["onebit"] / med["ring"]
+        g.add(goals[3], f"{r:.2f} × the ring's time", how, r < 1.0)
+
+
+def onebit_kernel(g):
+    goal = "1-bit compress ≥ 0.8 × a streaming pass"
+    p = g.path("onebit.md")
+    if not p:
+        return g.missing(goal, "onebit.md")
+    for r in rows_by(p, "kernel"):
+        if r["kernel"].startswith("worker compress: 1 pass, deferred"):
+            v = num(r["stream/kernel"])
+            return g.add(goal, f"{v:.2f} ×", "onebit.md, stream/kernel", v >= 0.8)
+    g.missing(goal, "the one-pass compress row in onebit.md")
+
+
+def oktopk_dense(g):
+    goal = "Ok-Topk on dense input ≤ 1.3 × its time on pre-selected input"
+    p = g.path("sparse.md")
+    if not p:
+        return g.missing(goal, "sparse.md")
+    rows = [r for r in rows_by(p, "algo") if r["algo"] == "oktopk" and r.get("P") == "4"]
+    pre = [r for r in rows if r["input"] == "top-k"]
+    dense = [r for r in rows if r["input"] == "dense"]
+    if not pre or not dense:
+        return g.missing(goal, "Ok-Topk rows at P = 4 in sparse.md")
+    t_pre = num(pre[0]["time/allreduce (ms)"])
+    t_dense = num(dense[0]["time/allreduce (ms)"]) + num(dense[0]["select (ms)"])
+    r = t_dense / t_pre
+    value = f"{r:.2f} × ({t_dense:.1f} ms with selection vs {t_pre:.1f} ms)"
+    g.add(goal, value, "sparse.md, bench_sparse, P = 4", r <= 1.3)
+
+
+def ring_flat(g):
+    goal = "ring: time per element flat within 1.5 ×, 2^20 … 2^26, P = 4"
+    p = g.path("dense-scaling.md")
+    if not p:
+        return g.missing(goal, "dense-scaling.md")
+    per = [num(r["time_us"]) / num(r["count"]) for r in rows_by(p, "algo") if r["algo"] == "ring"]
+    if not per:
+        return g.missing(goal, "ring rows in dense-scaling.md")
+    ratio = max(per) / min(per)
+    g.add(goal, f"max/min {ratio:.2f}", "dense-scaling.md, one run", ratio <= 1.5)
+
+
+def main():
+    d = sys.argv[1] if len(sys.argv) > 1 else "data/out/bench"
+    if not os.path.isdir(d):
+        sys.exit(f"error: {d}: no such directory (run `make bench` first)")
+    g = Goals(d)
+    io(g)
+    select_flat(g)
+    dense_vs_mpi4py(g, "dense-vs-mpi4py.md", 4)
+    dense_vs_mpi4py(g, "dense-vs-mpi4py-p2.md", 2)
+    ring_flat(g)
+    onebit_kernel(g)
+    oktopk_dense(g)
+    print("| goal (issue 19) | measured | from | verdict |")
+    print("|---|---|---|---|")
+    for row in g.rows:
+        print("| " + " | ".join(row) + " |")
+    goals = [r for r in g.rows if not r[3].startswith("(")]
+    met = sum(r[3] == "met" for r in goals)
+    print(f"\n{met} of {len(goals)} goals met in this run. Memory: pipelines/bench-memory.sh "
+          "(docs/MEMORY.md); the Ok-Topk CLI step against the bench: docs/results/sparse.md.")
+
+
+if __name__ == "__main__":
+    main()
