@@ -77,6 +77,15 @@ fn row<'a>(v: &'a [(String, String, String)], goal_starts: &str) -> &'a (String,
         .unwrap_or_else(|| panic!("no row `{goal_starts}` in {v:?}"))
 }
 
+/// The row of the goal starting `goal` says `measured` (unless `None`) and `verdict`.
+fn check(v: &[(String, String, String)], goal: &str, measured: Option<&str>, verdict: &str) {
+    let r = row(v, goal);
+    if let Some(m) = measured {
+        assert_eq!(r.1, m, "{goal}: measured");
+    }
+    assert_eq!(r.2, verdict, "{goal}: verdict");
+}
+
 #[test]
 fn every_goal_is_judged_from_its_table() {
     let dir = std::env::temp_dir().join(format!("gradkit-goals-{}", std::process::id()));
@@ -108,58 +117,36 @@ fn every_goal_is_judged_from_its_table() {
         "| P | algo | input | time/allreduce (ms) | select (ms) |\n|---|---|---|---|---|\n| 4 | oktopk | top-k | 5.0 | 0.0 |\n| 4 | oktopk | dense | 6.0 | 8.0 |\n| 8 | oktopk | top-k | 1.0 | 0.0 |\n| 8 | oktopk | dense | 1.0 | 1.0 |\n",
     );
     let v = verdicts(&dir);
-    assert_eq!(row(&v, "Parquet write").1, "0.60 ×");
-    assert_eq!(row(&v, "Parquet write").2, "met");
-    assert_eq!(row(&v, "Parquet read").1, "1.90 ×");
-    assert_eq!(row(&v, "Parquet read").2, "met");
-    assert_eq!(row(&v, "select").1, "max/min 2.00");
-    assert_eq!(row(&v, "select").2, "NOT met");
+    check(&v, "Parquet write", Some("0.60 ×"), "met");
+    check(&v, "Parquet read", Some("1.90 ×"), "met");
+    check(&v, "select", Some("max/min 2.00"), "NOT met");
     // 42 / 62 = 0.677…
-    assert_eq!(
-        row(&v, "ring ≤ 1.0 × mpi4py's Allreduce, 64 MiB, P = 4").1,
-        "0.68 × (42.0 vs 62.0 ms)"
+    let ring4 = "ring ≤ 1.0 × mpi4py's Allreduce, 64 MiB, P = 4";
+    check(&v, ring4, Some("0.68 × (42.0 vs 62.0 ms)"), "met");
+    let stable = "ring 2 of 3 runs (1.10, 1.50, 1.20); mpi4py 3 of 3";
+    check(
+        &v,
+        "ring stable: max/min of 10 calls ≤ 1.3, P = 4",
+        Some(stable),
+        "NOT met",
     );
-    assert_eq!(
-        row(&v, "ring ≤ 1.0 × mpi4py's Allreduce, 64 MiB, P = 4").2,
-        "met"
-    );
-    let stable = row(&v, "ring stable: max/min of 10 calls ≤ 1.3, P = 4");
-    assert_eq!(
-        stable.1,
-        "ring 2 of 3 runs (1.10, 1.50, 1.20); mpi4py 3 of 3"
-    );
-    assert_eq!(stable.2, "NOT met");
-    // 66 / 62 = 1.06…
-    assert_eq!(row(&v, "native").1, "1.06 ×");
-    assert_eq!(row(&v, "native").2, "met");
-    // 31 / 42 = 0.738…
-    assert_eq!(row(&v, "1-bit allreduce").1, "0.74 × the ring's time");
-    assert_eq!(row(&v, "1-bit allreduce").2, "met");
-    assert_eq!(row(&v, "1-bit compress").1, "0.83 ×");
-    assert_eq!(row(&v, "1-bit compress").2, "met");
-    assert_eq!(
-        row(&v, "Ok-Topk").1,
-        "2.80 × (14.0 ms with selection vs 5.0 ms)"
-    );
-    assert_eq!(row(&v, "Ok-Topk").2, "NOT met");
+    // 66 / 62 = 1.06…; 31 / 42 = 0.738…
+    check(&v, "native", Some("1.06 ×"), "met");
+    check(&v, "1-bit allreduce", Some("0.74 × the ring's time"), "met");
+    check(&v, "1-bit compress", Some("0.83 ×"), "met");
+    let ok = "2.80 × (14.0 ms with selection vs 5.0 ms)";
+    check(&v, "Ok-Topk", Some(ok), "NOT met");
     // Not written: "not measured", never a verdict.
-    assert_eq!(row(&v, "ring: time per element").2, "not measured");
-    assert_eq!(
-        row(&v, "ring ≤ 1.0 × mpi4py's Allreduce, 64 MiB, P = 2").2,
-        "not measured"
-    );
+    check(&v, "ring: time per element", None, "not measured");
+    let ring2 = "ring ≤ 1.0 × mpi4py's Allreduce, 64 MiB, P = 2";
+    check(&v, ring2, None, "not measured");
 
     // The P = 2 pair is shown for comparison, not counted as a goal.
     write(&dir, "dense-vs-mpi4py-p2.md", &dense_vs_mpi4py());
     let v = verdicts(&dir);
-    assert_eq!(
-        row(&v, "ring ≤ 1.0 × mpi4py's Allreduce, 64 MiB, P = 2").2,
-        "(for comparison) within"
-    );
-    assert_eq!(
-        row(&v, "ring stable: max/min of 10 calls ≤ 1.3, P = 2").2,
-        "(for comparison) over"
-    );
+    check(&v, ring2, None, "(for comparison) within");
+    let stable2 = "ring stable: max/min of 10 calls ≤ 1.3, P = 2";
+    check(&v, stable2, None, "(for comparison) over");
     assert!(!v
         .iter()
         .any(|r| r.0.contains("native") && r.0.contains("P = 2")));
