@@ -61,6 +61,12 @@ pub use gradkit_sparsify::onebit::{
 };
 use gradkit_sparsify::onebit::{settle_errors, settled_sum_sq};
 
+/// Message buffers kept between calls: a call builds P + 1 (P sign chunks and its server
+/// chunk) and receives 2P; it keeps what the next call builds.
+fn spare_kept(p: usize) -> usize {
+    p + 1
+}
+
 fn push_scale(v: &mut Vec<u8>, s: f32) {
     v.extend_from_slice(&s.to_le_bytes());
 }
@@ -119,6 +125,28 @@ struct Scratch {
     bits: Vec<u8>,
     /// The server's received sign chunks with their scales (vectors from the alltoall).
     msgs: Vec<(Vec<u8>, f32)>,
+    /// Message buffers of earlier calls (the chunks received in both phases), each of a
+    /// chunk's size: the next call builds its messages in them, so that a steady-state call
+    /// allocates and page-faults no message buffer (issue 19; the communicator keeps the
+    /// buffers it sends for its receives).
+    spare: Vec<Vec<u8>>,
+}
+
+impl Scratch {
+    /// A message buffer with room for `len` bytes, from [`Scratch::spare`] when one is there.
+    fn message(&mut self, len: usize) -> Vec<u8> {
+        let mut m = self.spare.pop().unwrap_or_default();
+        m.clear();
+        m.reserve(len);
+        m
+    }
+
+    /// Keeps `m` for a later call's message, at most `keep` buffers in all.
+    fn recycle(&mut self, m: Vec<u8>, keep: usize) {
+        if self.spare.len() < keep {
+            self.spare.push(m);
+        }
+    }
 }
 
 impl OneBitState {
@@ -245,7 +273,7 @@ impl OneBitState {
         // copy is of the packed bits only, 1/32 of the data).
         let mut sends = Vec::with_capacity(p);
         for k in 0..p {
-            let mut m = Vec::with_capacity(cb + 4);
+            let mut m = self.scratch.message(cb + 4);
             m.extend_from_slice(&self.scratch.bits[k * cb..(k + 1) * cb]);
             push_scale(&mut m, s_w);
             sends.push(m);
@@ -271,6 +299,7 @@ impl OneBitState {
                 let hi = ((k + 1) * chunk_len).min(data.len());
                 self.kernels.onebit_decompress(&b, s, &mut data[lo..hi]);
             }
+            self.scratch.recycle(b, spare_kept(p));
         }
         Ok(())
     }
@@ -291,7 +320,7 @@ impl OneBitState {
             }
             msgs.push((b, s / p as f32));
         }
-        let mut sb = Vec::with_capacity(cb + 4);
+        let mut sb = self.scratch.message(cb + 4);
         sb.resize(cb, 0);
         let err = &mut self.server_error;
         let ss = self
@@ -303,7 +332,9 @@ impl OneBitState {
             (ss / err.len() as f64).sqrt() as f32
         };
         self.server_due = s_s;
-        msgs.clear();
+        for (b, _) in msgs.drain(..) {
+            self.scratch.recycle(b, spare_kept(p));
+        }
         self.scratch.msgs = msgs;
         push_scale(&mut sb, s_s);
         Ok(sb)
