@@ -106,21 +106,15 @@ fn ring_reduce_scatter(comm: &dyn Comm, data: &mut [f32], mut first: Vec<f32>) -
 fn ring_allgather(comm: &dyn Comm, data: &mut [f32], mut buf: Vec<f32>) -> Result<Vec<f32>> {
     let (p, r, n) = (comm.size(), comm.rank(), data.len());
     let (right, left) = ((r + 1) % p, (r + p - 1) % p);
+    let on = releases(comm);
     for s in 0..p - 1 {
         let recv_c = (r + p - s) % p;
         let mut got: Vec<f32> = comm.sendrecv(right, buf, left)?;
-        let dst = &mut data[chunk(n, p, recv_c)];
-        if s + 2 < p {
-            dst.copy_from_slice(&got);
-        } else if releases(comm) {
-            // The last chunk is not sent on: dead once in place.
-            gradkit_comm::copy_release(dst, &mut got);
-        } else {
-            dst.copy_from_slice(&got);
-        }
+        // The last chunk is not sent on: dead once in place.
+        place(on && s + 2 == p, &mut data[chunk(n, p, recv_c)], &mut got);
         buf = got;
     }
-    retire(releases(comm), &mut buf);
+    retire(on, &mut buf);
     Ok(buf)
 }
 
@@ -231,14 +225,7 @@ fn release_if(on: bool, s: &mut [f32]) {
 /// huge pages, [`gradkit_comm::huge_vec`]). With `on` ([`releases`]) the stale pages past
 /// the message are given back ([`gradkit_comm::release_spare`]).
 fn message(on: bool, scratch: &mut Vec<f32>, src: &[f32]) -> Vec<f32> {
-    let mut m = std::mem::take(scratch);
-    m.clear();
-    gradkit_comm::reserve_huge(&mut m, src.len());
-    m.extend_from_slice(src);
-    if on {
-        gradkit_comm::release_spare(&mut m);
-    }
-    m
+    message_with(on, scratch, src.len(), |m| m.extend_from_slice(src))
 }
 
 /// [`message`] from a source that is dead once copied (overwritten before it is read again):
@@ -246,15 +233,38 @@ fn message(on: bool, scratch: &mut Vec<f32>, src: &[f32]) -> Vec<f32> {
 /// ([`gradkit_comm::release_into`]), so the message and its source are never both resident
 /// in full (issue 19).
 fn message_releasing(on: bool, scratch: &mut Vec<f32>, src: &mut [f32]) -> Vec<f32> {
-    if !on {
-        return message(false, scratch, src);
-    }
+    message_with(on, scratch, src.len(), |m| match on {
+        true => gradkit_comm::release_into(m, src),
+        false => m.extend_from_slice(src),
+    })
+}
+
+/// A message of `len` values written by `fill` into `scratch`'s memory ([`message`]).
+fn message_with(
+    on: bool,
+    scratch: &mut Vec<f32>,
+    len: usize,
+    fill: impl FnOnce(&mut Vec<f32>),
+) -> Vec<f32> {
     let mut m = std::mem::take(scratch);
     m.clear();
-    gradkit_comm::reserve_huge(&mut m, src.len());
-    gradkit_comm::release_into(&mut m, src);
-    gradkit_comm::release_spare(&mut m);
+    gradkit_comm::reserve_huge(&mut m, len);
+    fill(&mut m);
+    if on {
+        gradkit_comm::release_spare(&mut m);
+    }
     m
+}
+
+/// Copies a received message into place; with `on` ([`releases`]) the message's pages are
+/// given back as it is copied ([`gradkit_comm::copy_release`]): for a message that is dead
+/// once in place.
+fn place(on: bool, dst: &mut [f32], got: &mut [f32]) {
+    if on {
+        gradkit_comm::copy_release(dst, got);
+    } else {
+        dst.copy_from_slice(got);
+    }
 }
 
 /// With `on` ([`releases`]): empties a buffer kept only for its capacity (the scratch a
@@ -319,11 +329,7 @@ pub fn rabenseifner_with_scratch(
                     data.len()
                 );
             }
-            if on {
-                gradkit_comm::copy_release(data, &mut got);
-            } else {
-                data.copy_from_slice(&got);
-            }
+            place(on, data, &mut got);
             *scratch = got;
         }
     }
@@ -390,13 +396,9 @@ fn halving_doubling(
                 dst.len()
             );
         }
-        if mask << 1 < pp || !on {
-            // Kept: the next message is built in its memory.
-            dst.copy_from_slice(&got);
-        } else {
-            // The last message received is dead once in place.
-            gradkit_comm::copy_release(dst, &mut got);
-        }
+        // The last message received is dead once in place; the others are kept: the next
+        // message is built in their memory.
+        place(on && mask << 1 >= pp, dst, &mut got);
         *scratch = got;
         (lo, hi) = (plo, phi);
         mask <<= 1;
@@ -431,29 +433,18 @@ fn tree_parent(r: usize) -> usize {
     r - (1 << (usize::BITS - 1 - r.leading_zeros()))
 }
 
-/// [`tree`] that builds the message to its parent (and the root's broadcast) in `scratch`
-/// and keeps a received buffer there. Same messages, same sums.
+/// [`tree`] on a copy of `data` built in `scratch` ([`tree_owned`]; the copy is moved to the
+/// parent or broadcast, and the broadcast's buffer is kept in `scratch`). Same messages,
+/// same sums.
 pub fn tree_with_scratch(comm: &dyn Comm, data: &mut [f32], scratch: &mut Vec<f32>) -> Result<()> {
-    let (p, r) = (comm.size(), comm.rank());
-    if p == 1 {
+    if comm.size() == 1 {
         return Ok(());
     }
-    {
-        let _ph = comm.phase("reduce");
-        for child in tree_children(r, p) {
-            let got: Vec<f32> = comm.recv(child)?;
-            add_into(data, &got);
-            *scratch = got;
-        }
-        if r != 0 {
-            comm.send(tree_parent(r), message(releases(comm), scratch, data))?;
-        }
-    }
-    let _ph = comm.phase("broadcast");
     let on = releases(comm);
-    let res = comm.broadcast(0, (r == 0).then(|| message(on, scratch, data)))?;
-    data.copy_from_slice(&res);
-    *scratch = res;
+    let mut v = message(on, scratch, data);
+    tree_owned(comm, &mut v)?;
+    data.copy_from_slice(&v);
+    *scratch = v;
     retire(on, scratch);
     Ok(())
 }
@@ -549,6 +540,24 @@ pub fn allreduce_reusing(
     Ok(())
 }
 
+/// [`allreduce_reusing`] of a vector the caller gives up while the call runs: tree moves
+/// it to its parent or broadcasts it ([`tree_owned`]) instead of copying it; the others
+/// work in place as [`allreduce_reusing`] does. Same messages and bits.
+pub fn allreduce_owned(
+    comm: &dyn Comm,
+    name: &str,
+    op: Op,
+    data: &mut Vec<f32>,
+    scratch: &mut Vec<f32>,
+) -> Result<()> {
+    if name != "tree" {
+        return allreduce_reusing(comm, name, op, data, scratch);
+    }
+    tree_owned(comm, data)?;
+    finish_op(comm, op, data);
+    Ok(())
+}
+
 /// Turns a sum into `op`'s result (the mean divides by P).
 fn finish_op(comm: &dyn Comm, op: Op, data: &mut [f32]) {
     if op == Op::Mean {
@@ -561,8 +570,8 @@ fn finish_op(comm: &dyn Comm, op: Op, data: &mut [f32]) {
 pub struct DenseReducer {
     name: &'static str,
     op: Op,
-    /// The message buffer of ring, Rabenseifner and tree, kept across steps
-    /// ([`allreduce_reusing`]).
+    /// The message buffer of ring and Rabenseifner, kept across steps
+    /// ([`allreduce_reusing`]; tree moves the step's own vector, [`allreduce_owned`]).
     scratch: Vec<f32>,
 }
 
@@ -596,13 +605,7 @@ impl Reducer for DenseReducer {
         input: Flat,
     ) -> Result<StepOutput> {
         let mut data = input.into_dense(layout.total() as usize);
-        if self.name == "tree" {
-            // Moves the vectors it sends (tree_owned): same messages and bits as `tree`.
-            tree_owned(comm, &mut data)?;
-            finish_op(comm, self.op, &mut data);
-        } else {
-            allreduce_reusing(comm, self.name, self.op, &mut data, &mut self.scratch)?;
-        }
+        allreduce_owned(comm, self.name, self.op, &mut data, &mut self.scratch)?;
         Ok(StepOutput::new(Flat::Dense(data)))
     }
 }

@@ -173,13 +173,10 @@ impl Feedback {
         if !self.enabled {
             return None;
         }
-        Some(match self.acc_sq.take() {
-            Some(sq) => self.residual.settle_norm(acc, self.rule, sent, result, sq),
-            None => {
-                self.residual.settle(acc, self.rule, sent, result);
-                self.residual.norm()
-            }
-        })
+        // Without a sum from `accumulate` (none is missing on any path) NaN makes settle_norm
+        // sum the residual itself.
+        let sq = self.acc_sq.take().unwrap_or(f64::NAN);
+        Some(self.residual.settle_norm(acc, self.rule, sent, result, sq))
     }
 
     /// The residual as `Reducer::state` (nothing before the first dense step).
