@@ -1682,12 +1682,18 @@ impl<T: Table> TableWriter<T> {
         }
         self.ended = Some(step);
         if self.pending_bytes >= self.step_group_bytes && self.pending_bytes > 0 {
-            self.flush_open()?;
-            let bytes = std::mem::take(&mut self.pending_bytes);
-            self.submit(bytes)?;
-            while !self.in_flight.is_empty() {
-                self.join_oldest()?;
-            }
+            self.drain()?;
+        }
+        Ok(())
+    }
+
+    /// Ends the open row group and waits until every row group is in the file.
+    fn drain(&mut self) -> Result<()> {
+        self.flush_open()?;
+        let bytes = std::mem::take(&mut self.pending_bytes);
+        self.submit(bytes)?;
+        while !self.in_flight.is_empty() {
+            self.join_oldest()?;
         }
         Ok(())
     }
@@ -1798,12 +1804,7 @@ impl<T: Table> TableWriter<T> {
             }
             None => (bytes, IN_FLIGHT_BYTES),
         };
-        while !self.in_flight.is_empty()
-            && (self.in_flight.len() >= self.max_in_flight
-                || self.in_flight.iter().map(|j| j.1).sum::<usize>() + bytes > limit)
-        {
-            self.join_oldest()?;
-        }
+        self.wait_room(bytes, limit, self.max_in_flight)?;
         let batches = std::mem::take(&mut self.pending);
         let writers = self
             .factory
@@ -1830,8 +1831,15 @@ impl<T: Table> TableWriter<T> {
     /// than [`ENCODED_IN_FLIGHT_BYTES`]: a step's pages are not encoded while the previous
     /// step's are still being appended (docs/MEMORY.md).
     fn wait_in_flight(&mut self, bytes: usize) -> Result<()> {
+        self.wait_room(bytes, ENCODED_IN_FLIGHT_BYTES, usize::MAX)
+    }
+
+    /// Waits for the oldest row groups in flight while there are `jobs` of them or they and
+    /// `bytes` more would hold more than `limit` (at least one may always be in flight).
+    fn wait_room(&mut self, bytes: usize, limit: usize, jobs: usize) -> Result<()> {
         while !self.in_flight.is_empty()
-            && self.in_flight.iter().map(|j| j.1).sum::<usize>() + bytes > ENCODED_IN_FLIGHT_BYTES
+            && (self.in_flight.len() >= jobs
+                || self.in_flight.iter().map(|j| j.1).sum::<usize>() + bytes > limit)
         {
             self.join_oldest()?;
         }
@@ -1850,21 +1858,13 @@ impl<T: Table> TableWriter<T> {
     /// Closes the file and renames it into place.
     pub fn finish(mut self) -> Result<()> {
         let name = self.out.name();
-        self.flush_open()
-            .with_context(|| format!("writing {name}"))?;
-        let bytes = std::mem::take(&mut self.pending_bytes);
-        self.submit(bytes)
-            .with_context(|| format!("writing {name}"))?;
-        while !self.in_flight.is_empty() {
-            self.join_oldest()
-                .with_context(|| format!("writing {name}"))?;
-        }
-        let file = self.file.state()?.file.take().expect("writer open");
-        let mut sink = file
-            .into_inner()
-            .with_context(|| format!("writing {name}"))?;
-        sink.flush().with_context(|| format!("writing {name}"))?;
-        drop(sink);
+        let mut closed = || -> Result<()> {
+            self.drain()?;
+            let file = self.file.state()?.file.take().expect("writer open");
+            file.into_inner()?.flush()?;
+            Ok(())
+        };
+        closed().with_context(|| format!("writing {name}"))?;
         if let Some(tmp) = self.tmp.take() {
             tmp.persist()?;
         }

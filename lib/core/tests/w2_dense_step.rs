@@ -19,14 +19,8 @@ use parquet::record::Field;
 
 /// Deterministic values with every exponent, sign and NaN payload (an LCG over the bits).
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            f32::from_bits((x >> 32) as u32)
-        })
+    common::lcg(n, seed)
+        .map(|x| f32::from_bits((x >> 32) as u32))
         .collect()
 }
 

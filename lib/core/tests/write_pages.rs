@@ -39,12 +39,9 @@ const SPECIAL: [u32; 10] = [
 /// Deterministic values of every exponent and sign (an LCG over the bit patterns), with the
 /// special patterns sprinkled in.
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|i| {
-            x = x
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
+    common::lcg(n, seed)
+        .enumerate()
+        .map(|(i, x)| {
             let bits = if i % 97 == 13 {
                 SPECIAL[(x >> 60) as usize % SPECIAL.len()]
             } else {

@@ -12,6 +12,18 @@ use gradkit_core::{PlanRow, Table, TensorRow};
 use parquet::arrow::ArrowWriter;
 use parquet::file::metadata::KeyValue;
 
+/// The states of a 64-bit LCG seeded from `seed`, one per value: their high 32 bits are
+/// f32 bit patterns of every exponent, sign and NaN payload (the tests' awkward values).
+pub fn lcg(n: usize, seed: u64) -> impl Iterator<Item = u64> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n).map(move |_| {
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        x
+    })
+}
+
 pub fn dense(step: u32, rank: u32, layer_id: u32, layer: &str, values: Vec<f32>) -> TensorRow {
     TensorRow {
         step,
