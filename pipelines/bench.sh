@@ -46,6 +46,14 @@ echo "== ring, 2^20..2^26 elements, P = 4 under mpirun: time per element (docs/r
 run mpirun -np 4 $B/gradallreduce bench --algo ring --sizes 4M:256M --factor 2 --iters 10 -q \
     | tee "$OUT/dense-scaling.md"
 
+echo "== Ok-Topk and gTop-k on dense vs pre-selected input, 64 MiB, P = 4 under mpirun, each rank's own gradient, 3 runs (docs/results/sparse.md)" >&2
+: > "$OUT/oktopk-input.md"
+for rep in 1 2 3; do
+  echo "load average: $(cat /proc/loadavg)" >> "$OUT/oktopk-input.md"
+  run mpirun -np 4 $B/gradallreduce bench --algo oktopk,gtopk --sizes 64M:64M --iters 10 -q \
+      | tee -a "$OUT/oktopk-input.md"
+done
+
 echo "== sparse allreduces: words per rank vs Table 1 and time, P = 4 and 8" >&2
 ex gradkit-collectives bench_sparse | tee "$OUT/sparse.md"
 
@@ -53,5 +61,5 @@ echo "== 1-bit vs ring vs native (64 MiB, P = 4), pack/unpack GB/s; EmbRace volu
 ex gradkit-collectives bench_onebit | tee "$OUT/onebit.md"
 
 echo "== issue 19's goals, from the tables above" >&2
-run "$ROOT/.venv/bin/python" pipelines/bench/goals.py "$OUT" | tee "$OUT/goals.md"
+run "$ROOT/.venv/bin/python" pipelines/bench/goals.py "$OUT" "$ROOT/data/out/cluster" | tee "$OUT/goals.md"
 echo "bench results are in data/out/bench/ (the goals in data/out/bench/goals.md)" >&2

@@ -7,7 +7,9 @@
 #      MPI_Allreduce (`native`) of the same gradient size timed by bench;
 #   3. LAMB (dense ring) vs 1-bit LAMB (compressed allreduce after --freeze-step);
 #   4. EmbRace (--schedule embrace and fifo) vs sparse AllGather vs dense on the transformer LM,
-#      time per step and the stall the schedule removes (section "cluster-embrace").
+#      time per step and the stall the schedule removes (section "cluster-embrace");
+#   5. (with 2.) Ok-Topk and gTop-k on dense vs pre-selected input, each rank's own gradient
+#      (`gradallreduce bench --algo oktopk,gtopk`, issue 19), one process per host.
 # PARTS="cal train lamb embrace" (the default) runs all; PARTS=embrace runs step 4 alone (with
 # the α-β fit at P = HOSTS that its predictions need) and rewrites only its section.
 # pipelines/cluster-tables.py turns the metrics into the tables of docs/RESULTS.md "cluster",
@@ -28,7 +30,7 @@ PY=$ROOT/.venv/bin/python
 EXCH="dense topk topkdsa gtopk gaussiank oktopk deft"
 if [ "$FAST" != 0 ]; then
   HOSTS=2; RATES="1gbit"; PS="2"; CAL_SIZES=4K:1M; ITERS=2; STEPS=6; SPARSE_STEPS=8; BATCH=16
-  HIDDEN=128; EXCH="dense oktopk"; LAMB_STEPS=6; FREEZE=3; STEPS8=0
+  HIDDEN=128; EXCH="dense oktopk"; LAMB_STEPS=6; FREEZE=3; STEPS8=0; OK_SIZE=1M
   EMB_STEPS=0  # step 4 is skipped in FAST (its LM needs ≈ 1 min per rate to mean anything)
 else
   # MLP 64-1024-1024-10 (n = 1.13 M parameters, 4.5 MB of gradient): a dense ring step sends
@@ -39,6 +41,8 @@ else
   # runs (two ranks per host) of the sparse exchanges only, STEPS8 steps.
   HOSTS=4; RATES="100mbit 1gbit"; PS="2 4 8"; CAL_SIZES=4K:16M; ITERS=3; STEPS=100; SPARSE_STEPS=200
   BATCH=32; HIDDEN=1024; LAMB_STEPS=40; FREEZE=10; STEPS8=50
+  # Step 5: 64 MiB of gradient per rank (16.8 M elements, k = 1 %), as make bench on one host.
+  OK_SIZE=64M
   # Step 4: transformer-lm (d 64, 2 blocks, context 32) on synthetic-lm at V = 4096, batch 8
   # sequences (256 tokens) per rank: n = 636 k parameters, of which the token embedding
   # (V·d = 262 k, 1 MB) is the part EmbRace exchanges sparsely (≈ 170 distinct rows a step, 4 %
@@ -95,6 +99,10 @@ train_runs() {
   nb=$("$PY" -c 'import sys,pyarrow.parquet as pq; t=pq.read_table(sys.argv[1]).to_pydict(); print(4*int(max(v for m,v in zip(t["metric"],t["value"]) if m=="nnz")))' train-dense-$RATE.parquet)
   launch $P $B/gradallreduce bench --algo native,ring --sizes $nb:$nb --warmup 1 --iters $ITERS \
     --metrics native-$RATE.parquet > native-$RATE.md 2> native-$RATE.err
+  # 5. Ok-Topk's own selection against its exchange: dense vs pre-selected input.
+  echo "okinput P=$P $RATE $(cut -d' ' -f1-3 /proc/loadavg)" >> load.txt
+  launch $P $B/gradallreduce bench --algo oktopk,gtopk --sizes $OK_SIZE:$OK_SIZE --warmup 2 \
+    --iters $((ITERS * 3)) --metrics okinput-$RATE.parquet > okinput-$RATE.md 2> okinput-$RATE.err
 }
 
 lamb_runs() {
@@ -155,5 +163,6 @@ echo
   --sparse-steps $SPARSE_STEPS --steps8 $STEPS8 --lamb-steps $LAMB_STEPS --cal-sizes $CAL_SIZES --fast $FAST
 } > section.md
 section cluster section.md
-expect section.md "^### α-β calibration" "^\| dense " "^\| oktopk " "^### 1-bit LAMB"
+expect section.md "^### α-β calibration" "^\| dense " "^\| oktopk " "^### 1-bit LAMB" \
+  "^### Ok-Topk on dense vs pre-selected input"
 cat section.md

@@ -559,6 +559,36 @@ for rate, sp, ll, lw, lo, hit, nrun in lamb_v:
           f"steps; {reach}.")
 print()
 
+# ---------------------------------------------------------------- Ok-Topk's selection (step 5)
+print("### Ok-Topk on dense vs pre-selected input (issue 19)\n")
+print(f"`gradallreduce bench --algo oktopk,gtopk` across the hosts, P = {P}: every rank makes its "
+      "own gradient (nothing is fed from rank 0), and each step the algorithm is called twice, "
+      "one after the other, on the same gradient: given it dense (it accumulates its residual and "
+      "selects inside the timed call, `select`) and given its exact top-k, selected before the "
+      "clock starts (as `gradselect topk | gradallreduce`). Medians over the timed steps of the "
+      "slowest rank. Goal: dense ≤ 1.3 × pre-selected.\n")
+body = []
+for rate in RATES:
+    f = f"okinput-{rate}.parquet"
+    if not os.path.exists(f):
+        continue
+    t = pq.read_table(f).to_pydict()
+    pts = defaultdict(dict)
+    for run, algo, step, m, v in zip(t["run"], t["algo"], t["step"], t["metric"], t["value"]):
+        pts[(algo, run)][m] = v
+        pts[(algo, run)]["size"] = step
+    for algo in ("oktopk", "gtopk"):
+        d, k = pts.get((algo, "bench/dense-input")), pts.get((algo, "bench/top-k-input"))
+        if not (d and k):
+            continue
+        body.append([rate, algo, fmt(d["size"] / 4 / 1e6, 3), fmt(d["time_s"] * 1e3),
+                     fmt(d["time_select_s"] * 1e3), fmt(k["time_s"] * 1e3),
+                     f"{d['time_s'] / k['time_s']:.2f}",
+                     fmt(d["bytes_sent"] / 1e3), fmt(k["bytes_sent"] / 1e3)])
+print(table(["rate", "algo", "M elements", "dense ms", "of which select ms", "pre-selected ms",
+             "dense / pre-selected", "kB sent, dense", "kB sent, pre-selected"], body))
+print()
+
 # ---------------------------------------------------------------- verdicts
 print("### Verdicts (measured here vs the papers' claims)\n")
 by = defaultdict(dict)

@@ -364,28 +364,48 @@ impl Ar1 {
 }
 
 /// Streams the trace one (step, rank) at a time, step-major, each item holding that pair's
-/// dense rows in layer order. Memory is (ranks + 1) × the model's size.
+/// dense rows in layer order. Memory is (ranks + 1) × the model's size, or 2 × for the
+/// generator of one rank ([`Generator::for_rank`]).
 pub struct Generator {
     spec: SynthSpec,
     scales: Vec<f64>,
     shared: Vec<Ar1>,
+    /// The ranks generated (all of them, or one), and their noise processes.
+    rank_ids: Vec<u32>,
     ranks: Vec<Vec<Ar1>>,
     step: u32,
-    rank: u32,
+    /// Position in `rank_ids` of the next item.
+    pos: usize,
 }
 
 impl Generator {
     pub fn new(spec: &SynthSpec) -> Result<Self> {
+        Self::of_ranks(spec, (0..spec.ranks).collect())
+    }
+
+    /// The items of rank `rank` alone, step by step: the same values as [`Generator::new`]'s
+    /// items of that rank (each rank's noise has a random stream of its own), at the cost of
+    /// one rank. This is how a rank makes its own gradient without the others' (e.g.
+    /// `gradallreduce bench` under mpirun).
+    pub fn for_rank(spec: &SynthSpec, rank: u32) -> Result<Self> {
+        if rank >= spec.ranks {
+            bail!("rank {rank} is not one of the spec's {} ranks", spec.ranks);
+        }
+        Self::of_ranks(spec, vec![rank])
+    }
+
+    fn of_ranks(spec: &SynthSpec, rank_ids: Vec<u32>) -> Result<Self> {
         spec.check()?;
         // The AR(1) states of the shared and per-rank streams, the item being written and
         // the writer's buffers: about ranks + 3 f32 copies of the model.
         let n: u128 = spec.layers.iter().map(|l| l.numel() as u128).sum();
         crate::budget::check(
             &format!(
-                "a synthetic model of {n} elements (--shape/--layers) on --ranks {}",
+                "a synthetic model of {n} elements (--shape/--layers) on {} of --ranks {}",
+                rank_ids.len(),
                 spec.ranks
             ),
-            crate::budget::product(&[n, spec.ranks as u128 + 3, 4]),
+            crate::budget::product(&[n, rank_ids.len() as u128 + 3, 4]),
         )?;
         let scales = layer_scales(spec);
         let shared = spec
@@ -394,8 +414,9 @@ impl Generator {
             .enumerate()
             .map(|(i, l)| Ar1::new(stream(spec.seed, i, 0), l.numel() as usize))
             .collect();
-        let ranks = (0..spec.ranks)
-            .map(|r| {
+        let ranks = rank_ids
+            .iter()
+            .map(|&r| {
                 spec.layers
                     .iter()
                     .enumerate()
@@ -407,15 +428,16 @@ impl Generator {
             spec: spec.clone(),
             scales,
             shared,
+            rank_ids,
             ranks,
             step: 0,
-            rank: 0,
+            pos: 0,
         })
     }
 
     /// Number of (step, rank) items the generator yields.
     pub fn len(&self) -> u64 {
-        self.spec.steps as u64 * self.spec.ranks as u64
+        self.spec.steps as u64 * self.rank_ids.len() as u64
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -429,9 +451,10 @@ impl Iterator for Generator {
         if self.step >= self.spec.steps {
             return None;
         }
-        let (step, rank) = (self.step, self.rank);
+        let (step, pos) = (self.step, self.pos);
+        let rank = self.rank_ids[pos];
         let first = step == 0;
-        if rank == 0 {
+        if pos == 0 {
             for s in &mut self.shared {
                 s.advance(first, self.spec.drift);
             }
@@ -441,7 +464,7 @@ impl Iterator for Generator {
         let h = self.spec.tail;
         let mut rows = Vec::with_capacity(self.spec.layers.len());
         for (i, l) in self.spec.layers.iter().enumerate() {
-            let noise = &mut self.ranks[rank as usize][i];
+            let noise = &mut self.ranks[pos][i];
             noise.advance(first, self.spec.drift);
             let s = self.scales[i];
             let values = self.shared[i]
@@ -464,9 +487,9 @@ impl Iterator for Generator {
                 values,
             });
         }
-        self.rank += 1;
-        if self.rank == self.spec.ranks {
-            self.rank = 0;
+        self.pos += 1;
+        if self.pos == self.rank_ids.len() {
+            self.pos = 0;
             self.step += 1;
         }
         Some(rows)

@@ -201,6 +201,23 @@ fn same_seed_same_values_and_ranks_do_not_disturb_each_other() {
 }
 
 #[test]
+fn one_ranks_generator_yields_that_ranks_rows_of_the_whole_trace() {
+    let layers = synth::parse_layers("a=300x7,b=50").unwrap();
+    let spec = SynthSpec::new(layers, 3, 4, 11);
+    let all = synth::generate(&spec).unwrap();
+    for r in 0..3 {
+        let gen = synth::Generator::for_rank(&spec, r).unwrap();
+        assert_eq!(gen.len(), 4);
+        let mine: Vec<TensorRow> = gen.flatten().collect();
+        let want: Vec<TensorRow> = all.iter().filter(|x| x.rank == r).cloned().collect();
+        assert_eq!(mine.len(), 4 * 2);
+        assert_eq!(mine, want, "rank {r}");
+    }
+    let e = synth::Generator::for_rank(&spec, 3).err().unwrap();
+    assert!(e.to_string().contains("rank 3"), "{e}");
+}
+
+#[test]
 fn bad_specs_are_refused_with_the_flag_named() {
     let l = vec![LayerSpec::new("w", &[10])];
     let mut s = SynthSpec::new(l.clone(), 1, 1, 0);

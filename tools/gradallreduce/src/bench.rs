@@ -5,22 +5,64 @@
 //! iterations, on one input buffer kept across them, so the timed steady state allocates
 //! what the algorithm allocates and nothing else; the page faults of each call
 //! (`getrusage`) are printed beside its time, with the spread of the times (issue 19).
+//!
+//! The sparse algorithms (Ok-Topk Table 1, DEFT, CLT-k) run on a gradient each rank makes for
+//! itself, step after step (`gradtrace synthetic`'s model, one layer of the row's size,
+//! [`Generator::for_rank`]), so nothing is fed from rank 0 and the time is the allreduce's
+//! own, under mpirun and across hosts alike. `--input dense` gives the algorithm the gradient
+//! (it selects, with its own error feedback, inside the timed call); `--input topk` gives it
+//! each rank's exact local top-k of `g + residual`, selected before the clock starts, as
+//! `gradselect topk | gradallreduce` does. Both run in the same step, one after the other, on
+//! the same gradient: their ratio is the cost of the algorithm's own selection (issue 19).
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use gradkit_collectives::{cost, dense, make_reducer, Flat, Op, Params, Reducer};
+use gradkit_collectives::{cost, dense, make_reducer, Algo, Family, Flat, Op, Params, Reducer};
 use gradkit_comm::{huge_vec, Backend, Comm, CommExt, World};
 use gradkit_core::cli::{fmt_num, Format, TextTable};
-use gradkit_core::trace::{Layout, MetricSink};
+use gradkit_core::synth::{Generator, LayerSpec, SynthSpec};
+use gradkit_core::trace::{Layout, MetricSink, Sparse};
 use gradkit_core::{write_table, Meta, Output};
+
+/// What a sparse algorithm is given (`--input`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Input {
+    /// Each rank's dense gradient: the algorithm selects (and keeps its residual) in the call.
+    Dense,
+    /// Each rank's exact top-k of gradient + residual, selected before the call is timed.
+    Topk,
+}
+
+impl Input {
+    fn name(self) -> &'static str {
+        match self {
+            Input::Dense => "dense",
+            Input::Topk => "top-k",
+        }
+    }
+}
 
 #[derive(Args, Clone, Debug)]
 pub struct BenchArgs {
-    /// Comma-separated algorithms: ring, rabenseifner, tree, native, onebit
+    /// Comma-separated algorithms: dense (ring, rabenseifner, tree, native), 1-bit (onebit,
+    /// onebit-naive) or sparse (oktopk, topka, topkdsa, gtopk, gaussiank, deft, cltk,
+    /// topk-union)
     #[arg(long, default_value = "ring,rabenseifner,tree,native")]
     pub algo: String,
+    /// What the sparse algorithms are given, comma-separated: dense (each rank's gradient;
+    /// the algorithm selects inside the timed call) and/or topk (its exact top-k of the
+    /// gradient plus residual, selected before the clock starts). DEFT, CLT-k and topk-union
+    /// select for themselves and run on dense input only
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "dense,topk")]
+    pub input: Vec<Input>,
+    /// The sparse algorithms' density: k = ⌊density · count⌋
+    #[arg(long, default_value_t = 0.01)]
+    pub density: f64,
+    /// Seed of the sparse algorithms' synthetic gradients
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
     /// Ranks P to run: in-process ranks (threads) when not started by mpirun, where MPI
     /// gives the count
     #[arg(long, value_name = "P")]
@@ -64,6 +106,18 @@ impl BenchArgs {
             bail!("--iters must be at least 1: with 0 nothing would be timed or verified (flag --iters)");
         }
         self.cost.check()?;
+        for a in self.algo.split(',').map(str::trim) {
+            let k = kind(a)?;
+            if k == Kind::Sparse && !takes_selection(a) && !self.input.contains(&Input::Dense) {
+                bail!("{a} selects for itself and runs on dense input only: give --input dense (flag --input)");
+            }
+        }
+        if !(self.density > 0.0 && self.density <= 1.0) {
+            bail!(
+                "--density must lie in (0, 1], got {} (flag --density)",
+                self.density
+            );
+        }
         if self
             .metrics
             .as_deref()
@@ -75,9 +129,14 @@ impl BenchArgs {
     }
 }
 
-/// One measured (algorithm, size) point, as rank 0 sees it.
+/// One measured (algorithm, input, size) point, as rank 0 sees it.
 struct Point {
     algo: String,
+    /// What a sparse algorithm was given; `None` for the dense and 1-bit ones.
+    input: Option<Input>,
+    /// Median over iterations of the slowest rank's `time_select_s` (sparse algorithms
+    /// selecting from dense input).
+    select_s: Option<f64>,
     bytes: u64,
     count: usize,
     /// Median over iterations of the slowest rank's time.
@@ -111,17 +170,26 @@ fn sizes(spec: &str, factor: u64) -> Result<Vec<u64>> {
 /// kept message buffer and up to two receive buffers kept by the backend (MPI; a tree's
 /// messages are the whole buffer), or (1-bit) the error buffers and the decompressed result.
 const BUFFERS_PER_RANK: u128 = 5;
+/// The same for a sparse algorithm: the generator's two AR(1) states and its row, the dense
+/// input's copy, the two reducers' residuals (one per `--input`), the pre-selection's
+/// residual, and the result and messages (up to one more).
+const SPARSE_BUFFERS_PER_RANK: u128 = 8;
 
 /// Stops before any rank starts when the largest size cannot be held by the ranks of this
 /// process (all of them in-process, or one under mpirun).
-fn check_memory(sizes: &[u64], ranks_here: usize, spec: &str) -> Result<()> {
+fn check_memory(sizes: &[u64], ranks_here: usize, spec: &str, sparse: bool) -> Result<()> {
     let Some(&max) = sizes.iter().max() else {
         return Ok(());
     };
-    let bytes = gradkit_core::budget::product(&[max as u128, BUFFERS_PER_RANK, ranks_here as u128]);
+    let buffers = if sparse {
+        SPARSE_BUFFERS_PER_RANK
+    } else {
+        BUFFERS_PER_RANK
+    };
+    let bytes = gradkit_core::budget::product(&[max as u128, buffers, ranks_here as u128]);
     gradkit_core::budget::check(
         &format!(
-            "bench size {max} bytes (flag --sizes {spec}) on {ranks_here} rank(s) in this process, {BUFFERS_PER_RANK} buffers each,"
+            "bench size {max} bytes (flag --sizes {spec}) on {ranks_here} rank(s) in this process, {buffers} buffers each,"
         ),
         bytes,
     )
@@ -135,25 +203,61 @@ fn pattern(r: usize, n: usize) -> Vec<f32> {
     v
 }
 
-/// One call of the reducer on `data`, which it moves in and back out (no copy).
-fn one_iteration(
-    comm: &dyn Comm,
-    data: &mut Vec<f32>,
-    layout: &Layout,
-    reducer: &mut dyn Reducer,
-) -> Result<()> {
-    let out = reducer.reduce(comm, 0, layout, Flat::Dense(std::mem::take(data)))?;
-    *data = out.result.into_dense(layout.total() as usize);
-    Ok(())
+/// How an algorithm is benchmarked.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Dense and exact: on [`pattern`], every result element checked.
+    Exact,
+    /// 1-bit: on [`pattern`], lossy (not checked).
+    OneBit,
+    /// Sparse: on each rank's synthetic gradient, as `--input` says.
+    Sparse,
 }
 
-/// The reducer for `algo` and whether it is a dense (exact) one; an error for the rest.
-fn bench_reducer(algo: &str) -> Result<(Box<dyn Reducer>, bool)> {
-    Ok(match algo {
-        "onebit" | "onebit-naive" => (make_reducer(algo, &Params::default())?, false),
-        a if dense::by_name(a).is_some() => (Box::new(dense::DenseReducer::new(a, Op::Sum)?), true),
-        a => bail!("bench supports ring, rabenseifner, tree, native, onebit, onebit-naive; not `{a}` (flag --algo)"),
-    })
+const SUPPORTED: &str =
+    "ring, rabenseifner, tree, native, onebit, onebit-naive and the sparse algorithms";
+
+/// The kind of `algo`; an error naming the flag for the rest.
+fn kind(algo: &str) -> Result<Kind> {
+    if matches!(algo, "onebit" | "onebit-naive") {
+        return Ok(Kind::OneBit);
+    }
+    if dense::by_name(algo).is_some() {
+        return Ok(Kind::Exact);
+    }
+    match algo.parse::<Algo>() {
+        Ok(a) if a.family() == Family::Sparse => Ok(Kind::Sparse),
+        _ => bail!("bench supports {SUPPORTED}; not `{algo}` (flag --algo)"),
+    }
+}
+
+/// Whether the sparse `algo` takes a selection as input (DEFT, CLT-k and the top-k union
+/// select for themselves from dense input).
+fn takes_selection(algo: &str) -> bool {
+    !matches!(
+        algo.parse::<Algo>(),
+        Ok(Algo::Deft | Algo::CltK | Algo::TopkUnion)
+    )
+}
+
+/// The sparse algorithms' parameters: `--density`, error feedback on (as gradselect and
+/// gradallreduce run them), the rest at their defaults.
+fn sparse_params(args: &BenchArgs) -> Params {
+    Params {
+        density: args.density,
+        residual: true,
+        seed: args.seed,
+        ..Params::default()
+    }
+}
+
+/// The reducer for `algo`.
+fn bench_reducer(algo: &str, args: &BenchArgs) -> Result<Box<dyn Reducer>> {
+    match kind(algo)? {
+        Kind::Exact => Ok(Box::new(dense::DenseReducer::new(algo, Op::Sum)?)),
+        Kind::OneBit => make_reducer(algo, &Params::default()),
+        Kind::Sparse => make_reducer(algo, &sparse_params(args)),
+    }
 }
 
 /// Page faults (minor, major) so far, from `getrusage`: of the calling thread when ranks are
@@ -185,69 +289,224 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
+/// The timed iterations of one (algorithm, input) on one rank, and what rank 0 makes of
+/// every rank's.
+struct Timing {
+    per_thread: bool,
+    times: Vec<f64>,
+    select: Vec<f64>,
+    minflt: Vec<f64>,
+    majflt: Vec<f64>,
+    sent: u64,
+    msgs: u64,
+    wrong: usize,
+}
+
+impl Timing {
+    fn new(comm: &dyn Comm, iters: usize) -> Self {
+        Timing {
+            per_thread: comm.backend() != Backend::MPI,
+            times: Vec::with_capacity(iters),
+            select: Vec::with_capacity(iters),
+            minflt: Vec::with_capacity(iters),
+            majflt: Vec::with_capacity(iters),
+            sent: 0,
+            msgs: 0,
+            wrong: 0,
+        }
+    }
+
+    /// One call of `reducer` on `input`, after a barrier, with the traffic counters reset:
+    /// timed, its page faults and traffic kept when `timed` (not a warm-up). Returns the
+    /// result.
+    fn call(
+        &mut self,
+        comm: &dyn Comm,
+        reducer: &mut dyn Reducer,
+        step: u32,
+        layout: &Layout,
+        input: Flat,
+        timed: bool,
+    ) -> Result<Flat> {
+        comm.barrier()?;
+        comm.traffic().reset();
+        let f0 = page_faults(self.per_thread);
+        let t0 = std::time::Instant::now();
+        let out = reducer.reduce(comm, step, layout, input)?;
+        let dt = t0.elapsed().as_secs_f64();
+        let f1 = page_faults(self.per_thread);
+        let t = comm.traffic().total();
+        (self.sent, self.msgs) = (t.bytes_sent, t.msgs_sent);
+        if timed {
+            self.times.push(dt);
+            self.minflt.push(f1.0.saturating_sub(f0.0) as f64);
+            self.majflt.push(f1.1.saturating_sub(f0.1) as f64);
+            if let Some((_, s)) = out.metrics.iter().find(|m| m.0 == "time_select_s") {
+                self.select.push(*s);
+            }
+        }
+        Ok(out.result)
+    }
+
+    /// The point rank 0 reports (every rank calls this): per iteration the slowest rank's
+    /// time, then the median over iterations; faults, traffic and wrong elements the most of
+    /// any rank.
+    fn point(
+        self,
+        comm: &dyn Comm,
+        algo: &str,
+        input: Option<Input>,
+        bytes: u64,
+        checked: bool,
+    ) -> Result<Point> {
+        let iters = self.times.len();
+        let slowest = |v: Vec<f64>| -> Result<Vec<f64>> {
+            let all = comm.allgatherv(v)?;
+            let len = all.iter().map(Vec::len).min().unwrap_or(0);
+            Ok((0..len)
+                .map(|i| all.iter().map(|t| t[i]).fold(0.0, f64::max))
+                .collect())
+        };
+        let per_iter = slowest(self.times)?;
+        let select = slowest(self.select)?;
+        let lo = per_iter.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = per_iter.iter().copied().fold(0.0, f64::max);
+        let maxes = comm.allreduce_max_f64(&[
+            self.sent as f64,
+            self.msgs as f64,
+            self.wrong as f64,
+            median(self.minflt),
+            median(self.majflt),
+        ])?;
+        Ok(Point {
+            algo: algo.to_string(),
+            input,
+            select_s: (select.len() == iters && iters > 0).then(|| median(select)),
+            bytes,
+            count: (bytes / 4) as usize,
+            time_s: median(per_iter),
+            max_over_min: if lo > 0.0 { hi / lo } else { f64::NAN },
+            faults: (maxes[3], maxes[4]),
+            max_bytes_sent: maxes[0] as u64,
+            max_msgs: maxes[1] as u64,
+            wrong: checked.then_some(maxes[2] as usize),
+        })
+    }
+}
+
+/// A dense or 1-bit algorithm on [`pattern`], the same input every call.
 fn measure(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> Result<Point> {
     let (p, r) = (comm.size(), comm.rank());
     let n = (bytes / 4) as usize;
     let pristine = pattern(r, n);
     let tri = (p * (p + 1) / 2) as f32;
     let layout = Layout::new(vec![(0, "buffer".into(), n as u64, None)]);
-    let (mut reducer, exact) = bench_reducer(algo)?;
-    let per_thread = comm.backend() != Backend::MPI;
-    let mut times = Vec::with_capacity(args.iters);
-    let (mut minflt, mut majflt) = (Vec::new(), Vec::new());
-    let mut wrong = 0usize;
-    let (mut sent, mut msgs) = (0u64, 0u64);
+    let exact = kind(algo)? == Kind::Exact;
+    let mut reducer = bench_reducer(algo, args)?;
+    let mut timing = Timing::new(comm, args.iters);
     let mut data = huge_vec(n);
     for it in 0..args.warmup + args.iters {
         data.clear();
         data.extend_from_slice(&pristine);
-        comm.barrier()?;
-        comm.traffic().reset();
-        let f0 = page_faults(per_thread);
-        let t0 = std::time::Instant::now();
-        one_iteration(comm, &mut data, &layout, reducer.as_mut())?;
-        let dt = t0.elapsed().as_secs_f64();
-        let f1 = page_faults(per_thread);
-        let t = comm.traffic().total();
-        (sent, msgs) = (t.bytes_sent, t.msgs_sent);
-        if it >= args.warmup {
-            times.push(dt);
-            minflt.push(f1.0.saturating_sub(f0.0) as f64);
-            majflt.push(f1.1.saturating_sub(f0.1) as f64);
-            if exact {
-                wrong += data
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, v)| **v != (*i % 13) as f32 * tri)
-                    .count();
-            }
+        let timed = it >= args.warmup;
+        let input = Flat::Dense(std::mem::take(&mut data));
+        data = timing
+            .call(comm, reducer.as_mut(), 0, &layout, input, timed)?
+            .into_dense(n);
+        if timed && exact {
+            timing.wrong += data
+                .iter()
+                .enumerate()
+                .filter(|(i, v)| **v != (*i % 13) as f32 * tri)
+                .count();
         }
     }
-    // Per iteration, the slowest rank's time; then the median over iterations.
-    let all = comm.allgatherv(times)?;
-    let per_iter: Vec<f64> = (0..args.iters)
-        .map(|i| all.iter().map(|t| t[i]).fold(0.0, f64::max))
-        .collect();
-    let lo = per_iter.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = per_iter.iter().copied().fold(0.0, f64::max);
-    let maxes = comm.allreduce_max_f64(&[
-        sent as f64,
-        msgs as f64,
-        wrong as f64,
-        median(minflt),
-        median(majflt),
-    ])?;
-    Ok(Point {
-        algo: algo.to_string(),
-        bytes,
-        count: n,
-        time_s: median(per_iter),
-        max_over_min: if lo > 0.0 { hi / lo } else { f64::NAN },
-        faults: (maxes[3], maxes[4]),
-        max_bytes_sent: maxes[0] as u64,
-        max_msgs: maxes[1] as u64,
-        wrong: exact.then_some(maxes[2] as usize),
-    })
+    timing.point(comm, algo, None, bytes, exact)
+}
+
+/// A sparse algorithm on each rank's own synthetic gradient, one step per iteration, once
+/// per `--input` in each step (side by side, on the same gradient, first one then the other
+/// first).
+fn measure_sparse(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> Result<Vec<Point>> {
+    let (p, r) = (comm.size(), comm.rank());
+    let n = (bytes / 4) as usize;
+    let layout = Layout::new(vec![(0, "buffer".into(), n as u64, None)]);
+    let steps = (args.warmup + args.iters) as u32;
+    let spec = SynthSpec::new(
+        vec![LayerSpec::new("buffer", &[n as u32])],
+        p as u32,
+        steps,
+        args.seed,
+    );
+    let mut gen = Generator::for_rank(&spec, r as u32)?;
+    let params = sparse_params(args);
+    let k = params.k_for(n as u64) as usize;
+    let mut runs = Vec::new();
+    for &input in &args.input {
+        if input == Input::Topk && !takes_selection(algo) {
+            continue;
+        }
+        runs.push((
+            input,
+            bench_reducer(algo, args)?,
+            Timing::new(comm, args.iters),
+        ));
+    }
+    // The pre-selection's own error feedback: acc = g + residual, residual = acc with the
+    // selected entries zeroed (gradselect's rule).
+    let mut residual: Vec<f32> = Vec::new();
+    for step in 0..steps {
+        let Some(g) = gen
+            .next()
+            .and_then(|mut rows| rows.pop())
+            .map(|row| row.values)
+        else {
+            bail!("the synthetic gradient ended before step {step}");
+        };
+        let timed = step as usize >= args.warmup;
+        // Every other step in the other order, so that neither input always goes first (into
+        // caches left warm, or a rate limiter's burst left full, by the step before).
+        let order: Vec<usize> = match step % 2 {
+            0 => (0..runs.len()).collect(),
+            _ => (0..runs.len()).rev().collect(),
+        };
+        for i in order {
+            let (input, reducer, timing) = &mut runs[i];
+            let x = match input {
+                Input::Dense => {
+                    // On huge pages, as the dense algorithms' input: the copy's page faults
+                    // happen here, before the clock starts.
+                    let mut v = huge_vec(n);
+                    v.extend_from_slice(&g);
+                    Flat::Dense(v)
+                }
+                Input::Topk => {
+                    if residual.is_empty() {
+                        residual = g.clone();
+                    } else {
+                        residual.iter_mut().zip(&g).for_each(|(a, b)| *a += b);
+                    }
+                    let (indices, values, _) = params.kernels.topk_with_values(&residual, k);
+                    for &i in &indices {
+                        residual[i as usize] = 0.0;
+                    }
+                    Flat::Sparse(Sparse { indices, values })
+                }
+            };
+            timing.call(comm, reducer.as_mut(), step, &layout, x, timed)?;
+        }
+    }
+    let mut pts = Vec::new();
+    for (input, mut reducer, timing) in runs {
+        reducer.finish(comm)?;
+        let mut pt = timing.point(comm, algo, Some(input), bytes, false)?;
+        if input == Input::Topk {
+            // The algorithm's own selection did not run (it was given one).
+            pt.select_s = None;
+        }
+        pts.push(pt);
+    }
+    Ok(pts)
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -257,19 +516,25 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // An agreement point: a bad flag is reported once under mpirun.
     let algos: Vec<String> = args.algo.split(',').map(|s| s.trim().to_string()).collect();
     let sizes = world.agree((|| {
+        let mut sparse = false;
         for a in &algos {
-            bench_reducer(a)?;
+            sparse |= kind(a)? == Kind::Sparse;
+            bench_reducer(a, &args)?;
         }
         let sizes = sizes(&args.sizes, args.factor)?;
         let ranks_here = world.backend().ranks_per_process(p);
-        check_memory(&sizes, ranks_here, &args.sizes)?;
+        check_memory(&sizes, ranks_here, &args.sizes, sparse)?;
         Ok(sizes)
     })())?;
     let points = world.run(|comm| {
         let mut pts = Vec::new();
         for &b in &sizes {
             for a in &algos {
-                pts.push(measure(comm, a, b, &args)?);
+                if kind(a)? == Kind::Sparse {
+                    pts.extend(measure_sparse(comm, a, b, &args)?);
+                } else {
+                    pts.push(measure(comm, a, b, &args)?);
+                }
             }
         }
         Ok(pts)
@@ -303,7 +568,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "size_B",
         "count",
         "algo",
+        "input",
         "time_us",
+        "select_us",
         "max/min",
         "minflt",
         "majflt",
@@ -319,13 +586,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let algbw = pt.bytes as f64 / pt.time_s / 1e9;
         let busbw = algbw * 2.0 * (p as f64 - 1.0) / p as f64;
         let (al, be) = fits.get(&pt.algo).copied().unwrap_or((alpha, beta));
-        let model = cost::by_name(&pt.algo, p, pt.count as f64, 0.0)
-            .map(|c| c.latency * al + c.bytes() * be);
+        let k = match pt.input {
+            Some(_) => sparse_params(&args).k_for(pt.count as u64) as f64,
+            None => 0.0,
+        };
+        let model =
+            cost::by_name(&pt.algo, p, pt.count as f64, k).map(|c| c.latency * al + c.bytes() * be);
         table.push([
             pt.bytes.to_string(),
             pt.count.to_string(),
             pt.algo.clone(),
+            pt.input.map_or("-", Input::name).to_string(),
             fmt_num(pt.time_s * 1e6, 4),
+            pt.select_s.map_or("-".into(), |t| fmt_num(t * 1e6, 4)),
             fmt_num(pt.max_over_min, 3),
             fmt_num(pt.faults.0, 3),
             fmt_num(pt.faults.1, 3),
@@ -337,10 +610,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
             pt.wrong.map_or("n/a".into(), |w| w.to_string()),
         ]);
         sink.algo = pt.algo.clone();
+        sink.run = match pt.input {
+            Some(i) => format!("bench/{}-input", i.name()),
+            None => "bench".into(),
+        };
         let step = pt.bytes as u32;
         for (m, v) in [
             ("size_bytes", pt.bytes as f64),
             ("time_s", pt.time_s),
+            ("time_select_s", pt.select_s.unwrap_or(f64::NAN)),
             ("time_max_over_min", pt.max_over_min),
             ("minflt_per_call", pt.faults.0),
             ("majflt_per_call", pt.faults.1),

@@ -1,7 +1,7 @@
 //! `pipelines/bench/goals.py` (the verdicts `make bench` prints for issue 19's goals) on
 //! tables written here in the formats the benches print, with every ratio worked out by hand
 //! below: each goal's value and verdict, tables that follow each other without a blank line,
-//! a missing file ("not measured"), and the P = 2 rows shown for comparison only.
+//! a missing file ("not measured"), and the P = 2 and cluster rows shown for comparison only.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -48,11 +48,31 @@ fn write(dir: &Path, name: &str, text: &str) {
     std::fs::write(dir.join(name), text).unwrap();
 }
 
+/// `gradallreduce bench`'s table for Ok-Topk and gTop-k on dense and pre-selected input:
+/// Ok-Topk's times as given (µs), gTop-k's 1 ms whatever the input.
+fn bench_input_table(dense: u64, select: u64, topk: u64) -> String {
+    let mut s = String::from("|   size_B |    count | algo   | input | time_us | select_us | max/min | minflt | majflt | algbw_GBps | busbw_GBps | bytes_sent | msgs | model_us | wrong |\n|---------:|---------:|--------|-------|--------:|----------:|--------:|-------:|-------:|-----------:|-----------:|-----------:|-----:|---------:|-------|\n");
+    for (algo, input, t, sel) in [
+        ("oktopk", "dense", dense, select.to_string()),
+        ("oktopk", "top-k", topk, "-".into()),
+        ("gtopk", "dense", 1000, "500".into()),
+        ("gtopk", "top-k", 1000, "-".into()),
+    ] {
+        s += &format!("| 67108864 | 16777216 | {algo} | {input} | {t} | {sel} | 1.2 | 0 | 0 | 1 | 1 | 1 | 17 | 1 | n/a |\n");
+    }
+    s
+}
+
 /// The verdict table's rows: goal → (measured, verdict).
 fn verdicts(dir: &Path) -> Vec<(String, String, String)> {
+    verdicts_with(dir, None)
+}
+
+fn verdicts_with(dir: &Path, cluster: Option<&Path>) -> Vec<(String, String, String)> {
     let out = Command::new(python())
         .arg(script())
         .arg(dir)
+        .args(cluster)
         .output()
         .expect("python runs");
     assert!(
@@ -109,12 +129,26 @@ fn every_goal_is_judged_from_its_table() {
         "onebit.md",
         "| kernel | ms | GB/s (f32 bytes of x) | stream/kernel | streams | memory GB/s |\n|---|---|---|---|---|---|\n| streaming pass dst = a·src (reference) | 7.50 | 8.95 | 1.00 | 2.00 | 17.90 |\n| worker compress: 1 pass, deferred (OneBitState) | 9.00 | 8.46 | 0.83 | 3.03 | 25.64 |\n",
     );
-    // Ok-Topk at P = 4: dense 6.0 ms + 8.0 ms of selection against 5.0 ms: 2.80 ×; the P = 8
-    // rows must be ignored.
+    // Ok-Topk, three runs (dense ms, its selection ms, pre-selected ms): 60/30/40 (1.50 ×),
+    // 66/33/40 (1.65 ×), 80/40/50 (1.60 ×): median ratio 1.60, median times 66, 33 and 40 ms.
+    // gTop-k's rows, here the fastest, must be ignored.
+    let mut ok = String::new();
+    for (d, sel, t) in [
+        (60000, 30000, 40000),
+        (66000, 33000, 40000),
+        (80000, 40000, 50000),
+    ] {
+        ok += "load average: 0.5 0.5 0.5 1/80 1\n";
+        ok += &bench_input_table(d, sel, t);
+    }
+    write(&dir, "oktopk-input.md", &ok);
+    // The same bench across 4 hosts at 100 Mbit/s (shown for comparison): 260 / 220 = 1.18….
+    let cluster = dir.join("cluster");
+    std::fs::create_dir_all(&cluster).unwrap();
     write(
-        &dir,
-        "sparse.md",
-        "| P | algo | input | time/allreduce (ms) | select (ms) |\n|---|---|---|---|---|\n| 4 | oktopk | top-k | 5.0 | 0.0 |\n| 4 | oktopk | dense | 6.0 | 8.0 |\n| 8 | oktopk | top-k | 1.0 | 0.0 |\n| 8 | oktopk | dense | 1.0 | 1.0 |\n",
+        &cluster,
+        "okinput-100mbit.md",
+        &bench_input_table(260000, 40000, 220000),
     );
     let v = verdicts(&dir);
     check(&v, "Parquet write", Some("0.60 ×"), "met");
@@ -134,8 +168,10 @@ fn every_goal_is_judged_from_its_table() {
     check(&v, "native", Some("1.06 ×"), "met");
     check(&v, "1-bit allreduce", Some("0.74 × the ring's time"), "met");
     check(&v, "1-bit compress", Some("0.83 ×"), "met");
-    let ok = "2.80 × (14.0 ms with selection vs 5.0 ms)";
+    let ok = "1.60 × (66.0 ms, of which selection 33.0 ms, vs 40.0 ms)";
     check(&v, "Ok-Topk", Some(ok), "NOT met");
+    // No cluster directory given: no cluster rows.
+    assert!(!v.iter().any(|r| r.0.contains("hosts")), "{v:?}");
     // Not written: "not measured", never a verdict.
     check(&v, "ring: time per element", None, "not measured");
     let ring2 = "ring ≤ 1.0 × mpi4py's Allreduce, 64 MiB, P = 2";
@@ -150,5 +186,14 @@ fn every_goal_is_judged_from_its_table() {
     assert!(!v
         .iter()
         .any(|r| r.0.contains("native") && r.0.contains("P = 2")));
+
+    // With the cluster's directory: its 100 Mbit/s row for comparison, none for 1 Gbit/s
+    // (no file).
+    let v = verdicts_with(&dir, Some(&cluster));
+    let c = "Ok-Topk on dense input ≤ 1.3 × its time on pre-selected input, 4 hosts at 100mbit";
+    let cm = "1.18 × (260.0 ms, of which selection 40.0 ms, vs 220.0 ms)";
+    check(&v, c, Some(cm), "(for comparison) within");
+    assert!(!v.iter().any(|r| r.0.contains("1gbit")), "{v:?}");
+    check(&v, "Ok-Topk", Some(ok), "NOT met");
     std::fs::remove_dir_all(&dir).unwrap();
 }
