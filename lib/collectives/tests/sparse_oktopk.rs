@@ -683,3 +683,90 @@ fn adjusted_global_threshold_keeps_the_count_in_band_and_the_volume_within_6k() 
         );
     }
 }
+
+/// Step C's sums, bit for bit, against a reference written here: at each index of rank r's
+/// region, an f32 sum from 0 of the ranks' values in the order r, r−1, r−2, … (the order the
+/// module documents), exact zeros left out. Values are not dyadic (their sums round, so the
+/// order shows), some cancel exactly, and both ways of summing are exercised: the merge of
+/// sorted parts (sparse selections) and the dense region buffer (dense ones).
+#[test]
+fn split_and_reduce_sums_in_the_documented_order_either_way() {
+    use gradkit_collectives::sparse::oktopk::{merge_is_cheaper, split_and_reduce};
+    let n = 6000u64;
+    let mut seen = std::collections::BTreeSet::new();
+    for (p, m) in [
+        (2usize, 40usize),
+        (3, 300),
+        (4, 60),
+        (5, 5000),
+        (9, 30),
+        (9, 4000),
+    ] {
+        let mut rng = Rng::new(900 + (p * m) as u64);
+        let mut sels: Vec<Sparse> = (0..p).map(|_| rand_sparse(&mut rng, n, m)).collect();
+        for s in &mut sels {
+            for v in &mut s.values {
+                *v = (rng.below(1 << 24) as f32 - 8_388_608.0) / 3.0e5;
+            }
+        }
+        // Rank 1 cancels rank 0 at the indices they share.
+        let s0: BTreeMap<u32, f32> = sels[0]
+            .indices
+            .iter()
+            .copied()
+            .zip(sels[0].values.iter().copied())
+            .collect();
+        let s1 = &mut sels[1];
+        for (i, v) in s1.indices.iter().zip(s1.values.iter_mut()) {
+            if let Some(x) = s0.get(i) {
+                *v = -x;
+            }
+        }
+        let bounds: Vec<u64> = (1..p as u64).map(|d| d * n / p as u64 + d * 7).collect();
+        let region = |r: usize| -> (u64, u64) {
+            let lo = if r == 0 { 0 } else { bounds[r - 1] };
+            let hi = if r == p - 1 { n } else { bounds[r] };
+            (lo, hi)
+        };
+        let outs = run_local(p, |comm: &dyn Comm| {
+            let r = comm.rank();
+            let (lo, hi) = region(r);
+            let own = sels[r]
+                .indices
+                .iter()
+                .filter(|&&i| (lo..hi).contains(&(i as u64)))
+                .count();
+            let merged = merge_is_cheaper(p, own, hi - lo);
+            Ok((split_and_reduce(comm, &sels[r], &bounds, n)?, merged))
+        })
+        .unwrap();
+        let ways: Vec<bool> = outs.iter().map(|o| o.1).collect();
+        seen.extend(ways.iter().copied());
+        for r in 0..p {
+            let (lo, hi) = region(r);
+            let mut want: BTreeMap<u32, f32> = BTreeMap::new();
+            for s in 0..p {
+                let src = (r + p - s) % p;
+                for (&i, &v) in sels[src].indices.iter().zip(&sels[src].values) {
+                    if (lo..hi).contains(&(i as u64)) {
+                        *want.entry(i).or_insert(0.0) += v;
+                    }
+                }
+            }
+            want.retain(|_, v| *v != 0.0);
+            let got = &outs[r].0;
+            let got: Vec<(u32, u32)> = got
+                .indices
+                .iter()
+                .zip(&got.values)
+                .map(|(&i, v)| (i, v.to_bits()))
+                .collect();
+            let want: Vec<(u32, u32)> = want.into_iter().map(|(i, v)| (i, v.to_bits())).collect();
+            assert_eq!(got, want, "P={p} m={m} rank {r} (merged: {ways:?})");
+        }
+    }
+    assert!(
+        seen.contains(&true) && seen.contains(&false),
+        "both ways taken: {seen:?}"
+    );
+}

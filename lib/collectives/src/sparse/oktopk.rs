@@ -14,8 +14,10 @@
 //!    selected indices, summed by an allreduce of P−1 integers and divided by P (Step B).
 //! 3. [`split_and_reduce`] (Step C): the part of the selection in region d goes to rank d;
 //!    at step s rank r sends to (r+s) mod P and receives from (r−s) mod P; steps are posted
-//!    in buckets of min(4, P−1) non-blocking messages, and the scatter-add of bucket b−1 into
-//!    the dense region buffer runs on a second thread while bucket b is on the wire.
+//!    in buckets of min(4, P−1) non-blocking messages. The parts are summed by a merge of
+//!    sorted lists, O(k) per rank as the paper's title says, or, where the region is small
+//!    beside what arrives, by a scatter-add into a dense region buffer, bucket b−1 on a
+//!    second thread while bucket b is on the wire (same bits either way).
 //!    Rank r sends exactly 8·|S_r outside region r| bytes in 2(P−1) messages.
 //! 4. On re-evaluation calls, [`th_re_evaluate`]: allgatherv of all reduced non-zeros, and
 //!    their k-th largest |value| is the global threshold. With `--reeval-step-d skip` (the
@@ -86,9 +88,15 @@ fn scatter_add(buf: &mut [f32], lo: u64, idx: &[u32], val: &[f32]) {
 }
 
 /// Step C: sends the part of `sel` (ascending) in region d to rank d with rotated
-/// destinations, in buckets of min(4, P−1) steps overlapped with the local scatter-add, and
-/// returns this rank's reduced region: the non-zero sums, ascending (own part first, then the
-/// parts of ranks r−1, r−2, … added in that order).
+/// destinations, in buckets of min(4, P−1) steps, and returns this rank's reduced region: the
+/// non-zero sums, ascending, each summed from 0 in a fixed order (own part first, then the
+/// parts of ranks r−1, r−2, …).
+///
+/// Two ways to sum, with the same bits: where the region is large beside what arrives
+/// (the common case: about k entries against n/P, [`merge_is_cheaper`]), the parts are merged
+/// as sorted lists once all have arrived, in O(k·P) time and memory; otherwise they are
+/// scatter-added into a dense buffer of the region, bucket b−1 on a second thread while
+/// bucket b is on the wire, and the non-zeros read out of it (O(n/P) time and memory).
 pub fn split_and_reduce(comm: &dyn Comm, sel: &Sparse, bounds: &[u64], n: u64) -> Result<Sparse> {
     let (p, r) = (comm.size(), comm.rank());
     let part = |d: usize| {
@@ -98,27 +106,40 @@ pub fn split_and_reduce(comm: &dyn Comm, sel: &Sparse, bounds: &[u64], n: u64) -
         a..b
     };
     let (lo, hi) = region(bounds, r, n);
-    let mut buf = vec![0f32; (hi - lo) as usize];
     let own = part(r);
-    scatter_add(&mut buf, lo, &sel.indices[own.clone()], &sel.values[own]);
     let steps: Vec<usize> = (1..p).collect();
     let bucket = 4.min(p.saturating_sub(1)).max(1);
+    let buckets = steps.chunks(bucket).map(|chunk| {
+        let sends: Vec<(usize, Sparse)> = chunk
+            .iter()
+            .map(|&s| {
+                let d = (r + s) % p;
+                let rg = part(d);
+                let piece = Sparse {
+                    indices: sel.indices[rg.clone()].to_vec(),
+                    values: sel.values[rg].to_vec(),
+                };
+                (d, piece)
+            })
+            .collect();
+        let srcs: Vec<usize> = chunk.iter().map(|&s| (r + p - s) % p).collect();
+        (sends, srcs)
+    });
+    if merge_is_cheaper(p, own.len(), hi - lo) {
+        let mut got = Vec::with_capacity(p - 1);
+        for (sends, srcs) in buckets {
+            got.extend(exchange_sparse(comm, sends, &srcs)?);
+        }
+        let mut parts: Vec<(&[u32], &[f32])> = Vec::with_capacity(p);
+        parts.push((&sel.indices[own.clone()], &sel.values[own]));
+        parts.extend(got.iter().map(|m| (&m.indices[..], &m.values[..])));
+        return Ok(merge_sum(&parts));
+    }
+    let mut buf = vec![0f32; (hi - lo) as usize];
+    scatter_add(&mut buf, lo, &sel.indices[own.clone()], &sel.values[own]);
     std::thread::scope(|sc| -> Result<()> {
         let mut pending: Option<Vec<Sparse>> = None;
-        for chunk in steps.chunks(bucket) {
-            let sends: Vec<(usize, Sparse)> = chunk
-                .iter()
-                .map(|&s| {
-                    let d = (r + s) % p;
-                    let rg = part(d);
-                    let piece = Sparse {
-                        indices: sel.indices[rg.clone()].to_vec(),
-                        values: sel.values[rg].to_vec(),
-                    };
-                    (d, piece)
-                })
-                .collect();
-            let srcs: Vec<usize> = chunk.iter().map(|&s| (r + p - s) % p).collect();
+        for (sends, srcs) in buckets {
             // Reduce the previous bucket while this one is on the wire.
             let handle = pending.take().map(|msgs| {
                 let mut b = std::mem::take(&mut buf);
@@ -155,6 +176,54 @@ pub fn split_and_reduce(comm: &dyn Comm, sel: &Sparse, bounds: &[u64], n: u64) -
         }
     }
     Ok(out)
+}
+
+/// Whether [`split_and_reduce`] merges sorted parts rather than summing in a dense region
+/// buffer: the merge looks at each of the P heads once per entry (about P · P · own entries
+/// in all, the own part standing for each rank's), the dense buffer is zeroed, filled and read
+/// once over its `region_len` elements.
+pub fn merge_is_cheaper(p: usize, own: usize, region_len: u64) -> bool {
+    (p as u64)
+        .saturating_mul(p as u64)
+        .saturating_mul(own as u64 + 1)
+        < region_len
+}
+
+/// The sums of sorted sparse `parts` (each strictly ascending), ascending, exact zeros left
+/// out; at each index the sum starts from 0 and adds the parts holding it in their order, as
+/// a scatter-add of the parts into a zeroed buffer does (the same bits).
+pub fn merge_sum(parts: &[(&[u32], &[f32])]) -> Sparse {
+    let total: usize = parts.iter().map(|p| p.0.len()).sum();
+    let mut out = Sparse {
+        indices: Vec::with_capacity(total),
+        values: Vec::with_capacity(total),
+    };
+    let mut heads = vec![0usize; parts.len()];
+    loop {
+        let mut next = u32::MAX;
+        let mut any = false;
+        for (h, (idx, _)) in heads.iter().zip(parts) {
+            if let Some(&i) = idx.get(*h) {
+                next = next.min(i);
+                any = true;
+            }
+        }
+        if !any {
+            break;
+        }
+        let mut sum = 0f32;
+        for (h, (idx, val)) in heads.iter_mut().zip(parts) {
+            if idx.get(*h) == Some(&next) {
+                sum += val[*h];
+                *h += 1;
+            }
+        }
+        if sum != 0.0 {
+            out.indices.push(next);
+            out.values.push(sum);
+        }
+    }
+    out
 }
 
 /// Exact global re-evaluation (Algorithm 1 lines 9–12): allgatherv of every rank's reduced
