@@ -770,3 +770,36 @@ fn split_and_reduce_sums_in_the_documented_order_either_way() {
         "both ways taken: {seen:?}"
     );
 }
+
+/// The ladder's counts, #{v : not |v| ≤ rung} for each rung, against a count written here
+/// rung by rung: random values around the ladder, values equal to rungs, ±0, ±inf and NaN
+/// (above every rung), and ladders that reach inf.
+#[test]
+fn ladder_counts_match_a_rung_by_rung_count() {
+    use gradkit_collectives::sparse::oktopk::{ladder_counts, th_ladder};
+    let mut rng = Rng::new(4242);
+    for th in [1.0f32, 3.7e-3, 2.0e37, 0.0] {
+        let rungs = if th > 0.0 {
+            th_ladder(th)
+        } else {
+            vec![0.0, 0.0, 1.0]
+        };
+        let mut v: Vec<f32> = (0..5000)
+            .map(|_| (rng.below(1 << 20) as f32 / (1 << 18) as f32 - 2.0) * th.max(1.0))
+            .collect();
+        v.extend(rungs.iter().flat_map(|&t| [t, -t]));
+        v.extend([
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+        ]);
+        let want: Vec<u64> = rungs
+            .iter()
+            .map(|&t| v.iter().filter(|x| !(x.abs() <= t)).count() as u64)
+            .collect();
+        assert_eq!(ladder_counts(&v, &rungs), want, "th {th}");
+    }
+}

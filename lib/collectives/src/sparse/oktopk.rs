@@ -265,15 +265,13 @@ pub fn th_adjust(
     if th <= 0.0 || !th.is_finite() {
         return Ok((th, None, 0));
     }
-    let mut mag: Vec<f32> = reduced.iter().map(|v| v.abs()).collect();
-    mag.sort_unstable_by(|a, b| a.total_cmp(b));
-    let above = |t: f32| (mag.len() - mag.partition_point(|&m| m <= t)) as u64;
+    let nonzero = reduced.iter().filter(|v| v.abs() > 0.0).count() as u64;
     let mut th = th;
     let mut before = None;
     for round in 1..=TH_ADJUST_ROUNDS {
         let rungs = th_ladder(th);
-        let mut counts: Vec<u64> = rungs.iter().map(|&t| above(t)).collect();
-        counts.push(mag.iter().filter(|&&m| m > 0.0).count() as u64);
+        let mut counts = ladder_counts(reduced, &rungs);
+        counts.push(nonzero);
         allreduce_sum_u64(comm, &mut counts)?;
         let all = counts.pop().expect("count of non-zeros");
         let before = *before.get_or_insert(counts[TH_LADDER_DOWN as usize]);
@@ -283,6 +281,35 @@ pub fn th_adjust(
         }
     }
     unreachable!("the last round takes a rung")
+}
+
+/// `counts[i]` = #{v : not |v| ≤ rungs[i]} (NaN counts above every rung) for ascending
+/// `rungs`, in one pass over `values`: each |v| is put in the bucket of the rungs below it
+/// (a binary search), and the buckets are summed from the top.
+pub fn ladder_counts(values: &[f32], rungs: &[f32]) -> Vec<u64> {
+    let r = rungs.len();
+    let mut hist = vec![0u64; r + 1];
+    let lowest = rungs.first().copied().unwrap_or(f32::INFINITY);
+    for v in values {
+        let m = v.abs();
+        if m <= lowest {
+            continue; // in no count (the common case: most of a region is below the ladder)
+        }
+        let b = if m.is_nan() {
+            r
+        } else {
+            rungs.partition_point(|&t| t < m)
+        };
+        hist[b] += 1;
+    }
+    // counts[i] = Σ_{b > i} hist[b]
+    let mut counts = vec![0u64; r];
+    let mut acc = 0u64;
+    for i in (0..r).rev() {
+        acc += hist[i + 1];
+        counts[i] = acc;
+    }
+    counts
 }
 
 /// Step D: allgather of the P buffer sizes; when `balance` says so (auto: largest > 4× the
