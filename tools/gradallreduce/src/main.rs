@@ -53,6 +53,7 @@ Examples:
   gradallreduce --algo topka --ranks 4 trace.parquet -o sum.parquet --metrics - \\
     | gradreport volume --n 669706 --density 0.01
   gradallreduce bench --algo ring,rabenseifner,native --ranks 4 --sizes 1K:64M
+  gradallreduce bench --algo oktopk,gtopk --input dense,topk --ranks 4 --sizes 16M:16M
   gradallreduce model --ranks 256 --n 110M --density 0.01";
 
 #[derive(Parser)]
