@@ -104,7 +104,8 @@ fn this_machine_gives_the_answer_its_loader_implies() {
 
 #[test]
 fn a_driver_without_its_functions_is_an_error_not_a_panic() {
-    let dir = stub::libs("empty", Some(Driver::Empty), true, false);
+    let dir_dir = stub::libs("empty", Some(Driver::Empty), true, false);
+    let dir = dir_dir.path().to_path_buf();
     let r = child(&dir);
     assert!(
         r[0].starts_with("err Driver(\"Missing symbol cuInit"),
@@ -115,7 +116,8 @@ fn a_driver_without_its_functions_is_an_error_not_a_panic() {
 
 #[test]
 fn a_driver_with_no_gpu_says_so() {
-    let dir = stub::libs("nodevice", Some(Driver::NoDevice), true, false);
+    let dir_dir = stub::libs("nodevice", Some(Driver::NoDevice), true, false);
+    let dir = dir_dir.path().to_path_buf();
     let r = child(&dir);
     assert_eq!(r[0], "err NoDevices", "{r:?}");
     assert_eq!(r[1], "err NoDevices", "{r:?}");
@@ -123,7 +125,8 @@ fn a_driver_with_no_gpu_says_so() {
 
 #[test]
 fn with_gpus_the_probe_names_them_and_the_kernels_are_refused() {
-    let dir = stub::libs("two", Some(Driver::Gpus(2)), true, true);
+    let dir_dir = stub::libs("two", Some(Driver::Gpus(2)), true, true);
+    let dir = dir_dir.path().to_path_buf();
     let r = child(&dir);
     assert_eq!(
         r,
@@ -138,7 +141,8 @@ fn with_gpus_the_probe_names_them_and_the_kernels_are_refused() {
 
 #[test]
 fn nvrtc_is_required_beside_the_driver() {
-    let dir = stub::libs("no-nvrtc", Some(Driver::Gpus(1)), false, false);
+    let dir_dir = stub::libs("no-nvrtc", Some(Driver::Gpus(1)), false, false);
+    let dir = dir_dir.path().to_path_buf();
     let r = child(&dir);
     if stub::system_has("libnvrtc.so") {
         // The loader finds the system's NVRTC beside the stand-in driver.

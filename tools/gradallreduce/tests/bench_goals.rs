@@ -108,8 +108,8 @@ fn check(v: &[(String, String, String)], goal: &str, measured: Option<&str>, ver
 
 #[test]
 fn every_goal_is_judged_from_its_table() {
-    let dir = std::env::temp_dir().join(format!("gradkit-goals-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let guard = gradkit_testkit::tempdir("gradkit-goals-");
+    let dir = guard.path().to_path_buf();
     write(
         &dir,
         "io.md",
@@ -195,5 +195,4 @@ fn every_goal_is_judged_from_its_table() {
     check(&v, c, Some(cm), "(for comparison) within");
     assert!(!v.iter().any(|r| r.0.contains("1gbit")), "{v:?}");
     check(&v, "Ok-Topk", Some(ok), "NOT met");
-    std::fs::remove_dir_all(&dir).unwrap();
 }

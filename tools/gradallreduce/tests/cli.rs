@@ -2,7 +2,7 @@
 //! same data bit for bit (every algorithm but `native`) and the same traffic counters; bad
 //! input fails cleanly.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output as ProcOutput, Stdio};
 
 use gradkit_core::{
@@ -11,11 +11,9 @@ use gradkit_core::{
 
 const BIN: &str = env!("CARGO_BIN_EXE_gradallreduce");
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gradallreduce-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory for one test, removed when the guard drops.
+fn tmpdir(name: &str) -> gradkit_testkit::TempDir {
+    gradkit_testkit::tempdir(&format!("gradallreduce-test-{name}-"))
 }
 
 /// A dense trace: `steps` × `p` ranks × two layers of sizes 1000 and 37.
@@ -45,7 +43,8 @@ fn mpirun(np: usize) -> Command {
 
 #[test]
 fn ring_local_and_mpi_match_the_reference_sum() {
-    let d = tmpdir("ring");
+    let d_dir = tmpdir("ring");
+    let d = d_dir.path().to_path_buf();
     let (inp, local_out, mpi_out) = (
         d.join("t.parquet"),
         d.join("local.parquet"),
@@ -162,7 +161,8 @@ fn local_fails(args: &[&str], inp: &Path, out: &Path, needle: &str) {
 
 #[test]
 fn bad_input_fails_cleanly() {
-    let d = tmpdir("bad");
+    let d_dir = tmpdir("bad");
+    let d = d_dir.path().to_path_buf();
     let out = d.join("out.parquet");
     let inp = d.join("t.parquet");
     write_trace(&inp, &trace(4, 2));
@@ -297,7 +297,8 @@ type Count = (u32, u32, String, f64);
 
 #[test]
 fn every_algorithm_but_native_gives_the_same_data_on_local_and_mpi() {
-    let d = tmpdir("all");
+    let d_dir = tmpdir("all");
+    let d = d_dir.path().to_path_buf();
     let inp = d.join("t.parquet");
     write_trace(&inp, &trace(4, 3));
     let emb = d.join("emb.parquet");
@@ -435,7 +436,8 @@ fn every_algorithm_but_native_gives_the_same_data_on_local_and_mpi() {
 
 #[test]
 fn alltoall_rejects_embeddings_without_shape_or_whole_rows() {
-    let d = tmpdir("emb-bad");
+    let d_dir = tmpdir("emb-bad");
+    let d = d_dir.path().to_path_buf();
     let (inp, out) = (d.join("e.parquet"), d.join("out.parquet"));
     write_trace(&inp, &embedding_trace(4, 1, None, false));
     local_fails(

@@ -19,14 +19,9 @@ fn cluster_sh() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../pipelines/cluster.sh")
 }
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "gradallreduce-cluster-{}-{name}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory for one test, removed when the guard drops.
+fn tmpdir(name: &str) -> gradkit_testkit::TempDir {
+    gradkit_testkit::tempdir(&format!("gradallreduce-cluster-{name}-"))
 }
 
 /// A run id unique to this process and test: names and the subnet derive from it.
@@ -162,7 +157,8 @@ fn dense_and_sparse_allreduce_across_two_hosts_match_in_process_ranks() {
         eprintln!("skipped: mpirun is not installed (make deps)");
         return;
     }
-    let d = tmpdir("match");
+    let d_dir = tmpdir("match");
+    let d = d_dir.path().to_path_buf();
     let Some(cluster) = Cluster::up(&d, &run_id('m'), 2, "1gbit") else {
         return;
     };
@@ -246,7 +242,8 @@ fn dense_and_sparse_allreduce_across_two_hosts_match_in_process_ranks() {
 
 #[test]
 fn down_leaves_no_namespace_link_or_bridge() {
-    let d = tmpdir("down");
+    let d_dir = tmpdir("down");
+    let d = d_dir.path().to_path_buf();
     let id = run_id('d');
     let Some(cluster) = Cluster::up(&d, &id, 2, "100mbit") else {
         return;

@@ -10,14 +10,9 @@ use gradkit_core::{read_tensor, write_table, Input, Meta, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gradallreduce");
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "gradallreduce-device-{}-{name}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory for one test, removed when the guard drops.
+fn tmpdir(name: &str) -> gradkit_testkit::TempDir {
+    gradkit_testkit::tempdir(&format!("gradallreduce-device-{name}-"))
 }
 
 /// A dense 2-rank, 2-step trace in `dir/trace.parquet`.
@@ -75,7 +70,8 @@ fn refused(dir: &Path, dev: &str, envs: &[(&str, &Path)], needle: &str) {
 
 #[test]
 fn cpu_is_the_default_and_gives_the_same_rows() {
-    let d = tmpdir("cpu");
+    let d_dir = tmpdir("cpu");
+    let d = d_dir.path().to_path_buf();
     trace(&d);
     for algo in ["ring", "onebit", "topka"] {
         let mut rows = Vec::new();
@@ -109,7 +105,8 @@ fn cpu_is_the_default_and_gives_the_same_rows() {
 
 #[test]
 fn a_device_typo_is_a_usage_error_listing_the_values() {
-    let d = tmpdir("typo");
+    let d_dir = tmpdir("typo");
+    let d = d_dir.path().to_path_buf();
     trace(&d);
     for bad in ["gpu", "cuda:x", "CUDA", "cuda:-1"] {
         let before = gradkit_testkit::cli::snapshot(&d);
@@ -131,7 +128,8 @@ fn a_device_typo_is_a_usage_error_listing_the_values() {
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn without_the_feature_cuda_says_to_rebuild() {
-    let d = tmpdir("nofeature");
+    let d_dir = tmpdir("nofeature");
+    let d = d_dir.path().to_path_buf();
     trace(&d);
     for dev in ["cuda", "cuda:1"] {
         refused(
@@ -151,7 +149,8 @@ mod stub;
 #[cfg(feature = "cuda")]
 #[test]
 fn with_the_feature_and_no_driver_cuda_names_the_driver() {
-    let d = tmpdir("nodriver");
+    let d_dir = tmpdir("nodriver");
+    let d = d_dir.path().to_path_buf();
     trace(&d);
     if stub::system_has("libcuda.so") {
         // A GPU node: the real outcome is covered by the stand-in tests below.
@@ -177,16 +176,19 @@ fn with_the_feature_and_no_driver_cuda_names_the_driver() {
 #[cfg(feature = "cuda")]
 #[test]
 fn with_the_feature_every_driver_outcome_is_one_line() {
-    let d = tmpdir("stubs");
+    let d_dir = tmpdir("stubs");
+    let d = d_dir.path().to_path_buf();
     trace(&d);
-    let empty = stub::libs("gar-empty", Some(stub::Driver::Empty), true, false);
+    let empty_dir = stub::libs("gar-empty", Some(stub::Driver::Empty), true, false);
+    let empty = empty_dir.path().to_path_buf();
     refused(
         &d,
         "cuda",
         &[("LD_LIBRARY_PATH", &empty)],
         "the CUDA driver could not be used: Missing symbol cuInit",
     );
-    let one = stub::libs("gar-one", Some(stub::Driver::Gpus(1)), true, false);
+    let one_dir = stub::libs("gar-one", Some(stub::Driver::Gpus(1)), true, false);
+    let one = one_dir.path().to_path_buf();
     let lib = [("LD_LIBRARY_PATH", one.as_path())];
     refused(
         &d,

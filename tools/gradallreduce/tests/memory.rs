@@ -2,18 +2,16 @@
 //! size stops with one `error:` line naming the column or flag, the bytes and the override,
 //! before anything is allocated, instead of aborting (exit 134) or growing without bound.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output as ProcOutput};
 
 use gradkit_core::{write_table, Meta, Output, TensorRow};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gradallreduce");
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gradallreduce-mem-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory for one test, removed when the guard drops.
+fn tmpdir(name: &str) -> gradkit_testkit::TempDir {
+    gradkit_testkit::tempdir(&format!("gradallreduce-mem-{name}-"))
 }
 
 /// A 2-rank, 1-step sparse trace of one layer of `numel` elements with 3 nonzeros per rank.
@@ -62,7 +60,8 @@ fn assert_one_error(o: &ProcOutput, needle: &str) {
 
 #[test]
 fn huge_numel_is_refused_before_allocating() {
-    let d = tmpdir("numel");
+    let d_dir = tmpdir("numel");
+    let d = d_dir.path().to_path_buf();
     let t = d.join("t.parquet");
     let out = d.join("out.parquet");
     // 2^40 elements (4 TiB per dense buffer; sparse input, so past what UInt32 indices
@@ -139,7 +138,8 @@ fn huge_numel_is_refused_before_allocating() {
 
 #[test]
 fn sparse_index_space_past_u32_is_refused() {
-    let d = tmpdir("u32");
+    let d_dir = tmpdir("u32");
+    let d = d_dir.path().to_path_buf();
     let t = d.join("t.parquet");
     sparse_trace(&t, (1u64 << 32) + 8);
     let out = d.join("o.parquet");

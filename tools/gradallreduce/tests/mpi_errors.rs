@@ -2,7 +2,7 @@
 //! with exactly one copy of the message and a non-zero status, and no rank waits forever.
 //! `pipelines/stress-mpi-errors.sh` runs the same cases hundreds of times under load.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -10,14 +10,9 @@ use gradkit_core::{write_table, Meta, Output, TensorRow};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gradallreduce");
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "gradallreduce-mpierr-{}-{name}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory for one test, removed when the guard drops.
+fn tmpdir(name: &str) -> gradkit_testkit::TempDir {
+    gradkit_testkit::tempdir(&format!("gradallreduce-mpierr-{name}-"))
 }
 
 /// A dense trace of `p` ranks, 2 steps, one layer of 257 entries.
@@ -79,7 +74,8 @@ fn table_to_stdout_under_mpirun_is_refused_once_and_never_hangs() {
     if !gradkit_testkit::mpi::available() {
         return;
     }
-    let d = tmpdir("stdout");
+    let d_dir = tmpdir("stdout");
+    let d = d_dir.path().to_path_buf();
     let t2 = d.join("t2.parquet");
     write_trace(&t2, 2);
     let out = d.join("out.parquet");
@@ -113,7 +109,8 @@ fn a_check_failing_on_rank_0_is_reported_once_before_any_rank_exits() {
     if !gradkit_testkit::mpi::available() {
         return;
     }
-    let d = tmpdir("mismatch");
+    let d_dir = tmpdir("mismatch");
+    let d = d_dir.path().to_path_buf();
     let t2 = d.join("t2.parquet");
     write_trace(&t2, 2);
     let out = d.join("o.parquet");
@@ -141,7 +138,8 @@ fn a_usage_error_is_printed_once_under_mpirun() {
     if !gradkit_testkit::mpi::available() {
         return;
     }
-    let d = tmpdir("usage");
+    let d_dir = tmpdir("usage");
+    let d = d_dir.path().to_path_buf();
     let t4 = d.join("t4.parquet");
     write_trace(&t4, 4);
     let r = mpirun(
@@ -162,7 +160,8 @@ fn a_rank_failing_inside_the_collectives_ends_the_job_with_its_message() {
     if !gradkit_testkit::mpi::available() {
         return;
     }
-    let d = tmpdir("fault");
+    let d_dir = tmpdir("fault");
+    let d = d_dir.path().to_path_buf();
     let t4 = d.join("t4.parquet");
     write_trace(&t4, 4);
     let out = d.join("o.parquet");
@@ -197,7 +196,8 @@ fn a_stuck_rank_is_ended_by_the_watchdog() {
     if !gradkit_testkit::mpi::available() {
         return;
     }
-    let d = tmpdir("stall");
+    let d_dir = tmpdir("stall");
+    let d = d_dir.path().to_path_buf();
     let t4 = d.join("t4.parquet");
     write_trace(&t4, 4);
     let out = d.join("o.parquet");

@@ -1,7 +1,7 @@
 //! Never destroy data: gradallreduce refuses an output that names an input or another
 //! output, before reading anything (issue 13, item 4). `--state` is read and written back.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use gradkit_core::io::{Meta, Output};
@@ -15,13 +15,10 @@ fn refused(dir: &Path, args: &[&str], flags: &[&str]) {
     gradkit_testkit::cli::refused(BIN, dir, args, flags);
 }
 
-fn dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "gradallreduce-noclobber-{tag}-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
+/// A fresh directory holding `in.parquet`, removed when the guard drops.
+fn dir(tag: &str) -> gradkit_testkit::TempDir {
+    let guard = gradkit_testkit::tempdir(&format!("gradallreduce-noclobber-{tag}-"));
+    let d = guard.path();
     let rows: Vec<TensorRow> = (0..2u32)
         .map(|rank| TensorRow {
             step: 0,
@@ -37,12 +34,13 @@ fn dir(tag: &str) -> PathBuf {
         })
         .collect();
     write_table(&Output::Path(d.join("in.parquet")), &Meta::default(), &rows).unwrap();
-    d
+    guard
 }
 
 #[test]
 fn outputs_never_overwrite_inputs_or_each_other() {
-    let d = dir("refuse");
+    let d_dir = dir("refuse");
+    let d = d_dir.path().to_path_buf();
     let r = ["--ranks", "2", "--algo", "ring", "in.parquet"];
     let with = |extra: &[&'static str]| -> Vec<&str> {
         r.iter().copied().chain(extra.iter().copied()).collect()

@@ -5,7 +5,7 @@
 //! uninterrupted Local run's results and the same state file, byte for byte. A file cut short
 //! is refused with one line, before any rank starts, in-process and under mpirun.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use gradkit_core::{read_tensor, write_table, Input, Meta, Output, TensorRow};
 
@@ -17,11 +17,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_gradallreduce");
 const LAYERS: &[(&str, u64)] = &[("fc.weight", 600_000), ("fc.bias", 37)];
 const P: usize = 3;
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gradallreduce-o-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory for one test, removed when the guard drops.
+fn tmpdir(name: &str) -> gradkit_testkit::TempDir {
+    gradkit_testkit::tempdir(&format!("gradallreduce-o-{name}-"))
 }
 
 fn write_trace(path: &Path, rows: &[TensorRow]) {
@@ -60,7 +58,8 @@ fn ok((code, err): (Option<i32>, String)) {
 
 #[test]
 fn a_resumed_state_in_pieces_equals_the_uninterrupted_run() {
-    let d = tmpdir("resume");
+    let d_dir = tmpdir("resume");
+    let d = d_dir.path().to_path_buf();
     let all = gradkit_testkit::traces::dense(P as u32, 4, LAYERS);
     let (whole, part1, part2) = (
         d.join("whole.parquet"),
@@ -120,7 +119,8 @@ fn a_resumed_state_in_pieces_equals_the_uninterrupted_run() {
 
 #[test]
 fn a_state_file_cut_short_is_refused_in_one_line_and_kept() {
-    let d = tmpdir("short");
+    let d_dir = tmpdir("short");
+    let d = d_dir.path().to_path_buf();
     let trace = d.join("t.parquet");
     write_trace(&trace, &gradkit_testkit::traces::dense(P as u32, 1, LAYERS));
     let st = d.join("s.st");

@@ -3,18 +3,16 @@
 //! same state file, byte for byte, with Local ranks and under mpirun; the file has the
 //! documented layout; a file saved for another run is refused and left alone.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output as ProcOutput, Stdio};
 
 use gradkit_core::{read_tensor, write_table, Input, Meta, Output, TensorRow};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gradallreduce");
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gradallreduce-state-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory for one test, removed when the guard drops.
+fn tmpdir(name: &str) -> gradkit_testkit::TempDir {
+    gradkit_testkit::tempdir(&format!("gradallreduce-state-{name}-"))
 }
 
 fn write_trace(path: &Path, rows: &[TensorRow]) {
@@ -65,7 +63,8 @@ const LAYERS: &[(&str, u64)] = &[("fc1.weight", 1000), ("fc1.bias", 37)];
 
 #[test]
 fn a_run_cut_in_two_equals_the_whole_run() {
-    let d = tmpdir("cut");
+    let d_dir = tmpdir("cut");
+    let d = d_dir.path().to_path_buf();
     let p = 3u32;
     let all = gradkit_testkit::traces::dense(p, 5, LAYERS);
     let (whole, part1, part2) = (
@@ -157,7 +156,8 @@ fn a_run_cut_in_two_equals_the_whole_run() {
 
 #[test]
 fn a_state_saved_for_another_run_is_refused_and_kept() {
-    let d = tmpdir("other");
+    let d_dir = tmpdir("other");
+    let d = d_dir.path().to_path_buf();
     let t3 = d.join("t3.parquet");
     write_trace(&t3, &gradkit_testkit::traces::dense(3, 1, LAYERS));
     let t2 = d.join("t2.parquet");

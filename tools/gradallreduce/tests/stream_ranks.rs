@@ -7,7 +7,7 @@
 //! ends every rank with the message the whole-trace check (`trace::check_complete`) gives,
 //! exit 1 and no output, without a hang.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use gradkit_core::trace::{check_complete, Layout};
@@ -15,11 +15,9 @@ use gradkit_core::{read_tensor, write_table, Input, Meta, Output, TensorRow};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gradallreduce");
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gradallreduce-ranks-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory for one test, removed when the guard drops.
+fn tmpdir(name: &str) -> gradkit_testkit::TempDir {
+    gradkit_testkit::tempdir(&format!("gradallreduce-ranks-{name}-"))
 }
 
 /// Layers (name, numel): one of 2.4 MB, more than one piece rank 0 sends at a time (2 MiB),
@@ -120,7 +118,8 @@ fn mpirun(p: usize, args: &[&str]) -> (Option<i32>, String) {
 
 #[test]
 fn grouped_interleaved_and_repeated_ranks_give_the_same_sum() {
-    let d = tmpdir("orders");
+    let d_dir = tmpdir("orders");
+    let d = d_dir.path().to_path_buf();
     let mpi = gradkit_testkit::mpi::available();
     for p in [3u32, 4] {
         let base = rows(p, 2);
@@ -166,7 +165,8 @@ fn assert_stopped(code: Option<i32>, err: &str, needle: &str, out: &Path) {
 
 #[test]
 fn a_bad_rank_in_the_middle_of_a_step_stops_every_rank() {
-    let d = tmpdir("bad");
+    let d_dir = tmpdir("bad");
+    let d = d_dir.path().to_path_buf();
     let mpi = gradkit_testkit::mpi::available();
     let p = 4u32;
     let cases: Vec<(&str, Vec<TensorRow>)> = vec![

@@ -6,7 +6,7 @@
 //! stdin; a problem in a late step ends every rank with one message and leaves no output,
 //! in-process and under mpirun.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use gradkit_core::{
@@ -15,14 +15,9 @@ use gradkit_core::{
 
 const BIN: &str = env!("CARGO_BIN_EXE_gradallreduce");
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "gradallreduce-stream-{}-{name}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory for one test, removed when the guard drops.
+fn tmpdir(name: &str) -> gradkit_testkit::TempDir {
+    gradkit_testkit::tempdir(&format!("gradallreduce-stream-{name}-"))
 }
 
 /// A reduced row: (step, layer_id, layer, shape, values densified).
@@ -127,7 +122,8 @@ fn s(p: &Path) -> &str {
 
 #[test]
 fn every_step_is_reduced_and_written_in_order() {
-    let d = tmpdir("order");
+    let d_dir = tmpdir("order");
+    let d = d_dir.path().to_path_buf();
     let rows = dense_rows(3, 5, 1);
     let t = d.join("t.parquet");
     write(&t, &rows);
@@ -169,7 +165,8 @@ fn every_step_is_reduced_and_written_in_order() {
 
 #[test]
 fn rank_major_traces_and_stdin_give_the_same_rows() {
-    let d = tmpdir("rankmajor");
+    let d_dir = tmpdir("rankmajor");
+    let d = d_dir.path().to_path_buf();
     // Small steps: the writer puts several steps in a row group, so a rank-major file is read
     // whole (with a note); large steps (≥ 1 MiB per rank): one step per row group, streamed.
     for (scale, note) in [(1u32, true), (2200, false)] {
@@ -202,7 +199,8 @@ fn rank_major_traces_and_stdin_give_the_same_rows() {
 
 #[test]
 fn sparse_input_streams_too() {
-    let d = tmpdir("sparse");
+    let d_dir = tmpdir("sparse");
+    let d = d_dir.path().to_path_buf();
     let mut rows = dense_rows(2, 4, 1);
     // Keep every third value of each row: sparse rows with ascending indices.
     for r in &mut rows {
@@ -258,7 +256,8 @@ fn assert_one_error(code: i32, err: &str, needles: &[&str]) {
 
 #[test]
 fn a_bad_late_step_ends_the_run_with_one_message_and_no_output() {
-    let d = tmpdir("bad");
+    let d_dir = tmpdir("bad");
+    let d = d_dir.path().to_path_buf();
     let (bad, nan) = (d.join("bad.parquet"), d.join("nan.parquet"));
     bad_late_step(&bad);
     nan_late_step(&nan);
@@ -317,7 +316,8 @@ fn under_mpirun_steps_stream_and_a_bad_late_step_is_reported_once() {
     if !gradkit_testkit::mpi::available() {
         return;
     }
-    let d = tmpdir("mpi");
+    let d_dir = tmpdir("mpi");
+    let d = d_dir.path().to_path_buf();
     let rows = dense_rows(3, 4, 1);
     let t = d.join("t.parquet");
     write(&t, &rows);

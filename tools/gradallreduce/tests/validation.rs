@@ -3,20 +3,13 @@
 //! and expected words as gradselect's tests/validation.rs), before any rank starts; flags
 //! that the algorithm would ignore, and values with nothing to do, are usage errors.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gradallreduce");
 
-/// A fresh directory for one test (no tempfile dev-dependency in this crate).
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "gradallreduce-validation-{}-{name}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory for one test, removed when the guard drops.
+fn tmpdir(name: &str) -> gradkit_testkit::TempDir {
+    gradkit_testkit::tempdir(&format!("gradallreduce-validation-{name}-"))
 }
 
 use gradkit_testkit::plans::{bad_plans, dense_trace, good_plan, pr, write_plan, write_trace};
@@ -35,7 +28,8 @@ fn run(args: &[&str]) -> (i32, String) {
 
 #[test]
 fn every_plan_that_does_not_fit_the_trace_is_refused_by_deft_and_oktopk() {
-    let d = tmpdir("plans");
+    let d_dir = tmpdir("plans");
+    let d = d_dir.path().to_path_buf();
     let t = d.join("t.parquet");
     write_trace(&t, &dense_trace());
     let (plan, out) = (d.join("plan.parquet"), d.join("out.parquet"));
@@ -86,7 +80,8 @@ fn every_plan_that_does_not_fit_the_trace_is_refused_by_deft_and_oktopk() {
 
 #[test]
 fn flags_that_do_not_apply_are_usage_errors() {
-    let d = tmpdir("flags");
+    let d_dir = tmpdir("flags");
+    let d = d_dir.path().to_path_buf();
     let t = d.join("t.parquet");
     write_trace(&t, &dense_trace());
     let out = d.join("out.parquet");

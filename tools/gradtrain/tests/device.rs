@@ -101,14 +101,16 @@ fn with_the_feature_each_outcome_is_one_line() {
             "no CUDA driver found (libcuda.so): is this a GPU node?",
         );
     }
-    let empty = stub::libs("gt-empty", Some(stub::Driver::Empty), true, false);
+    let empty_dir = stub::libs("gt-empty", Some(stub::Driver::Empty), true, false);
+    let empty = empty_dir.path().to_path_buf();
     refused(
         d.path(),
         "cuda",
         &[("LD_LIBRARY_PATH", &empty)],
         "the CUDA driver could not be used: Missing symbol cuInit",
     );
-    let one = stub::libs("gt-one", Some(stub::Driver::Gpus(1)), true, false);
+    let one_dir = stub::libs("gt-one", Some(stub::Driver::Gpus(1)), true, false);
+    let one = one_dir.path().to_path_buf();
     refused(
         d.path(),
         "cuda:0",

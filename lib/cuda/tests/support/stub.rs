@@ -7,7 +7,7 @@
 
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 /// What the stand-in `libcuda.so` does.
@@ -51,34 +51,37 @@ fn cc(dir: &Path, out: &str, src: &str, defines: &[String]) {
 }
 
 /// A fresh folder holding the stand-ins asked for: `libcuda.so` when `driver` is given, an
-/// empty `libnvrtc.so` and `libnccl.so` when asked (gradkit only checks that they load).
-pub fn libs(name: &str, driver: Option<Driver>, nvrtc: bool, nccl: bool) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gradkit-cuda-stub-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+/// empty `libnvrtc.so` and `libnccl.so` when asked (gradkit only checks that they load). The
+/// folder is removed when the returned guard drops.
+pub fn libs(name: &str, driver: Option<Driver>, nvrtc: bool, nccl: bool) -> tempfile::TempDir {
+    let guard = tempfile::Builder::new()
+        .prefix(&format!("gradkit-cuda-stub-{name}-"))
+        .tempdir()
+        .expect("a directory under the system's temporary directory");
+    let dir = guard.path();
     match driver {
         None => {}
-        Some(Driver::Empty) => cc(&dir, "libcuda.so", EMPTY_C, &[]),
+        Some(Driver::Empty) => cc(dir, "libcuda.so", EMPTY_C, &[]),
         Some(Driver::NoDevice) => cc(
-            &dir,
+            dir,
             "libcuda.so",
             DRIVER_C,
             &["-DINIT_RESULT=100".into(), "-DCOUNT=0".into()],
         ),
         Some(Driver::Gpus(n)) => cc(
-            &dir,
+            dir,
             "libcuda.so",
             DRIVER_C,
             &["-DINIT_RESULT=0".into(), format!("-DCOUNT={n}")],
         ),
     }
     if nvrtc {
-        cc(&dir, "libnvrtc.so", EMPTY_C, &[]);
+        cc(dir, "libnvrtc.so", EMPTY_C, &[]);
     }
     if nccl {
-        cc(&dir, "libnccl.so", EMPTY_C, &[]);
+        cc(dir, "libnccl.so", EMPTY_C, &[]);
     }
-    dir
+    guard
 }
 
 /// Whether the dynamic loader can find a library whose file name starts with `prefix`
