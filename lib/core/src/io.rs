@@ -728,11 +728,10 @@ impl TensorStream {
                         let group = |r: usize| starts.partition_point(|&s| s <= r).max(1) - 1;
                         let total = starts.len();
                         let (g0, g1) = (group(row), group(row + batch - 1));
-                        match g0 == g1 {
-                            true => format!("row group {g0} of {total} (file rows from {row})"),
-                            false => {
-                                format!("row groups {g0}–{g1} of {total} (file rows from {row})")
-                            }
+                        if g0 == g1 {
+                            format!("row group {g0} of {total} (file rows from {row})")
+                        } else {
+                            format!("row groups {g0}–{g1} of {total} (file rows from {row})")
                         }
                     };
                     for b in builder.build()? {

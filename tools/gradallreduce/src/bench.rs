@@ -25,6 +25,7 @@ use gradkit_core::cli::{fmt_num, Format, TextTable};
 use gradkit_core::synth::{Generator, LayerSpec, SynthSpec};
 use gradkit_core::trace::{Layout, MetricSink, Sparse};
 use gradkit_core::{write_table, Meta, Output};
+use gradkit_sparsify::{Leaves, Residual};
 
 /// What a sparse algorithm is given (`--input`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -330,6 +331,9 @@ impl Timing {
     ) -> Result<Flat> {
         comm.barrier()?;
         comm.traffic().reset();
+        // The algorithm's own selection runs on dense input only (given a selection, a
+        // reducer may still report the ~0 s it took to take it).
+        let selects = input.is_dense();
         let f0 = page_faults(self.per_thread);
         let t0 = std::time::Instant::now();
         let out = reducer.reduce(comm, step, layout, input)?;
@@ -341,7 +345,11 @@ impl Timing {
             self.times.push(dt);
             self.minflt.push(f1.0.saturating_sub(f0.0) as f64);
             self.majflt.push(f1.1.saturating_sub(f0.1) as f64);
-            if let Some((_, s)) = out.metrics.iter().find(|m| m.0 == "time_select_s") {
+            let own = out
+                .metrics
+                .iter()
+                .find(|m| selects && m.0 == "time_select_s");
+            if let Some((_, s)) = own {
                 self.select.push(*s);
             }
         }
@@ -452,9 +460,9 @@ fn measure_sparse(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> 
             Timing::new(comm, args.iters),
         ));
     }
-    // The pre-selection's own error feedback: acc = g + residual, residual = acc with the
-    // selected entries zeroed (gradselect's rule).
-    let mut residual: Vec<f32> = Vec::new();
+    // The pre-selection's own error feedback, as gradselect keeps it: acc = g + residual,
+    // residual = acc with the selected entries zeroed.
+    let mut residual = Residual::default();
     for step in 0..steps {
         let Some(g) = gen
             .next()
@@ -481,15 +489,9 @@ fn measure_sparse(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> 
                     Flat::Dense(v)
                 }
                 Input::Topk => {
-                    if residual.is_empty() {
-                        residual = g.clone();
-                    } else {
-                        residual.iter_mut().zip(&g).for_each(|(a, b)| *a += b);
-                    }
-                    let (indices, values, _) = params.kernels.topk_with_values(&residual, k);
-                    for &i in &indices {
-                        residual[i as usize] = 0.0;
-                    }
+                    let acc = residual.absorb(g.clone());
+                    let (indices, values, _) = params.kernels.topk_with_values(&acc, k);
+                    residual.settle(acc, Leaves::Sent, &indices, &[]);
                     Flat::Sparse(Sparse { indices, values })
                 }
             };
@@ -499,12 +501,7 @@ fn measure_sparse(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> 
     let mut pts = Vec::new();
     for (input, mut reducer, timing) in runs {
         reducer.finish(comm)?;
-        let mut pt = timing.point(comm, algo, Some(input), bytes, false)?;
-        if input == Input::Topk {
-            // The algorithm's own selection did not run (it was given one).
-            pt.select_s = None;
-        }
-        pts.push(pt);
+        pts.push(timing.point(comm, algo, Some(input), bytes, false)?);
     }
     Ok(pts)
 }

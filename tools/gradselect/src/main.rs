@@ -452,51 +452,55 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
                 }
             });
         }
-        // `acc_sq`: Σ acc² from the accumulation (DEFT's), so the residual's norm needs no
-        // pass of its own.
-        let mut select_rank = |r: usize, mut acc: Vec<f32>, mut acc_sq: f64| -> Result<()> {
-            let st = &mut states[r];
-            if residual_on && !deft {
-                acc_sq = st.residual.compensate(&mut acc);
-            }
-            let o = match &step_plan {
-                Some(sp) => select_deft(&acc, &layout, sp, r, kspec.k(n), a.topup),
-                None => select_plain(&mut st.selectors, step, &acc, &layout, kspec),
+        // `accumulated`: Σ acc² of an accumulator already compensated (DEFT's, above), or
+        // None for a gradient compensated here; the residual's norm then needs no pass of
+        // its own.
+        let mut select_rank =
+            |r: usize, mut acc: Vec<f32>, accumulated: Option<f64>| -> Result<()> {
+                let st = &mut states[r];
+                let acc_sq = match accumulated {
+                    Some(sq) => sq,
+                    None if residual_on => st.residual.compensate(&mut acc),
+                    None => 0.0,
+                };
+                let o = match &step_plan {
+                    Some(sp) => select_deft(&acc, &layout, sp, r, kspec.k(n), a.topup),
+                    None => select_plain(&mut st.selectors, step, &acc, &layout, kspec),
+                };
+                let rn = if residual_on {
+                    let idx = &o.sparse.indices;
+                    st.residual.settle_norm(acc, Leaves::Sent, idx, &[], acc_sq)
+                } else {
+                    drop(acc);
+                    0.0
+                };
+                let nnz = o.sparse.len();
+                let rank = r as u32;
+                sink.push(step, rank, "k_target", o.k_target as f64);
+                sink.push(step, rank, "nnz", nnz as f64);
+                if let Some(th) = o.threshold {
+                    sink.push(step, rank, "threshold", th as f64);
+                }
+                sink.push(step, rank, "exact_topk", f64::from(u8::from(o.exact_topk)));
+                sink.push(
+                    step,
+                    rank,
+                    "density",
+                    if n > 0 { nnz as f64 / n as f64 } else { 0.0 },
+                );
+                sink.push(step, rank, "time_select_s", o.time);
+                sink.push(step, rank, "residual_norm", rn);
+                total += nnz;
+                out_w.write_owned(trace::unflatten_sparse(&o.sparse, &layout, step, rank))
             };
-            let rn = if residual_on {
-                let idx = &o.sparse.indices;
-                st.residual.settle_norm(acc, Leaves::Sent, idx, &[], acc_sq)
-            } else {
-                drop(acc);
-                0.0
-            };
-            let nnz = o.sparse.len();
-            let rank = r as u32;
-            sink.push(step, rank, "k_target", o.k_target as f64);
-            sink.push(step, rank, "nnz", nnz as f64);
-            if let Some(th) = o.threshold {
-                sink.push(step, rank, "threshold", th as f64);
-            }
-            sink.push(step, rank, "exact_topk", f64::from(u8::from(o.exact_topk)));
-            sink.push(
-                step,
-                rank,
-                "density",
-                if n > 0 { nnz as f64 / n as f64 } else { 0.0 },
-            );
-            sink.push(step, rank, "time_select_s", o.time);
-            sink.push(step, rank, "residual_norm", rn);
-            total += nnz;
-            out_w.write_owned(trace::unflatten_sparse(&o.sparse, &layout, step, rank))
-        };
         if deft {
             for (r, (acc, sq)) in accs.into_iter().enumerate() {
-                select_rank(r, acc, sq)?;
+                select_rank(r, acc, Some(sq))?;
             }
         } else {
             for r in 0..p {
                 let rows = rows.rank(r, &mut trace_steps, &layout, &needs_dense)?;
-                select_rank(r, trace::take_flat(rows, n), 0.0)?;
+                select_rank(r, trace::take_flat(rows, n), None)?;
             }
         }
         rows.finish(&mut trace_steps, &layout, &needs_dense)?;
