@@ -95,13 +95,8 @@ pub fn one_process_under_mpirun(tool: &str) {
     if !under_mpi_launcher() {
         return;
     }
-    let var = |names: &[&str]| {
-        names
-            .iter()
-            .find_map(|n| std::env::var(n).ok()?.trim().parse::<usize>().ok())
-    };
-    let size = var(&["OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"]).unwrap_or(1);
-    let rank = var(&["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"]).unwrap_or(0);
+    let size = launcher_var(&["OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"]).unwrap_or(1);
+    let rank = launcher_rank();
     if size <= 1 {
         return;
     }
@@ -111,6 +106,18 @@ pub fn one_process_under_mpirun(tool: &str) {
     report_line(&format!(
         "note: {tool} works on one process; under mpirun -np {size} rank 0 runs it and the other ranks exit"
     ));
+}
+
+fn launcher_var(names: &[&str]) -> Option<usize> {
+    names
+        .iter()
+        .find_map(|n| std::env::var(n).ok()?.trim().parse::<usize>().ok())
+}
+
+/// This process's rank as the MPI launcher's environment gives it (0 without a launcher):
+/// known before MPI starts, for the checks only rank 0 (the I/O rank) makes.
+pub fn launcher_rank() -> usize {
+    launcher_var(&["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"]).unwrap_or(0)
 }
 
 static LAUNCHER: std::sync::OnceLock<Launcher> = std::sync::OnceLock::new();
@@ -598,7 +605,7 @@ pub fn output_flag(flag: &str, arg: Option<&std::path::Path>) -> Result<Option<O
             }
             anyhow::Context::with_context(Output::from_arg(None), || format!("{flag} -")).map(Some)
         }
-        Some(p) => Output::from_arg(Some(p)).map(Some),
+        Some(p) => Output::for_flag(flag, Some(p)).map(Some),
     }
 }
 

@@ -133,9 +133,20 @@ impl Output {
     /// under mpirun: there every rank's stdout is a pseudo-terminal that mpirun forwards, so
     /// rank 0 cannot tell a pipe from the user's terminal, and Open MPI does not promise to
     /// forward binary data unchanged (docs/RELIABILITY.md).
+    ///
+    /// A file path is checked at once ([`crate::paths::check_creatable`]): a missing or
+    /// read-only directory stops the run before it does any work, not after.
     pub fn from_arg(arg: Option<&Path>) -> Result<Self> {
+        Self::for_flag("-o", arg)
+    }
+
+    /// [`Output::from_arg`] for the output given by `flag` (named in its errors).
+    pub fn for_flag(flag: &str, arg: Option<&Path>) -> Result<Self> {
         match arg {
-            Some(p) if p.as_os_str() != "-" => Ok(Output::Path(p.to_path_buf())),
+            Some(p) if p.as_os_str() != "-" => {
+                crate::paths::check_creatable(flag, p)?;
+                Ok(Output::Path(p.to_path_buf()))
+            }
             _ => {
                 if crate::cli::under_mpi_launcher() {
                     bail!("under mpirun a table cannot go to stdout (rank 0's stdout is mpirun's pseudo-terminal, so a terminal cannot be told from a pipe): give `-o FILE` (stdin works: rank 0 reads it)");
@@ -1091,7 +1102,7 @@ fn spool_stdin() -> Result<Source> {
 
 /// A read-write file in `dir` that has no name (`O_TMPFILE`, or created and unlinked at once),
 /// so that it disappears when closed, whatever ends the process.
-fn anonymous_file(dir: &Path) -> std::io::Result<File> {
+pub(crate) fn anonymous_file(dir: &Path) -> std::io::Result<File> {
     #[cfg(target_os = "linux")]
     {
         use std::os::unix::fs::OpenOptionsExt;
@@ -1130,6 +1141,8 @@ pub struct TableWriter<T: Table> {
     /// Slices of written batches not yet handed to an encoder, and their payload bytes.
     pending: Vec<RecordBatch>,
     pending_bytes: usize,
+    /// Pending batches that are joins of smaller ones ([`TableWriter::coalesce_pending`]).
+    coalesced: usize,
     /// Row groups being encoded or appended, oldest first, with their payload bytes.
     in_flight: VecDeque<(JoinHandle<Result<()>>, usize)>,
     max_in_flight: usize,
@@ -1233,10 +1246,13 @@ const ENCODE_WINDOW_BYTES: usize = ROW_GROUP_BYTES;
 /// changes. Measured: a row group per 48 KiB step of a small model makes the file 12 % bigger
 /// and its footer 13 MB for 2000 steps; at 1 MiB the cost is below 1 %.
 const STEP_GROUP_BYTES: usize = 1 << 20;
+
+/// Pending batches joined into one ([`TableWriter::coalesce_pending`]).
+const COALESCE_BATCHES: usize = 64;
 /// Levels per low-level `write_batch` call of a list column; a row is never split.
 const LEVEL_CHUNK: usize = 1 << 20;
 
-fn writer_properties(kind: SchemaKind) -> WriterProperties {
+pub(crate) fn writer_properties(kind: SchemaKind) -> WriterProperties {
     let mut b = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).expect("level 1")))
         .set_dictionary_enabled(false);
@@ -1532,6 +1548,7 @@ impl<T: Table> TableWriter<T> {
             props,
             pending: Vec::new(),
             pending_bytes: 0,
+            coalesced: 0,
             in_flight: VecDeque::new(),
             max_in_flight,
             row_groups: 0,
@@ -1614,6 +1631,20 @@ impl<T: Table> TableWriter<T> {
         if start < batch.num_rows() {
             self.pending
                 .push(batch.slice(start, batch.num_rows() - start));
+        }
+        self.coalesce_pending()
+    }
+
+    /// Joins the last [`COALESCE_BATCHES`] pending batches into one whenever that many were
+    /// added since the last join: a row group of many tiny steps (a 10-element layer over
+    /// 10^5 steps) was held as one batch per step, each kilobytes of buffers and array headers
+    /// for tens of bytes of data. The rows, hence the file, are the same.
+    fn coalesce_pending(&mut self) -> Result<()> {
+        if self.pending.len() >= self.coalesced + COALESCE_BATCHES {
+            let tail = self.pending.split_off(self.coalesced);
+            let one = arrow_select::concat::concat_batches(&tail[0].schema(), &tail)?;
+            self.pending.push(one);
+            self.coalesced = self.pending.len();
         }
         Ok(())
     }
@@ -1780,7 +1811,7 @@ impl<T: Table> TableWriter<T> {
         if start < n {
             self.pending.push(batch.slice(start, n - start));
         }
-        Ok(())
+        self.coalesce_pending()
     }
 
     /// Hands the pending rows (of `bytes` of payload) to a background encoder as one row
@@ -1805,6 +1836,7 @@ impl<T: Table> TableWriter<T> {
         };
         self.wait_room(bytes, limit, self.max_in_flight)?;
         let batches = std::mem::take(&mut self.pending);
+        self.coalesced = 0;
         let writers = self
             .factory
             .as_ref()
@@ -1855,7 +1887,17 @@ impl<T: Table> TableWriter<T> {
     }
 
     /// Closes the file and renames it into place.
-    pub fn finish(mut self) -> Result<()> {
+    pub fn finish(self) -> Result<()> {
+        match self.close()? {
+            Some(tmp) => tmp.persist(),
+            None => Ok(()),
+        }
+    }
+
+    /// Closes the file without giving it its name: the complete file, to be committed with
+    /// the run's other outputs by [`crate::paths::commit_all`] (None for stdout or a device,
+    /// written in place). Dropping it leaves nothing.
+    pub fn close(mut self) -> Result<Option<crate::paths::TempFile>> {
         let name = self.out.name();
         let mut closed = || -> Result<()> {
             self.drain()?;
@@ -1864,10 +1906,7 @@ impl<T: Table> TableWriter<T> {
             Ok(())
         };
         closed().with_context(|| format!("writing {name}"))?;
-        if let Some(tmp) = self.tmp.take() {
-            tmp.persist()?;
-        }
-        Ok(())
+        Ok(self.tmp.take())
     }
 }
 
@@ -2002,16 +2041,30 @@ pub fn write_file_atomic_with(
     path: &Path,
     fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> Result<()> {
+    match write_file_staged(path, fill)? {
+        Some(tmp) => tmp.persist(),
+        None => Ok(()),
+    }
+}
+
+/// [`write_file_atomic_with`] without the rename: the complete file, to be committed with a
+/// run's other outputs ([`crate::paths::commit_all`]); None when `path` is a device or FIFO,
+/// written in place.
+pub fn write_file_staged(
+    path: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<Option<crate::paths::TempFile>> {
     let ctx = || format!("cannot write {}", path.display());
     if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
         let mut f = std::io::BufWriter::new(File::create(path).with_context(ctx)?);
-        return fill(&mut f).and_then(|_| f.flush()).with_context(ctx);
+        fill(&mut f).and_then(|_| f.flush()).with_context(ctx)?;
+        return Ok(None);
     }
     let tmp = crate::paths::TempFile::create(path)?;
     let mut f = std::io::BufWriter::with_capacity(1 << 20, tmp.file());
     fill(&mut f).and_then(|_| f.flush()).with_context(ctx)?;
     drop(f);
-    tmp.persist()
+    Ok(Some(tmp))
 }
 
 #[cfg(test)]

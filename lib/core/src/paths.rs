@@ -179,6 +179,7 @@ pub fn unregister_temp(path: &Path) {
 /// Persisting links it as `PATH.tmp-<pid>` (registered for the signal clean-up) and renames
 /// that over `PATH` — an atomic replacement. Where unnamed files are not supported it is
 /// named `PATH.tmp-<pid>` from the start, registered, and removed on errors and signals.
+#[derive(Debug)]
 pub struct TempFile {
     file: std::fs::File,
     target: PathBuf,
@@ -197,7 +198,9 @@ impl TempFile {
                 _ => Path::new("."),
             };
             use std::os::unix::fs::OpenOptionsExt;
+            // Readable too: a live table is copied from it (`live::LiveTable::copy_to`).
             if let Ok(file) = std::fs::OpenOptions::new()
+                .read(true)
                 .write(true)
                 .custom_flags(libc::O_TMPFILE)
                 .open(dir)
@@ -211,7 +214,13 @@ impl TempFile {
         }
         // Registered first, so a signal from here on removes it.
         register_temp(&named);
-        match std::fs::File::create(&named) {
+        let created = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&named);
+        match created {
             Ok(file) => Ok(TempFile {
                 file,
                 target: target.to_path_buf(),
@@ -229,24 +238,35 @@ impl TempFile {
         &self.file
     }
 
+    /// The path the file will have.
+    pub fn target(&self) -> &Path {
+        &self.target
+    }
+
+    /// Gives a complete unnamed file its temporary name `PATH.tmp-<pid>` (registered for the
+    /// signal clean-up, removed if it is dropped), the one step of [`TempFile::persist`] that
+    /// can fail for want of space or permission. [`commit_all`] names every output of a run
+    /// first, so that it renames none unless all could be named.
+    pub fn stage(&mut self) -> anyhow::Result<()> {
+        if self.named.is_some() {
+            return Ok(());
+        }
+        let tmp = temp_name(&self.target);
+        register_temp(&tmp);
+        let _ = std::fs::remove_file(&tmp);
+        if let Err(e) = link_unnamed(&self.file, &tmp) {
+            unregister_temp(&tmp);
+            return Err(anyhow::Error::new(e).context(format!("cannot create {}", tmp.display())));
+        }
+        self.named = Some(tmp);
+        Ok(())
+    }
+
     /// Gives the complete file its name, replacing whatever was at the target.
     pub fn persist(mut self) -> anyhow::Result<()> {
         use anyhow::Context;
-        let tmp = match self.named.take() {
-            Some(tmp) => tmp,
-            None => {
-                let tmp = temp_name(&self.target);
-                register_temp(&tmp);
-                let _ = std::fs::remove_file(&tmp);
-                if let Err(e) = link_unnamed(&self.file, &tmp) {
-                    unregister_temp(&tmp);
-                    return Err(
-                        anyhow::Error::new(e).context(format!("cannot create {}", tmp.display()))
-                    );
-                }
-                tmp
-            }
-        };
+        self.stage()?;
+        let tmp = self.named.take().expect("staged");
         let res = std::fs::rename(&tmp, &self.target).with_context(|| {
             format!(
                 "cannot rename {} to {}",
@@ -268,6 +288,56 @@ impl Drop for TempFile {
         if let Some(tmp) = self.named.take() {
             let _ = std::fs::remove_file(&tmp);
             unregister_temp(&tmp);
+        }
+    }
+}
+
+/// Commits the complete outputs of a run together: every file is first given its temporary
+/// name ([`TempFile::stage`]: what fails on a full disk or a removed directory), and only when
+/// all are named is each renamed over its target. A failure before the renames leaves none of
+/// them (and whatever was at their targets untouched).
+pub fn commit_all(mut files: Vec<TempFile>) -> anyhow::Result<()> {
+    for f in &mut files {
+        f.stage()?;
+    }
+    for f in files {
+        f.persist()?;
+    }
+    Ok(())
+}
+
+/// Checks, before a run does any work, that an output can be created at `path`: its
+/// directory exists and takes a new file. Nothing is left behind (the probe is an unnamed
+/// file, or a temporary name removed at once). A path that exists and is not a regular file
+/// (a device, a FIFO) is written in place and not probed. `flag` names the output in the
+/// error, as the user typed it (`-o`, `--metrics`, …).
+///
+/// Under an MPI launcher only rank 0 probes: it writes the outputs, and on a cluster the other
+/// ranks may not see its directories.
+pub fn check_creatable(flag: &str, path: &Path) -> anyhow::Result<()> {
+    if crate::cli::launcher_rank() != 0
+        || path.as_os_str() == "-"
+        || std::fs::metadata(path).is_ok_and(|m| !m.is_file())
+    {
+        return Ok(());
+    }
+    match TempFile::create(path) {
+        Ok(probe) => {
+            drop(probe);
+            Ok(())
+        }
+        Err(e) => {
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => Path::new("."),
+            };
+            let why = if !dir.is_dir() {
+                format!("the directory {} does not exist", dir.display())
+            } else {
+                let e = e.root_cause().to_string();
+                format!("cannot create a file in {}: {e}", dir.display())
+            };
+            bail!("{flag} {}: {why}", path.display())
         }
     }
 }
