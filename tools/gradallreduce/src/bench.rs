@@ -521,6 +521,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let sizes = sizes(&args.sizes, args.factor)?;
         let ranks_here = world.backend().ranks_per_process(p);
         check_memory(&sizes, ranks_here, &args.sizes, sparse)?;
+        if let Some(path) = &args.metrics {
+            gradkit_core::paths::check_creatable("--metrics", path)?;
+        }
         Ok(sizes)
     })())?;
     let points = world.run(|comm| {

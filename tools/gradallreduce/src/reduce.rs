@@ -13,9 +13,10 @@ use gradkit_comm::{Comm, PhaseCounts, World};
 use gradkit_core::cli::IoArgs;
 use gradkit_core::io::{KeyScan, TableWriter, TensorSteps, TensorStream};
 use gradkit_core::trace::{self, Layout, MetricSink};
-use gradkit_core::{read_table, write_table, Input, Meta, MetricRow, Output, PlanRow, TensorRow};
+use gradkit_core::{read_table, Input, Meta, MetricRow, Output, PlanRow, TensorRow};
 
 use crate::state;
+use gradkit_core::paths::TempFile;
 
 #[derive(Args, Clone, Debug)]
 pub struct ReduceArgs {
@@ -250,6 +251,8 @@ struct IoRank {
     cur: Option<StepCheck>,
     /// The reduced tensor, finished by [`write_outputs`].
     writer: TableWriter<TensorRow>,
+    /// The metrics, streamed as every rank's rows arrive.
+    metrics: MetricsOut,
     /// Why the I/O rank stopped handing out steps (a bad step, a failed write); reported at
     /// the last agreement point, once, by the I/O rank.
     failed: Option<anyhow::Error>,
@@ -417,12 +420,68 @@ impl IoRank {
     }
 }
 
+/// Every rank hands its metric rows to the I/O rank after this many steps (and after the
+/// last): what a rank holds of them is bounded by the steps between two hand-overs, not by
+/// the length of the run.
+const METRICS_EVERY: u32 = 64;
+
+/// The I/O rank's side of the metrics: the `--metrics` table, written as the rows arrive in
+/// (step, rank) order, and the two numbers per rank and step the closing summary takes its
+/// medians of (16 bytes a rank and step, not the rows).
+struct MetricsOut {
+    writer: Option<TableWriter<MetricRow>>,
+    bytes_sent: Vec<f64>,
+    time_comm_s: Vec<f64>,
+}
+
+impl MetricsOut {
+    /// Takes one hand-over of every rank's rows (rank order, as [`dist::gather`] gives them).
+    fn take(&mut self, mut rows: Vec<MetricRow>) -> Result<()> {
+        // Stable: a rank's rows of a step stay in the order it pushed them.
+        rows.sort_by_key(|r| (r.step, r.rank));
+        for r in &rows {
+            match r.metric.as_str() {
+                "bytes_sent" => self.bytes_sent.push(r.value),
+                "time_comm_s" => self.time_comm_s.push(r.value),
+                _ => {}
+            }
+        }
+        match &mut self.writer {
+            Some(w) => w.write_owned(rows),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Collective: every rank's metric rows so far go to the I/O rank, which writes them. A failed
+/// write stops the I/O rank's feed at the next round, as a failed output write does.
+fn hand_over_metrics(
+    comm: &dyn Comm,
+    sink: &mut MetricSink,
+    io: Option<&mut IoRank>,
+) -> Result<()> {
+    let rows = dist::gather(comm, std::mem::take(&mut sink.rows))?;
+    if let (Some(io), Some(rows)) = (io, rows) {
+        if io.failed.is_none() {
+            if let Err(e) = io.metrics.take(rows) {
+                io.failed = Some(e);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Opens the trace on the I/O rank and checks what can be checked before any rank starts:
 /// ranks equal to the world's size, the first step complete (the others are checked as they
 /// are read), the memory the run needs, `--plan`; reads the `--state` file when it exists and
 /// checks it fits this run; opens the output. The trace is read one step at a time
 /// ([`TensorStream`]); a trace not ordered by step may be read whole (docs/MEMORY.md).
-fn load(args: &ReduceArgs, world: &World, out: &Output) -> Result<Prepared> {
+fn load(
+    args: &ReduceArgs,
+    world: &World,
+    out: &Output,
+    metrics: Option<&Output>,
+) -> Result<Prepared> {
     let input = args.io.input()?;
     let stream = TensorStream::open(&input, args.io.read_options())?;
     let scan = stream.scan()?;
@@ -468,6 +527,18 @@ fn load(args: &ReduceArgs, world: &World, out: &Output) -> Result<Prepared> {
     };
     // Last, once every check passed: rows go out as the steps complete.
     let writer = TableWriter::create(out, &out_meta(args, world, &meta_in))?;
+    let metrics = MetricsOut {
+        writer: match metrics {
+            Some(m) => {
+                let mut mm = Meta::producer("gradallreduce");
+                mm.set("algo", args.algo).set("world_size", world.size());
+                Some(TableWriter::create(m, &mm)?)
+            }
+            None => None,
+        },
+        bytes_sent: Vec::new(),
+        time_comm_s: Vec::new(),
+    };
     Ok(Prepared {
         n,
         state,
@@ -482,6 +553,7 @@ fn load(args: &ReduceArgs, world: &World, out: &Output) -> Result<Prepared> {
             p,
             cur: None,
             writer,
+            metrics,
             failed: None,
         },
     })
@@ -594,15 +666,14 @@ fn check_paths(args: &ReduceArgs) -> Result<()> {
     )
 }
 
-/// What one rank returns: its metrics rows (rank 0: every rank's), with `--state` (rank 0)
-/// every rank's state rows after the last step, and (rank 0) the output being written, or why
-/// the I/O rank stopped.
+/// What one rank returns: with `--state` (rank 0) the state file written after the last step
+/// (complete, not yet named), and (rank 0) the outputs being written, or why the I/O rank
+/// stopped.
 struct RankOut {
-    metrics: Vec<MetricRow>,
-    /// Rank 0: whether the `--state` file was saved (it is written before the metrics are
-    /// gathered, while every rank is still there to send its errors).
-    saved: Result<()>,
-    io: Option<Result<TableWriter<TensorRow>>>,
+    /// Rank 0: the `--state` file (it is written before the last metrics are handed over,
+    /// while every rank is still there to send its errors).
+    saved: Result<Option<TempFile>>,
+    io: Option<Result<(TableWriter<TensorRow>, MetricsOut)>>,
 }
 
 pub fn run(args: ReduceArgs) -> Result<()> {
@@ -623,13 +694,13 @@ pub fn run(args: ReduceArgs) -> Result<()> {
     let prepared = if world.is_io_rank() {
         args.io.output().and_then(|out| {
             let metrics = gradkit_core::cli::output_flag("--metrics", args.metrics.as_deref())?;
-            let loaded = load(&args, &world, &out)?;
-            Ok(Some((metrics, loaded)))
+            let loaded = load(&args, &world, &out, metrics.as_ref())?;
+            Ok(Some(loaded))
         })
     } else {
         Ok(None)
     };
-    let (metrics_out, loaded) = world.agree(prepared)?.unzip();
+    let loaded = world.agree(prepared)?;
     let n = loaded.as_ref().map_or(0, |p| p.n);
     let (io, state_in) = loaded.map(|p| (p.io, p.state)).unzip();
     // The --state file, read by rank 0 as the feed hands each rank its buffers (moved, not
@@ -654,10 +725,10 @@ pub fn run(args: ReduceArgs) -> Result<()> {
         reduce_rank(comm, &args, &params, inputs, io, &run_name, quiet)
     })?;
 
-    let written = match (metrics_out, results.into_iter().reduce(merge)) {
-        (Some(metrics_out), Some(r)) => match (r.io, r.saved) {
-            (Some(Ok(writer)), Ok(())) => {
-                write_outputs(&args, &world, metrics_out.as_ref(), writer, &r.metrics)
+    let written = match results.into_iter().reduce(merge) {
+        Some(r) if world.is_io_rank() => match (r.io, r.saved) {
+            (Some(Ok((writer, metrics))), Ok(state)) => {
+                write_outputs(&args, &world, writer, metrics, state)
             }
             (Some(Ok(_)), Err(e)) => Err(e),
             // A bad step or a failed write: the I/O rank stopped every rank.
@@ -671,33 +742,39 @@ pub fn run(args: ReduceArgs) -> Result<()> {
     world.agree(written)
 }
 
-/// The I/O rank's outputs (the `--state` file is already written): the metrics, the reduced tensor (its rows
-/// already written step by step: here it is finished and given its name), the summary on
+/// The I/O rank's outputs, every row already written as the steps completed: the reduced
+/// tensor, the metrics and the `--state` file are closed and then committed together
+/// ([`gradkit_core::paths::commit_all`]: none appears unless all can), then the summary on
 /// stderr.
 fn write_outputs(
     args: &ReduceArgs,
     world: &World,
-    metrics_out: Option<&Output>,
     writer: TableWriter<TensorRow>,
-    metric_rows: &[MetricRow],
+    metrics: MetricsOut,
+    state: Option<TempFile>,
 ) -> Result<()> {
-    if let Some(m) = metrics_out {
-        let mut mm = Meta::producer("gradallreduce");
-        mm.set("algo", args.algo).set("world_size", world.size());
-        write_table(m, &mm, metric_rows)?;
+    let MetricsOut {
+        writer: metrics_writer,
+        bytes_sent,
+        time_comm_s,
+    } = metrics;
+    let mut files: Vec<TempFile> = writer.close()?.into_iter().collect();
+    if let Some(w) = metrics_writer {
+        files.extend(w.close()?);
     }
-    writer.finish()?;
+    files.extend(state);
+    gradkit_core::paths::commit_all(files)?;
     if !args.io.quiet {
-        summarize(metric_rows, world.size());
+        summarize(bytes_sent, time_comm_s, world.size());
     }
     Ok(())
 }
 
 fn merge(mut a: RankOut, b: RankOut) -> RankOut {
-    a.metrics.extend(b.metrics);
-    if a.saved.is_ok() {
-        a.saved = b.saved;
-    }
+    a.saved = match (a.saved, b.saved) {
+        (Err(e), _) | (_, Err(e)) => Err(e),
+        (Ok(x), Ok(y)) => Ok(x.or(y)),
+    };
     a.io = a.io.or(b.io);
     a
 }
@@ -776,6 +853,8 @@ fn reduce_rank(
     // same layers (the I/O rank checks each); rank 0 takes the shapes the whole trace gives.
     let mut layouts: Option<(Layout, Layout)> = None;
     let mut stopped = false;
+    // Steps done, for the metrics' hand-overs (every rank counts the same rounds).
+    let mut handed = 0u32;
     loop {
         let round = match io.as_mut() {
             Some(io) => inputs.feed.round_from(comm, Some(&mut || io.piece()))?,
@@ -865,14 +944,17 @@ fn reduce_rank(
         if let Some(io) = io.as_mut() {
             io.write(out.result, layout, step);
         }
+        handed += 1;
+        if handed.is_multiple_of(METRICS_EVERY) {
+            hand_over_metrics(comm, &mut sink, io.as_mut())?;
+        }
         bar.inc(1);
     }
     bar.finish_and_clear();
     if stopped {
         // Every rank left at the same round: none runs the collectives below.
         return Ok(RankOut {
-            metrics: Vec::new(),
-            saved: Ok(()),
+            saved: Ok(None),
             io: io.map(|io| {
                 Err(io
                     .failed
@@ -890,15 +972,14 @@ fn reduce_rank(
             let target = (comm.rank() == 0).then_some((path.as_path(), variant, inputs.n as usize));
             state::save_gathered(comm, st, target)
         }
-        _ => Ok(()),
+        _ => Ok(None),
     };
-    let metrics = dist::gather(comm, sink.rows)?.unwrap_or_default();
+    hand_over_metrics(comm, &mut sink, io.as_mut())?;
     Ok(RankOut {
-        metrics,
         saved,
         io: io.map(|io| match io.failed {
             Some(e) => Err(e),
-            None => Ok(io.writer),
+            None => Ok((io.writer, io.metrics)),
         }),
     })
 }
@@ -954,18 +1035,10 @@ fn record(
 }
 
 /// A short human summary on stderr: median bytes and time per step over ranks.
-fn summarize(rows: &[MetricRow], p: usize) {
-    let pick = |m: &str| -> Vec<f64> {
-        let mut v: Vec<f64> = rows
-            .iter()
-            .filter(|r| r.metric == m)
-            .map(|r| r.value)
-            .collect();
-        v.sort_by(f64::total_cmp);
-        v
-    };
+fn summarize(mut b: Vec<f64>, mut t: Vec<f64>, p: usize) {
+    b.sort_by(f64::total_cmp);
+    t.sort_by(f64::total_cmp);
     let med = |v: &[f64]| if v.is_empty() { 0.0 } else { v[v.len() / 2] };
-    let (b, t) = (pick("bytes_sent"), pick("time_comm_s"));
     gradkit_core::noteln!(
         "gradallreduce: {} ranks, {} steps; per rank and step: median {} bytes sent (max {}), median {:.3} ms",
         p,

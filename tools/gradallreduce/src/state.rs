@@ -15,6 +15,7 @@ use anyhow::{bail, Context, Result};
 use gradkit_collectives::onebit::{OneBitState, Variant, SERVER_ERROR, WORKER_ERROR};
 use gradkit_collectives::Algo;
 use gradkit_comm::{dist, Buf, Comm, CommExt, Kind};
+use gradkit_core::paths::TempFile;
 use gradkit_core::TensorRow;
 
 /// The `--state` file: every rank's error buffers, little-endian.
@@ -53,22 +54,25 @@ impl StateFile {
     #[cfg(test)]
     pub fn save(path: &Path, variant: Variant, n: usize, ranks: &[Errors]) -> Result<()> {
         let mut each = ranks.iter().map(|(w, s)| (w.as_slice(), s.as_slice()));
-        Self::save_from(path, variant, n, ranks.len(), |_| {
+        let staged = Self::save_from(path, variant, n, ranks.len(), |_| {
             Ok(each.next().expect("one per rank"))
-        })
+        })?;
+        staged.map_or(Ok(()), TempFile::persist)
     }
 
     /// [`StateFile::save`] of `p` ranks' errors that `next(r)` hands over one rank at a time,
     /// written as they come (only one rank's buffers need be held). `next` is called for every
     /// rank, in order, even after an error (so that no rank waits to hand its buffers over);
-    /// the first error is returned and no file is left behind.
+    /// the first error is returned and no file is left behind. The complete file is returned
+    /// unnamed, to be committed with the run's other outputs (None for a device, written in
+    /// place).
     pub fn save_from<E: AsRef<[f32]>>(
         path: &Path,
         variant: Variant,
         n: usize,
         p: usize,
         mut next: impl FnMut(usize) -> Result<(E, E)>,
-    ) -> Result<()> {
+    ) -> Result<Option<TempFile>> {
         let ctx = || format!("writing 1-bit state (--state {})", path.display());
         if p == 0 {
             bail!("{}: no 1-bit state to save", ctx());
@@ -80,7 +84,7 @@ impl StateFile {
         };
         let (mut taken, mut failed) = (0usize, None::<anyhow::Error>);
         // Streamed through a buffer: the file is never held whole in memory (docs/MEMORY.md).
-        let written = gradkit_core::io::write_file_atomic_with(path, |w| {
+        let written = gradkit_core::io::write_file_staged(path, |w| {
             w.write_all(MAGIC)?;
             for x in [1u32, v, p as u32] {
                 w.write_all(&x.to_le_bytes())?;
@@ -307,12 +311,12 @@ pub fn to_rows(ranks: Vec<Errors>) -> Vec<Vec<TensorRow>> {
 /// buffers and one other rank's, not every rank's. They move as raw `f32` buffers (in-process
 /// ranks hand their vectors over), not encoded as rows. Every rank sends (empty buffers when it
 /// has no state) before it reports a problem, so no rank waits forever; rank 0 names a rank
-/// without state.
+/// without state. Rank 0 gets the complete file unnamed, to commit with the other outputs.
 pub fn save_gathered(
     comm: &dyn Comm,
     mine: Vec<(String, Vec<f32>)>,
     target: Option<(&Path, Variant, usize)>,
-) -> Result<()> {
+) -> Result<Option<TempFile>> {
     let (mut w, mut s, mut unknown) = (Vec::new(), Vec::new(), None);
     for (name, v) in mine {
         match name.as_str() {
@@ -333,7 +337,7 @@ pub fn save_gathered(
         }
         return match unknown {
             Some(m) => bail!(m),
-            None => Ok(()),
+            None => Ok(None),
         };
     }
     let (path, variant, n) = target.context("internal: rank 0 saves the 1-bit state")?;
@@ -654,7 +658,10 @@ mod tests {
                     target,
                 )
             })
-            .unwrap();
+            .unwrap()
+            .into_iter()
+            .flatten()
+            .for_each(|staged| staged.persist().unwrap());
             let vals: Vec<f32> = e
                 .iter()
                 .flat_map(|(w, s)| w.iter().chain(s).copied())

@@ -150,15 +150,16 @@ fn every_step_is_reduced_and_written_in_order() {
         );
         assert_eq!(code, 0, "{algo}: {err}");
         assert_eq!(got(&o), want, "{algo}");
-        // Metrics: every rank's rows for every step, rank by rank (rank-major, as before).
+        // Metrics: every rank's rows for every step, in (step, rank) order (they are written
+        // as the steps complete, not held until the end).
         let metrics = read_table::<MetricRow>(&Input::Path(m), Default::default()).unwrap();
         let keys: Vec<(u32, u32)> = metrics
             .rows
             .iter()
             .filter(|r| r.metric == "bytes_sent")
-            .map(|r| (r.rank, r.step))
+            .map(|r| (r.step, r.rank))
             .collect();
-        let want_keys: Vec<(u32, u32)> = (0..3).flat_map(|r| (0..5).map(move |s| (r, s))).collect();
+        let want_keys: Vec<(u32, u32)> = (0..5).flat_map(|s| (0..3).map(move |r| (s, r))).collect();
         assert_eq!(keys, want_keys, "{algo}");
     }
 }

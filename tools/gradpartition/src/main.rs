@@ -322,10 +322,13 @@ fn body(a: &Cli) -> Result<()> {
         )?,
         Method::Oktopk => run_oktopk(a, &mut next, &scan.steps, &layout, p, &mut sink, &mut out)?,
     }
+    // Both outputs appear together or neither does.
+    let mut files = Vec::new();
     if let Some(m) = out.metrics {
-        m.finish()?;
+        files.extend(m.close()?);
     }
-    out.plan.finish()?;
+    files.extend(out.plan.close()?);
+    gradkit_core::paths::commit_all(files)?;
     print_summary(a)
 }
 

@@ -405,6 +405,16 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
         None => None,
     };
     let mut out_w = TableWriter::<TensorRow>::create(&output, &meta)?;
+    // --residual-out is opened now, with the others, though written after the last step: a
+    // path it cannot be created at stops the run before any step.
+    let residual_w = match &residual_out {
+        Some(rout) => {
+            let mut rm = meta.clone();
+            rm.set("content", "residual");
+            Some(TableWriter::<TensorRow>::create(rout, &rm)?)
+        }
+        None => None,
+    };
 
     let mut states: Vec<RankState> = (0..p)
         .map(|_| RankState {
@@ -529,13 +539,10 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
     }
     pb.finish_and_clear();
 
-    if let Some(w) = metrics_w {
-        w.finish()?;
-    }
-    if let Some(rout) = &residual_out {
-        let mut rm = meta.clone();
-        rm.set("content", "residual");
-        let mut w = TableWriter::<TensorRow>::create(rout, &rm)?;
+    // Every output is complete before any is given its name: they appear together or not
+    // at all.
+    let mut files = Vec::new();
+    if let Some(mut w) = residual_w {
         for (r, st) in states.iter().enumerate() {
             w.write_owned(trace::unflatten_dense(
                 &st.residual.values,
@@ -544,9 +551,13 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
                 r as u32,
             ))?;
         }
-        w.finish()?;
+        files.extend(w.close()?);
     }
-    out_w.finish()?;
+    if let Some(w) = metrics_w {
+        files.extend(w.close()?);
+    }
+    files.extend(out_w.close()?);
+    gradkit_core::paths::commit_all(files)?;
     if !a.io.quiet {
         gradkit_core::noteln!(
             "gradselect: {algo}: {} steps × {p} ranks, {total} entries selected of {} ({:.4}%)",
