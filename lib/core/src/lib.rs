@@ -9,6 +9,7 @@ pub mod alloc;
 pub mod budget;
 pub mod cli;
 pub mod io;
+pub mod live;
 pub mod paths;
 mod read_values;
 pub mod synth;

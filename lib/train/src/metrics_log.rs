@@ -1,18 +1,23 @@
-//! Training metrics that survive an interrupted run.
+//! Training metrics that survive an interrupted run, in memory that does not grow with it.
 //!
 //! Every rank pushes its `metrics/1` rows into its own [`MetricSink`]; at a flush point all
 //! ranks hand the rows pushed since the last one to rank 0 (a collective, so every rank
-//! flushes at the same steps). Rank 0 keeps them ordered by (step, rank) and
-//! - every `--metrics-every` steps rewrites the `--metrics` file atomically, so a killed run
-//!   keeps the metrics of its finished steps;
-//! - at each checkpoint saves them as `metrics.parquet` inside the checkpoint directory, and a
-//!   resumed run starts from those rows, so its `--metrics` covers the whole run.
+//! flushes at the same steps). Rank 0 takes them in (step, rank) order and
+//! - appends them to the `--metrics` file ([`LiveTable`]: a row group and a new footer written
+//!   in place, not the file rewritten), every `--metrics-every` steps and at each checkpoint, so
+//!   a killed run keeps the metrics of its finished steps;
+//! - at each checkpoint copies that table as `metrics.parquet` into the checkpoint directory
+//!   (without `--metrics`, the table lives in an unnamed temporary file for this), and a
+//!   resumed run starts from those rows, so its `--metrics` covers the whole run;
+//! - folds them into the run's summary ([`Summary`]); the rows themselves are kept only where
+//!   the caller asked for them ([`crate::train::TrainConfig::keep_metrics`]).
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use gradkit_comm::{dist, Comm};
-use gradkit_core::io::{read_table, write_table, Input, Meta, Output, ReadOptions};
+use gradkit_core::io::{read_table, Input, ReadOptions};
+use gradkit_core::live::LiveTable;
 use gradkit_core::trace::MetricSink;
 use gradkit_core::MetricRow;
 
@@ -22,21 +27,85 @@ use crate::train::TrainConfig;
 /// The metrics file inside a checkpoint directory.
 pub const CHECKPOINT_METRICS: &str = "metrics.parquet";
 
+/// The means the closing summary reports, accumulated as the rows arrive (in the order a
+/// table of every row would list them, so the sums are the same).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Summary {
+    /// The first step of this run (a resumed run's earlier rows are not its own) and the
+    /// first of the last ten, whose losses give the final loss.
+    first: u32,
+    tail: u32,
+    /// (sum, count) per metric.
+    sums: std::collections::BTreeMap<&'static str, (f64, u64)>,
+}
+
+/// The metrics [`Summary`] averages (over the run's own steps; `loss` over its last ten).
+const SUMMARY_METRICS: [&str; 7] = [
+    "loss",
+    "bytes_sent",
+    "time_compute_s",
+    "time_select_s",
+    "time_comm_s",
+    "time_update_s",
+    "nnz",
+];
+
+impl Summary {
+    pub fn new(first: u32, last: u32) -> Self {
+        Summary {
+            first,
+            tail: last.saturating_sub(10).max(first),
+            sums: Default::default(),
+        }
+    }
+
+    fn take(&mut self, r: &MetricRow) {
+        let Some(&name) = SUMMARY_METRICS.iter().find(|m| **m == r.metric) else {
+            return;
+        };
+        let from = if name == "loss" {
+            self.tail
+        } else {
+            self.first
+        };
+        if r.step >= from {
+            let e = self.sums.entry(name).or_default();
+            e.0 += r.value;
+            e.1 += 1;
+        }
+    }
+
+    /// The mean of `metric` (0 when no row had it).
+    pub fn mean(&self, metric: &str) -> f64 {
+        match self.sums.get(metric) {
+            Some(&(s, n)) if n > 0 => s / n as f64,
+            _ => 0.0,
+        }
+    }
+}
+
 pub(crate) struct MetricsLog {
-    /// Rank 0: every rank's rows gathered so far, in (step, rank) order, including the rows a
-    /// resumed run took over from its checkpoint. Empty on the other ranks.
-    rows: Vec<MetricRow>,
-    /// The `--metrics` file rewritten at each flush: a regular file (or one to be created),
-    /// never stdout or a device, which only the final write reaches.
-    path: Option<PathBuf>,
-    meta: Meta,
+    /// Rank 0: the table the gathered rows are appended to — the `--metrics` file when it is a
+    /// regular file (or one to be created), else, with checkpoints, an unnamed temporary file;
+    /// `None` on the other ranks and when neither is asked for.
+    live: Option<LiveTable<MetricRow>>,
+    /// Rank 0, when the caller keeps them: every row of the run, in (step, rank) order.
+    rows: Option<Vec<MetricRow>>,
+    summary: Summary,
     every: u32,
 }
 
 impl MetricsLog {
-    /// The metadata gets `world_size` = `p` and the data's best achievable loss, as the
-    /// caller's final write has them.
-    pub fn new(cfg: &TrainConfig, p: usize, data: &Dataset) -> Self {
+    /// Rank 0 (`io`) opens the table: the metadata gets `world_size` = `p` and the data's best
+    /// achievable loss, as the caller's final write has them. A `--metrics` path that cannot be
+    /// created fails here, before the first step.
+    pub fn new(
+        cfg: &TrainConfig,
+        p: usize,
+        data: &Dataset,
+        io: bool,
+        summary: Summary,
+    ) -> Result<Self> {
         let mut meta = cfg.metrics_meta.clone();
         meta.set("world_size", p);
         if let Dataset::Lm(l) = data {
@@ -44,18 +113,22 @@ impl MetricsLog {
                 meta.set("best_loss", b);
             }
         }
-        let path = cfg
-            .metrics_path
-            .as_ref()
-            .filter(|p| p.as_os_str() != "-")
-            .filter(|p| !std::fs::metadata(p).is_ok_and(|m| !m.is_file()))
-            .cloned();
-        MetricsLog {
-            rows: Vec::new(),
-            path,
-            meta,
+        let live = match (io, live_path(cfg)) {
+            (false, _) => None,
+            (true, Some(path)) => Some(LiveTable::create(&path, &meta)?),
+            (true, None) if cfg.checkpoint.is_some() => Some(LiveTable::unnamed(&meta)?),
+            (true, None) => None,
+        };
+        // Rows the live table cannot give the caller (stdout, a device) are kept for its
+        // final write.
+        let keep =
+            io && (cfg.keep_metrics || (cfg.metrics_path.is_some() && live_path(cfg).is_none()));
+        Ok(MetricsLog {
+            live,
+            rows: keep.then(Vec::new),
+            summary,
             every: cfg.metrics_every,
-        }
+        })
     }
 
     /// Rank 0 of a resumed run: takes over the rows of the steps before `first` saved in the
@@ -76,23 +149,38 @@ impl MetricsLog {
             .with_context(|| {
                 format!("reading the metrics saved in checkpoint {}", dir.display())
             })?;
-        self.rows = t.rows.into_iter().filter(|r| r.step < first).collect();
+        let rows: Vec<MetricRow> = t.rows.into_iter().filter(|r| r.step < first).collect();
+        self.take(rows)
+    }
+
+    /// Rank 0: rows in (step, rank) order, later than every row taken before.
+    fn take(&mut self, rows: Vec<MetricRow>) -> Result<()> {
+        for r in &rows {
+            self.summary.take(r);
+        }
+        if let Some(live) = &mut self.live {
+            live.append(&rows)?;
+        }
+        if let Some(kept) = &mut self.rows {
+            kept.extend(rows);
+        }
         Ok(())
     }
 
-    /// Collective: every rank's rows not yet gathered go to rank 0.
+    /// Collective: every rank's rows not yet gathered go to rank 0, which takes them in.
     pub fn gather(&mut self, comm: &dyn Comm, sink: &mut MetricSink) -> Result<()> {
         let mine = std::mem::take(&mut sink.rows);
         if let Some(mut new) = dist::gather(comm, mine)? {
             // Every new row is of a later step than the rows already held.
             new.sort_by_key(|r| (r.step, r.rank));
-            self.rows.extend(new);
+            self.take(new)?;
         }
         Ok(())
     }
 
     /// Collective, after `done` steps: every `every` steps (and when `force`, at a checkpoint)
-    /// gathers the rows and rank 0 rewrites the `--metrics` file. Returns whether it gathered.
+    /// gathers the rows, which rank 0 appends to the `--metrics` file. Returns whether it
+    /// gathered.
     pub fn after_step(
         &mut self,
         comm: &dyn Comm,
@@ -103,32 +191,44 @@ impl MetricsLog {
         if !(force || (self.every > 0 && done.is_multiple_of(self.every))) {
             return Ok(false);
         }
-        self.gather(comm, sink)?;
-        if comm.rank() == 0 {
-            if let Some(p) = &self.path {
-                write_table(&Output::Path(p.clone()), &self.meta, &self.rows)
-                    .with_context(|| format!("writing the metrics after step {done}"))?;
-            }
-        }
+        self.gather(comm, sink)
+            .with_context(|| format!("writing the metrics after step {done}"))?;
         Ok(true)
     }
 
     /// Rank 0: saves the rows so far into checkpoint directory `dir` (atomically).
-    pub fn save_to(&self, dir: &Path) -> Result<()> {
-        write_table(
-            &Output::Path(dir.join(CHECKPOINT_METRICS)),
-            &self.meta,
-            &self.rows,
-        )
+    pub fn save_to(&mut self, dir: &Path) -> Result<()> {
+        let live = self
+            .live
+            .as_mut()
+            .context("internal: checkpoints without a metrics table")?;
+        live.copy_to(&dir.join(CHECKPOINT_METRICS))
     }
 
-    /// Collective: the last rows; rank 0 gets every row of the run, the others `None`.
+    /// Collective: the last rows. Rank 0 completes the `--metrics` file and gets the summary
+    /// and the rows it kept; the others `None`.
     pub fn finish(
         mut self,
         comm: &dyn Comm,
         sink: &mut MetricSink,
-    ) -> Result<Option<Vec<MetricRow>>> {
+    ) -> Result<Option<(Summary, Vec<MetricRow>)>> {
         self.gather(comm, sink)?;
-        Ok((comm.rank() == 0).then_some(self.rows))
+        if comm.rank() != 0 {
+            return Ok(None);
+        }
+        if let Some(live) = self.live.take() {
+            live.finish()?;
+        }
+        Ok(Some((self.summary, self.rows.unwrap_or_default())))
     }
+}
+
+/// The `--metrics` file the run appends to and completes itself: a regular file (or one to be
+/// created), never stdout or a device, which only the caller's final write reaches.
+pub fn live_path(cfg: &TrainConfig) -> Option<PathBuf> {
+    cfg.metrics_path
+        .as_ref()
+        .filter(|p| p.as_os_str() != "-")
+        .filter(|p| !std::fs::metadata(p).is_ok_and(|m| !m.is_file()))
+        .cloned()
 }

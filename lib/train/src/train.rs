@@ -17,7 +17,7 @@ use gradkit_core::{MetricRow, TensorRow};
 use crate::checkpoint::{self, RankState};
 use crate::data::{self, DataSpec, Dataset, Shard};
 use crate::exchange::{Exchange, StepIo};
-use crate::metrics_log::MetricsLog;
+use crate::metrics_log::{MetricsLog, Summary};
 use crate::model::{Model, ModelSpec};
 use crate::optim::{lr_at, Decay, OptConfig};
 
@@ -139,11 +139,16 @@ pub struct TrainConfig {
     /// Dense allreduces (`--exchange dense`, warm-ups, EmbRace's dense part) send fp16 values
     /// (`--wire fp16`, [`gradkit_collectives::dense::ring_fp16`]) instead of f32.
     pub fp16_wire: bool,
-    /// The `--metrics` file: rank 0 rewrites it atomically every `metrics_every` steps (0:
-    /// never) and at each checkpoint, so a killed run keeps its finished steps. The caller
-    /// writes the final table from [`TrainReport::metrics`].
+    /// The `--metrics` file: rank 0 appends the rows gathered every `metrics_every` steps (0:
+    /// never) and at each checkpoint, so a killed run keeps its finished steps, and completes
+    /// it at the end. Stdout or a device is not written by the run: the caller writes the
+    /// final table from [`TrainReport::metrics`].
     pub metrics_path: Option<PathBuf>,
     pub metrics_every: u32,
+    /// Whether [`TrainReport::metrics`] holds every row of the run (memory that grows with
+    /// the run: a library caller's choice; `gradtrain` keeps them only for a `--metrics` that
+    /// goes to stdout or a device). The summary's means never need them.
+    pub keep_metrics: bool,
     /// Key-value metadata of those rewrites and of a checkpoint's `metrics.parquet`.
     pub metrics_meta: gradkit_core::Meta,
 }
@@ -183,6 +188,7 @@ impl Default for TrainConfig {
             fp16_wire: false,
             metrics_path: None,
             metrics_every: 0,
+            keep_metrics: true,
             metrics_meta: gradkit_core::Meta::default(),
         }
     }
@@ -191,7 +197,8 @@ impl Default for TrainConfig {
 /// What a run returns on the I/O rank.
 #[derive(Clone, Debug, Default)]
 pub struct TrainReport {
-    /// `metrics/1` rows of every rank.
+    /// `metrics/1` rows of every rank (empty unless [`TrainConfig::keep_metrics`], or the
+    /// `--metrics` output is stdout or a device).
     pub metrics: Vec<MetricRow>,
     /// Final parameters (identical on every rank).
     pub params: Vec<f32>,
@@ -610,11 +617,16 @@ impl<'a> Run<'a> {
         let (rank, p) = (comm.rank(), comm.size());
         let mut ex = crate::exchange::make(cfg, comm, &model, data)?;
         let meta = run_meta(cfg, p, model.n_params_full());
-        let mut log = MetricsLog::new(cfg, p, data);
+        let last = cfg.stop_after.map_or(cfg.steps, |s| s.min(cfg.steps));
         let mut first = 0u32;
+        let mut restored = None;
         if cfg.resume {
             let (dir, step) = restore(cfg, rank, &meta, &mut *ex)?;
             first = step;
+            restored = Some(dir);
+        }
+        let mut log = MetricsLog::new(cfg, p, data, rank == 0, Summary::new(first, last))?;
+        if let Some(dir) = restored {
             if rank == 0 {
                 log.resume(&dir, first, cfg.quiet)?;
                 if let Some(w) = oktopk_resume_warning(cfg, first) {
@@ -641,7 +653,7 @@ impl<'a> Run<'a> {
             last_eval: None,
             grads_rec: Vec::new(),
             first,
-            last: cfg.stop_after.map_or(cfg.steps, |s| s.min(cfg.steps)),
+            last,
         })
     }
 
@@ -796,16 +808,16 @@ impl<'a> Run<'a> {
     /// on the I/O rank, and the report there.
     fn finish(mut self) -> Result<Option<TrainReport>> {
         let params = self.ex.full_params(self.comm)?;
-        let rows = self.log.finish(self.comm, &mut self.sink)?;
+        let logged = self.log.finish(self.comm, &mut self.sink)?;
         let grads = if self.cfg.record_gradients {
             dist::gather(self.comm, std::mem::take(&mut self.grads_rec))?
         } else {
             None
         };
-        let Some(rows) = rows else {
+        let Some((summary, rows)) = logged else {
             return Ok(None);
         };
-        let mut rep = summarize(rows, self.first, self.last, self.comm.size(), self.data);
+        let mut rep = summarize(&summary, rows, self.first, self.last, self.data);
         rep.n_params = params.len();
         rep.params = params;
         if let Some(ev) = self.last_eval {
@@ -818,26 +830,13 @@ impl<'a> Run<'a> {
 }
 
 pub(crate) fn summarize(
+    summary: &Summary,
     rows: Vec<MetricRow>,
     first: u32,
     last: u32,
-    p: usize,
     data: &Dataset,
 ) -> TrainReport {
-    let mean = |name: &str, from: u32| -> f64 {
-        let v: Vec<f64> = rows
-            .iter()
-            .filter(|r| r.metric == name && r.step >= from)
-            .map(|r| r.value)
-            .collect();
-        if v.is_empty() {
-            0.0
-        } else {
-            v.iter().sum::<f64>() / v.len() as f64
-        }
-    };
-    let tail = last.saturating_sub(10).max(first);
-    let _ = p;
+    let mean = |name: &str| summary.mean(name);
     let (best, is_lm) = match data {
         Dataset::Lm(l) => (l.entropy_rate, true),
         Dataset::Class(_) => (None, false),
@@ -845,15 +844,15 @@ pub(crate) fn summarize(
     TrainReport {
         first_step: first,
         last_step: last,
-        final_loss: mean("loss", tail),
+        final_loss: mean("loss"),
         best_loss: best,
         is_lm,
-        bytes_sent_per_step: mean("bytes_sent", first),
-        time_compute_s: mean("time_compute_s", first),
-        time_select_s: mean("time_select_s", first),
-        time_comm_s: mean("time_comm_s", first),
-        time_update_s: mean("time_update_s", first),
-        nnz_per_step: mean("nnz", first),
+        bytes_sent_per_step: mean("bytes_sent"),
+        time_compute_s: mean("time_compute_s"),
+        time_select_s: mean("time_select_s"),
+        time_comm_s: mean("time_comm_s"),
+        time_update_s: mean("time_update_s"),
+        nnz_per_step: mean("nnz"),
         metrics: rows,
         ..Default::default()
     }

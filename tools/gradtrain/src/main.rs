@@ -337,6 +337,8 @@ fn config(a: &Cli) -> TrainConfig {
         fp16_wire: a.wire == "fp16",
         metrics_path: a.metrics.clone(),
         metrics_every: a.metrics_every,
+        // The run appends the --metrics file itself; the rows are not held for a final write.
+        keep_metrics: false,
         ..TrainConfig::default()
     };
     cfg.metrics_meta = metrics_meta(&cfg);
@@ -510,7 +512,8 @@ fn metrics_meta(cfg: &TrainConfig) -> Meta {
     meta
 }
 
-/// The I/O rank's outputs: the metrics table and the summary on stderr.
+/// The I/O rank's outputs: the metrics table (a regular file was appended to and completed by
+/// the run; stdout or a device is written here) and the summary on stderr.
 fn write_report(
     args: &Cli,
     cfg: &TrainConfig,
@@ -519,7 +522,7 @@ fn write_report(
     rep: &TrainReport,
 ) -> anyhow::Result<()> {
     {
-        if let Some(out) = out {
+        if let Some(out) = out.filter(|_| gradkit_train::metrics_log::live_path(cfg).is_none()) {
             let mut meta = metrics_meta(cfg);
             meta.set("world_size", world.size());
             if let Some(b) = rep.best_loss {
