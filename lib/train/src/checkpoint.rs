@@ -83,18 +83,45 @@ fn fnv1a(b: &[u8]) -> u64 {
 }
 
 /// Rank 0, after every rank wrote: moves the staging directory to `step-N` and points
-/// `latest` at it (write + rename, so a crash leaves the previous checkpoint intact).
+/// `latest` at it (write + rename, so a crash leaves the previous checkpoint intact). On an
+/// error nothing of this checkpoint is left and `latest` still names the previous one.
 pub fn commit(root: &Path, step: u32) -> Result<()> {
     let from = staging_dir(root, step);
     let to = root.join(format!("step-{step}"));
-    if to.exists() {
-        std::fs::remove_dir_all(&to).with_context(|| format!("cannot replace {}", to.display()))?;
-    }
-    std::fs::rename(&from, &to).with_context(|| format!("cannot rename {}", from.display()))?;
     let tmp = root.join(format!("latest.tmp-{}", std::process::id()));
-    std::fs::write(&tmp, format!("step-{step}\n"))?;
-    std::fs::rename(&tmp, root.join("latest"))?;
-    Ok(())
+    let res = (|| -> Result<()> {
+        if to.exists() {
+            std::fs::remove_dir_all(&to)
+                .with_context(|| format!("cannot replace {}", to.display()))?;
+        }
+        std::fs::rename(&from, &to).with_context(|| format!("cannot rename {}", from.display()))?;
+        std::fs::write(&tmp, format!("step-{step}\n"))
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        std::fs::rename(&tmp, root.join("latest"))
+            .with_context(|| format!("cannot replace {}", root.join("latest").display()))
+    })();
+    if res.is_err() {
+        discard(root, step);
+        let _ = std::fs::remove_file(&tmp);
+        // `latest` was not swapped, so it does not name this step (unless it already did).
+        if latest_name(root).as_deref() != Some(&format!("step-{step}")) {
+            let _ = std::fs::remove_dir_all(&to);
+        }
+    }
+    res
+}
+
+/// Removes what a failed checkpoint of `step` wrote (its staging directory), on the way to
+/// reporting the failure: best effort, the error being reported is the write's.
+pub fn discard(root: &Path, step: u32) {
+    let _ = std::fs::remove_dir_all(staging_dir(root, step));
+}
+
+/// The name `latest` holds, if it can be read.
+fn latest_name(root: &Path) -> Option<String> {
+    std::fs::read_to_string(root.join("latest"))
+        .ok()
+        .map(|s| s.trim().to_string())
 }
 
 /// The directory `latest` points at, if any.

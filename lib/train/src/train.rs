@@ -781,9 +781,20 @@ impl<'a> Run<'a> {
         });
         // Everyone must have written before rank 0 commits; agree on failure.
         let ok = comm.allgather_one::<u8>(res.is_ok() as u8)?;
-        res?;
-        if ok.contains(&0) {
-            bail!("another rank failed to write its checkpoint at step {done}");
+        if let Some(failed) = ok.iter().position(|w| *w == 0) {
+            // A failed checkpoint leaves nothing (the previous one stays `latest`): rank 0
+            // removes the partial files, and no rank reports before it has.
+            if rank == 0 {
+                checkpoint::discard(root, done);
+            }
+            comm.barrier()?;
+            if rank == failed {
+                return res;
+            }
+            // The lowest failing rank's own error is the one reported: in-process its failure
+            // wakes this barrier (a peer failure, never printed), under MPI it ends the job.
+            comm.barrier()?;
+            bail!("rank {failed} failed to write its checkpoint at step {done}");
         }
         if rank == 0 {
             checkpoint::commit(root, done)?;
