@@ -119,6 +119,10 @@ pub struct TrainConfig {
     pub checkpoint: Option<PathBuf>,
     pub checkpoint_every: u32,
     pub resume: bool,
+    /// A fresh run may use a `checkpoint` directory that holds another run's checkpoints:
+    /// they are removed at this run's first checkpoint (until then they stay, so a run that
+    /// fails early loses nothing). Without it such a directory is refused.
+    pub overwrite_checkpoint: bool,
     /// Stop (as if interrupted) after this many steps; for tests of `--resume`.
     pub stop_after: Option<u32>,
     pub quiet: bool,
@@ -172,6 +176,7 @@ impl Default for TrainConfig {
             checkpoint: None,
             checkpoint_every: 0,
             resume: false,
+            overwrite_checkpoint: false,
             stop_after: None,
             quiet: true,
             run_name: "run".into(),
@@ -470,6 +475,7 @@ pub fn resume_finished(cfg: &TrainConfig) -> Result<Option<u32>> {
 /// The checks made before any rank starts: configuration, data, shards, checkpoint.
 fn prepare(world: &World, cfg: &TrainConfig) -> Result<Dataset> {
     check_config(cfg)?;
+    check_checkpoint_dir(cfg)?;
     let data = data::load(&cfg.data)?;
     let p = world.size();
     // Bounded memory: the model the flags and data describe must fit before any rank builds it.
@@ -493,6 +499,27 @@ fn prepare(world: &World, cfg: &TrainConfig) -> Result<Dataset> {
         }
     }
     Ok(data)
+}
+
+/// A fresh run (no `--resume`) must not take over a directory that holds another run's
+/// checkpoints: its `latest` would move back and its later steps stay mixed with this run's.
+fn check_checkpoint_dir(cfg: &TrainConfig) -> Result<()> {
+    let (false, false, Some(root)) = (cfg.resume, cfg.overwrite_checkpoint, &cfg.checkpoint) else {
+        return Ok(());
+    };
+    let held = checkpoint::existing(root)?;
+    if held.is_empty() {
+        return Ok(());
+    }
+    let shown = match held.as_slice() {
+        [one] => one.clone(),
+        [first, .., last] => format!("{first} … {last}"),
+        [] => unreachable!(),
+    };
+    bail!(
+        "--checkpoint {} already holds another run's checkpoints ({shown}): give --resume to continue that run, or --overwrite-checkpoint to start afresh and replace them (flag --checkpoint)",
+        root.display()
+    )
 }
 
 /// The real per-rank gradients of `cfg.steps` training steps as dense `tensor/1` rows
@@ -598,6 +625,8 @@ struct Run<'a> {
     grads_rec: Vec<TensorRow>,
     first: u32,
     last: u32,
+    /// `--overwrite-checkpoint`: the earlier run's checkpoints are still to be removed.
+    purge: bool,
 }
 
 impl<'a> Run<'a> {
@@ -642,6 +671,7 @@ impl<'a> Run<'a> {
             grads_rec: Vec::new(),
             first,
             last: cfg.stop_after.map_or(cfg.steps, |s| s.min(cfg.steps)),
+            purge: cfg.overwrite_checkpoint && !cfg.resume,
         })
     }
 
@@ -798,7 +828,11 @@ impl<'a> Run<'a> {
         }
         if rank == 0 {
             checkpoint::commit(root, done)?;
+            if self.purge {
+                checkpoint::remove_others(root, done)?;
+            }
         }
+        self.purge = false;
         comm.barrier()?;
         Ok(())
     }

@@ -220,6 +220,11 @@ struct Cli {
     /// Continue from the latest checkpoint in --checkpoint DIR
     #[arg(long)]
     resume: bool,
+    /// Start afresh in a --checkpoint DIR that holds another run's checkpoints: they (its
+    /// step-N directories and latest, nothing else) are removed when this run writes its
+    /// first checkpoint. Without it such a directory is refused
+    #[arg(long, requires = "checkpoint", conflicts_with = "resume")]
+    overwrite_checkpoint: bool,
     /// synthetic-lm: vocabulary size (default 1024). A token file: its declared vocabulary,
     /// every token id must be below it (default: the file's `gradkit.vocab`, else max id + 1)
     #[arg(long, value_name = "N")]
@@ -329,6 +334,7 @@ fn config(a: &Cli) -> TrainConfig {
         checkpoint: a.checkpoint.clone(),
         checkpoint_every: a.checkpoint_every,
         resume: a.resume,
+        overwrite_checkpoint: a.overwrite_checkpoint,
         quiet: a.quiet,
         run_name: a.run.clone(),
         schedule: a.schedule.clone(),

@@ -135,3 +135,121 @@ fn a_checkpoint_write_failing_on_one_rank_is_reported_by_that_rank() {
         names(&p.join("ck"))
     );
 }
+
+/// A directory holding the checkpoints of a dense run at steps 10, 20, 30, 40, and a file
+/// of the user's.
+fn earlier_run(p: &Path) {
+    ok(
+        p,
+        &[
+            "--steps",
+            "40",
+            "--checkpoint",
+            "ck",
+            "--checkpoint-every",
+            "10",
+        ],
+    );
+    std::fs::write(p.join("ck/notes.txt"), "mine").unwrap();
+    assert_eq!(
+        names(&p.join("ck")),
+        [
+            "latest",
+            "notes.txt",
+            "step-10",
+            "step-20",
+            "step-30",
+            "step-40"
+        ]
+    );
+}
+
+#[test]
+fn a_fresh_run_refuses_a_directory_holding_another_runs_checkpoints() {
+    let d = gradkit_testkit::tempdir("gradtrain-cktake");
+    let p = d.path();
+    earlier_run(p);
+    let before = tree(&p.join("ck"));
+    let o = gradtrain(
+        p,
+        &["--steps", "10", "--exchange", "topk", "--checkpoint", "ck"],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    for name in ["error: ", "ck", "--resume", "--overwrite-checkpoint"] {
+        assert!(err.contains(name), "`{name}` not named: {err}");
+    }
+    assert_eq!(tree(&p.join("ck")), before, "the directory changed");
+    // `latest` alone (its step directory removed by hand) still marks another run's.
+    let d2 = gradkit_testkit::tempdir("gradtrain-cktake2");
+    std::fs::create_dir(d2.path().join("ck")).unwrap();
+    std::fs::write(d2.path().join("ck/latest"), "step-10\n").unwrap();
+    let o = gradtrain(d2.path(), &["--steps", "10", "--checkpoint", "ck"]);
+    assert_eq!(o.status.code(), Some(1));
+}
+
+#[test]
+fn a_fresh_run_writes_into_an_empty_or_unrelated_directory() {
+    let d = gradkit_testkit::tempdir("gradtrain-ckempty");
+    let p = d.path();
+    std::fs::create_dir(p.join("ck")).unwrap();
+    std::fs::write(p.join("ck/notes.txt"), "mine").unwrap();
+    std::fs::create_dir(p.join("ck/step-x")).unwrap();
+    ok(p, &["--steps", "5", "--checkpoint", "ck"]);
+    assert_eq!(
+        names(&p.join("ck")),
+        ["latest", "notes.txt", "step-5", "step-x"]
+    );
+}
+
+#[test]
+fn overwrite_checkpoint_replaces_the_other_runs_checkpoints_and_nothing_else() {
+    let d = gradkit_testkit::tempdir("gradtrain-ckover");
+    let p = d.path();
+    earlier_run(p);
+    ok(
+        p,
+        &[
+            "--steps",
+            "10",
+            "--exchange",
+            "topk",
+            "--checkpoint",
+            "ck",
+            "--overwrite-checkpoint",
+        ],
+    );
+    assert_eq!(names(&p.join("ck")), ["latest", "notes.txt", "step-10"]);
+    assert_eq!(latest(&p.join("ck")), "step-10");
+    assert_eq!(std::fs::read(p.join("ck/notes.txt")).unwrap(), b"mine");
+    // step-10 is the new (topk) run's: it resumes as topk, and refuses dense.
+    let resume = ["--steps", "12", "--checkpoint", "ck", "--resume"];
+    let o = gradtrain(p, &resume);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("exchange = topk"));
+    ok(p, &[&resume[..], &["--exchange", "topk"]].concat());
+}
+
+#[test]
+fn overwrite_checkpoint_is_a_usage_error_with_resume_or_without_checkpoint() {
+    let d = gradkit_testkit::tempdir("gradtrain-ckoveruse");
+    let p = d.path();
+    for args in [
+        &["--steps", "5", "--overwrite-checkpoint"][..],
+        &[
+            "--steps",
+            "5",
+            "--checkpoint",
+            "ck",
+            "--resume",
+            "--overwrite-checkpoint",
+        ],
+    ] {
+        let o = gradtrain(p, args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("--overwrite-checkpoint"), "{err}");
+        assert!(names(p).is_empty(), "{args:?} wrote {:?}", names(p));
+    }
+}
