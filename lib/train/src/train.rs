@@ -2,7 +2,7 @@
 //! shard and exchange gradients (or, for 1-bit optimisers, momenta) through
 //! gradkit-collectives every step.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -424,7 +424,10 @@ pub fn train(world: &World, cfg: &TrainConfig) -> Result<Option<TrainReport>> {
     // An agreement point: every rank checks the configuration and loads the data; a mistake
     // is reported once (by the lowest rank that saw it) before any training starts.
     let data = world.agree(prepare(world, cfg))?;
-    let out = world.run(|comm| rank_main(comm, cfg, &data))?;
+    // Another: `--resume` reads and checks every rank's checkpoint file here, so a mismatch
+    // (world size, model, exchange, …) is one message, not one per rank and an abort.
+    let resume = world.agree(load_resume(world, cfg, &data))?;
+    let out = world.run(|comm| rank_main(comm, cfg, &data, resume.as_ref()))?;
     Ok(out.into_iter().next().flatten())
 }
 
@@ -536,21 +539,69 @@ pub fn dump_gradients(world: &World, cfg: &TrainConfig) -> Result<Vec<TensorRow>
     Ok(rows)
 }
 
-/// `--resume`: loads this rank's checkpoint (parameters, optimiser and exchange state) into
-/// `ex` after checking it was written by the same configuration; returns the checkpoint's
-/// directory and the step to go on from.
-fn restore(
-    cfg: &TrainConfig,
-    rank: usize,
-    meta: &[(String, String)],
-    ex: &mut dyn Exchange,
-) -> Result<(PathBuf, u32)> {
+/// What a `--resume` run starts from: the checkpoint's files of this process's ranks, read
+/// and checked before any rank starts.
+struct Resume {
+    dir: PathBuf,
+    step: u32,
+    /// Rank `ranks.start + i`'s state in slot `i`, taken by that rank.
+    states: Vec<std::sync::Mutex<Option<RankState>>>,
+    ranks: std::ops::Range<usize>,
+    /// The I/O rank's: the metric rows of the steps before `step`.
+    rows: std::sync::Mutex<Vec<MetricRow>>,
+}
+
+impl Resume {
+    fn take(&self, rank: usize) -> Result<RankState> {
+        rank.checked_sub(self.ranks.start)
+            .and_then(|i| self.states.get(i))
+            .and_then(|m| m.lock().unwrap_or_else(|e| e.into_inner()).take())
+            .context("a rank's checkpoint state was not read (bug)")
+    }
+}
+
+/// `--resume`: reads the latest checkpoint's file of every rank of this process and checks it
+/// was written by the same configuration (model, data, exchange, optimiser, world size, model
+/// size, seed, batch, …) and holds finite parameters; on the I/O rank also the metric rows it
+/// carries. Called at an agreement point, before any model is built.
+fn load_resume(world: &World, cfg: &TrainConfig, data: &Dataset) -> Result<Option<Resume>> {
+    if !cfg.resume {
+        return Ok(None);
+    }
     let root = cfg
         .checkpoint
         .as_ref()
         .context("--resume needs --checkpoint")?;
     let dir = checkpoint::latest(root)?.context("no checkpoint to resume")?;
-    let st = checkpoint::read_rank(&dir, rank)?;
+    // The model's exact size from the flags and the data (tested equal to the built model's).
+    let n = crate::model::estimate_params(&cfg.model, data);
+    let meta = run_meta(cfg, world.size(), usize::try_from(n).unwrap_or(usize::MAX));
+    let ranks = world.ranks_here();
+    let mut states = Vec::with_capacity(ranks.len());
+    for rank in ranks.clone() {
+        states.push(read_checked(&dir, rank, &meta)?);
+    }
+    let step = states.first().map_or(0, |s| s.step);
+    let rows = if world.is_io_rank() {
+        crate::metrics_log::resumed_rows(&dir, step, cfg.quiet)?
+    } else {
+        Vec::new()
+    };
+    Ok(Some(Resume {
+        dir,
+        step,
+        states: states
+            .into_iter()
+            .map(|s| std::sync::Mutex::new(Some(s)))
+            .collect(),
+        ranks,
+        rows: std::sync::Mutex::new(rows),
+    }))
+}
+
+/// Rank `rank`'s file of the checkpoint `dir`, checked against this run's `meta`.
+fn read_checked(dir: &Path, rank: usize, meta: &[(String, String)]) -> Result<RankState> {
+    let st = checkpoint::read_rank(dir, rank)?;
     for (k, v) in meta {
         let have = st
             .meta
@@ -565,7 +616,12 @@ fn restore(
             );
         }
     }
-    let params = st.get("params").context("checkpoint lacks `params`")?;
+    let params = st.get("params").with_context(|| {
+        format!(
+            "checkpoint file {} lacks `params`",
+            dir.join(format!("rank-{rank}.safetensors")).display()
+        )
+    })?;
     if let Some(i) = params.iter().position(|x| !x.is_finite()) {
         bail!(
             "checkpoint file {} holds the non-finite parameter {i} = {}: the file is corrupt, or the run had diverged when it was written",
@@ -573,22 +629,25 @@ fn restore(
             params[i]
         );
     }
-    ex.load_state(&st.tensors)
-        .with_context(|| format!("checkpoint {}", dir.display()))?;
-    Ok((dir, st.step))
+    Ok(st)
 }
 
 /// The one training loop: every `--exchange`, on every rank. The [`Exchange`] moves the
 /// gradients and updates the parameters; the loop owns batches, metrics, the checksum
 /// across ranks, evaluation, checkpoints and progress.
-fn rank_main(comm: &dyn Comm, cfg: &TrainConfig, data: &Dataset) -> Result<Option<TrainReport>> {
+fn rank_main(
+    comm: &dyn Comm,
+    cfg: &TrainConfig,
+    data: &Dataset,
+    resume: Option<&Resume>,
+) -> Result<Option<TrainReport>> {
     // EmbRace's exchanges hold the token embedding outside the model (sharded, issue 17).
     let model = if crate::embrace::handles(&cfg.exchange) {
         Model::new_sharded(&cfg.model, data, cfg.seed)?
     } else {
         Model::new(&cfg.model, data, cfg.seed)?
     };
-    let mut run = Run::new(comm, cfg, data, model)?;
+    let mut run = Run::new(comm, cfg, data, model, resume)?;
     let pb = gradkit_core::cli::progress(
         "gradtrain",
         run.last.saturating_sub(run.first) as u64,
@@ -635,17 +694,23 @@ impl<'a> Run<'a> {
         cfg: &'a TrainConfig,
         data: &'a Dataset,
         model: Model,
+        resume: Option<&Resume>,
     ) -> Result<Self> {
         let (rank, p) = (comm.rank(), comm.size());
         let mut ex = crate::exchange::make(cfg, comm, &model, data)?;
         let meta = run_meta(cfg, p, model.n_params_full());
         let mut log = MetricsLog::new(cfg, p, data);
         let mut first = 0u32;
-        if cfg.resume {
-            let (dir, step) = restore(cfg, rank, &meta, &mut *ex)?;
-            first = step;
+        if let Some(r) = resume {
+            // Read and checked against this configuration by `load_resume`.
+            let st = r.take(rank)?;
+            ex.load_state(&st.tensors)
+                .with_context(|| format!("checkpoint {}", r.dir.display()))?;
+            first = r.step;
             if rank == 0 {
-                log.resume(&dir, first, cfg.quiet)?;
+                log.take_over(std::mem::take(
+                    &mut *r.rows.lock().unwrap_or_else(|e| e.into_inner()),
+                ));
                 if let Some(w) = oktopk_resume_warning(cfg, first) {
                     gradkit_core::cli::report_line(&w);
                 }
