@@ -86,6 +86,24 @@ pub const EXCHANGES: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// The sparse exchanges (error feedback, `--density`, `--dense-warmup`): every `--exchange`
+/// but dense, onebit and EmbRace's.
+pub fn is_sparse(exchange: &str) -> bool {
+    EXCHANGES.iter().any(|e| e.0 == exchange)
+        && !matches!(exchange, "dense" | "onebit")
+        && !crate::embrace::handles(exchange)
+}
+
+/// The names of the sparse exchanges, for messages.
+pub fn sparse_names() -> String {
+    EXCHANGES
+        .iter()
+        .map(|e| e.0)
+        .filter(|e| is_sparse(e))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Everything a run needs.
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
@@ -273,11 +291,16 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
         bail!("--checkpoint-every needs --checkpoint DIR to write into (flag --checkpoint-every)");
     }
     check_ranges(cfg)?;
-    if cfg.dense_warmup > 0 && (cfg.exchange == "onebit" || crate::embrace::handles(&cfg.exchange))
-    {
+    if cfg.dense_warmup > 0 && !is_sparse(&cfg.exchange) {
         bail!(
-            "--dense-warmup applies to the sparse exchanges (topk, gaussiank, topkdsa, gtopk, oktopk, deft), not `{}`; 1-bit optimisers warm up with --freeze-step (flag --dense-warmup)",
-            cfg.exchange
+            "--dense-warmup applies to the sparse exchanges ({}) only, not `{}`{} (flag --dense-warmup)",
+            sparse_names(),
+            cfg.exchange,
+            if cfg.exchange == "onebit" {
+                "; 1-bit optimisers warm up with --freeze-step"
+            } else {
+                " (it would be ignored)"
+            }
         );
     }
     crate::embrace::check_lookup(cfg)?;

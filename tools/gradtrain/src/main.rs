@@ -412,8 +412,9 @@ fn limit_threads(ranks: Option<usize>) {
 }
 
 /// The library's configuration check, and the flags the tool refuses rather than ignores.
-fn check_flags(a: &Cli) -> anyhow::Result<()> {
+fn check_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
     gradkit_train::train::check_config(&config(a))?;
+    ignored_flags(a, given)?;
     if a.adjust.is_some() && a.exchange != "oktopk" {
         anyhow::bail!(
             "--adjust applies to --exchange oktopk only, not `{}` (it would be ignored) (flag --adjust)",
@@ -456,12 +457,70 @@ fn check_flags(a: &Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A flag given on the command line that the chosen exchange or optimiser never reads is
+/// refused, as `--lookup`, `--adjust` and `--wire` are, rather than silently ignored.
+fn ignored_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
+    let sparse = gradkit_train::train::is_sparse(&a.exchange);
+    let sparse_list = format!(
+        "the sparse exchanges ({})",
+        gradkit_train::train::sparse_names()
+    );
+    let onebit_opt = matches!(a.optimizer.as_str(), "onebit-lamb" | "onebit-adam");
+    // (argument id, flag, whether it has an effect, what it applies to, the value it lacks)
+    let rules: [(&str, &str, bool, &str, &str); 6] = [
+        (
+            "schedule",
+            "--schedule",
+            a.exchange == "embrace",
+            "--exchange embrace",
+            &a.exchange,
+        ),
+        ("density", "--density", sparse, &sparse_list, &a.exchange),
+        (
+            "dense_warmup",
+            "--dense-warmup",
+            sparse,
+            &sparse_list,
+            &a.exchange,
+        ),
+        (
+            "period",
+            "--period",
+            a.exchange == "oktopk",
+            "--exchange oktopk",
+            &a.exchange,
+        ),
+        (
+            "reeval",
+            "--reeval",
+            a.exchange == "oktopk",
+            "--exchange oktopk",
+            &a.exchange,
+        ),
+        (
+            "freeze_step",
+            "--freeze-step",
+            onebit_opt,
+            "--optimizer onebit-lamb or onebit-adam",
+            &a.optimizer,
+        ),
+    ];
+    for (id, flag, applies, to, have) in rules {
+        if !applies && given.value_source(id) == Some(clap::parser::ValueSource::CommandLine) {
+            anyhow::bail!(
+                "{flag} applies to {to} only, not `{have}` (it would be ignored) (flag {flag})"
+            );
+        }
+    }
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     gradkit_core::paths::install_signal_cleanup();
-    let args = gradkit_comm::launch::parse_args::<Cli>();
+    let (args, given) = gradkit_comm::launch::parse_matches::<Cli>();
     // The configuration (every flag's range, flags that do not go together) is checked here,
     // once, before MPI starts or any rank runs: a mistake is a usage error (exit 2).
-    if let Err(e) = check_flags(&args) {
+    if let Err(e) = check_flags(&args, &given) {
         gradkit_comm::launch::usage_error::<Cli>(format!("{e:#}"));
     }
     limit_threads(args.ranks);
