@@ -457,60 +457,116 @@ fn check_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A flag given on the command line that the chosen exchange or optimiser never reads is
-/// refused, as `--lookup`, `--adjust` and `--wire` are, rather than silently ignored.
+/// A flag given on the command line that the chosen exchange, optimiser, model or data never
+/// reads is refused, as `--lookup unique`, `--adjust` and `--wire fp16` are, rather than
+/// silently ignored (also when it is given its default value: it still does nothing).
 fn ignored_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
-    let sparse = gradkit_train::train::is_sparse(&a.exchange);
+    let ex = a.exchange.as_str();
+    let sparse = gradkit_train::train::is_sparse(ex);
     let sparse_list = format!(
         "the sparse exchanges ({})",
         gradkit_train::train::sparse_names()
     );
-    let onebit_opt = matches!(a.optimizer.as_str(), "onebit-lamb" | "onebit-adam");
-    // (argument id, flag, whether it has an effect, what it applies to, the value it lacks)
-    let rules: [(&str, &str, bool, &str, &str); 6] = [
+    let emb = matches!(ex, "embrace" | "allgather" | "allgather-raw");
+    let dense_part = matches!(ex, "dense" | "onebit") || emb || a.dense_warmup > 0;
+    let opt = a.optimizer.as_str();
+    let model = a.model.as_str();
+    let lm = matches!(model, "transformer-lm" | "lstm-lm");
+    // (argument id, whether it has an effect, what it applies to, the value it lacks)
+    let rules: [(&str, bool, &str, &str); 20] = [
+        ("schedule", ex == "embrace", "--exchange embrace", ex),
+        ("lookup", ex == "embrace", "--exchange embrace", ex),
+        ("density", sparse, &sparse_list, ex),
+        ("dense_warmup", sparse, &sparse_list, ex),
+        ("period", ex == "oktopk", "--exchange oktopk", ex),
+        ("reeval", ex == "oktopk", "--exchange oktopk", ex),
         (
-            "schedule",
-            "--schedule",
-            a.exchange == "embrace",
-            "--exchange embrace",
-            &a.exchange,
-        ),
-        ("density", "--density", sparse, &sparse_list, &a.exchange),
-        (
-            "dense_warmup",
-            "--dense-warmup",
-            sparse,
-            &sparse_list,
-            &a.exchange,
-        ),
-        (
-            "period",
-            "--period",
-            a.exchange == "oktopk",
-            "--exchange oktopk",
-            &a.exchange,
-        ),
-        (
-            "reeval",
-            "--reeval",
-            a.exchange == "oktopk",
-            "--exchange oktopk",
-            &a.exchange,
+            "wire",
+            dense_part,
+            "dense allreduces (--exchange dense, onebit, embrace, allgather, allgather-raw, or a --dense-warmup)",
+            ex,
         ),
         (
             "freeze_step",
-            "--freeze-step",
-            onebit_opt,
+            matches!(opt, "onebit-lamb" | "onebit-adam"),
             "--optimizer onebit-lamb or onebit-adam",
-            &a.optimizer,
+            opt,
+        ),
+        (
+            "beta1",
+            opt != "sgd",
+            "the Adam-family optimisers (adam, adamw, lamb, onebit-lamb, onebit-adam)",
+            opt,
+        ),
+        (
+            "beta2",
+            opt != "sgd",
+            "the Adam-family optimisers (adam, adamw, lamb, onebit-lamb, onebit-adam)",
+            opt,
+        ),
+        (
+            "eps",
+            opt != "sgd",
+            "the Adam-family optimisers (adam, adamw, lamb, onebit-lamb, onebit-adam)",
+            opt,
+        ),
+        (
+            "lamb_min",
+            matches!(opt, "lamb" | "onebit-lamb"),
+            "--optimizer lamb or onebit-lamb",
+            opt,
+        ),
+        (
+            "lamb_max",
+            matches!(opt, "lamb" | "onebit-lamb"),
+            "--optimizer lamb or onebit-lamb",
+            opt,
+        ),
+        (
+            "hidden",
+            matches!(model, "mlp" | "lstm-lm"),
+            "--model mlp or lstm-lm",
+            model,
+        ),
+        ("d_model", lm, "--model transformer-lm or lstm-lm", model),
+        (
+            "layers",
+            model == "transformer-lm",
+            "--model transformer-lm",
+            model,
+        ),
+        (
+            "heads",
+            model == "transformer-lm",
+            "--model transformer-lm",
+            model,
+        ),
+        ("seq_len", lm, "--model transformer-lm or lstm-lm", model),
+        (
+            "tokens",
+            a.data == "synthetic-lm",
+            "--data synthetic-lm",
+            &a.data,
+        ),
+        (
+            "corpus_seed",
+            a.data == "synthetic-lm",
+            "--data synthetic-lm",
+            &a.data,
         ),
     ];
-    for (id, flag, applies, to, have) in rules {
+    for (id, applies, to, have) in rules {
         if !applies && given.value_source(id) == Some(clap::parser::ValueSource::CommandLine) {
+            let flag = format!("--{}", id.replace('_', "-"));
             anyhow::bail!(
                 "{flag} applies to {to} only, not `{have}` (it would be ignored) (flag {flag})"
             );
         }
+    }
+    if a.data == "digits" && a.vocab.is_some() {
+        anyhow::bail!(
+            "--vocab applies to --data synthetic-lm or a token file only, not `digits` (it would be ignored) (flag --vocab)"
+        );
     }
     Ok(())
 }
