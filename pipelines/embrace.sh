@@ -45,7 +45,8 @@ echo "(embedding included: its \`bytes_sent\` is the total). Medians over steps 
 echo
 for P in $PS; do
   for ex in dense allgather allgather-raw embrace; do
-    run $TR --data zipf-$V.parquet --ranks $P --steps $STEPS --exchange $ex --schedule fifo --lr 0.05 \
+    sch=(); [ $ex = embrace ] && sch=(--schedule fifo)   # the others have no schedule
+    run $TR --data zipf-$V.parquet --ranks $P --steps $STEPS --exchange $ex "${sch[@]}" --lr 0.05 \
         --run $ex-P$P --metrics m-$ex-P$P.parquet
   done
 done
@@ -98,9 +99,13 @@ echo "| batch | tokens/V | ρ (rows/token) | dense | allgather | allgather-raw |
 echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
 for b in $SWEEP_B; do
   for ex in allgather allgather-raw embrace embrace-unique; do
-    case $ex in embrace-unique) fl="--exchange embrace --lookup unique";; *) fl="--exchange $ex";; esac
+    case $ex in
+      embrace) fl="--exchange embrace --schedule fifo";;
+      embrace-unique) fl="--exchange embrace --schedule fifo --lookup unique";;
+      *) fl="--exchange $ex";;   # the AllGather baselines have no schedule
+    esac
     run $B/gradtrain --model transformer-lm $MODEL --data synthetic-lm --vocab $SWEEP_V --tokens 200000 \
-        --batch $b --ranks 4 --steps 2 --lr 0.05 -q $fl --schedule fifo --run s-$ex-b$b --metrics s-$ex-b$b.parquet
+        --batch $b --ranks 4 --steps 2 --lr 0.05 -q $fl --run s-$ex-b$b --metrics s-$ex-b$b.parquet
   done
   ag=$($B/gradreport table s-allgather-b$b.parquet --by run --metric bytes_emb --format csv | awk -F, 'NR==2{print $2}')
   agr=$($B/gradreport table s-allgather-raw-b$b.parquet --by run --metric bytes_emb --format csv | awk -F, 'NR==2{print $2}')
@@ -156,8 +161,9 @@ if command -v mpirun >/dev/null; then
   echo "|---:|---:|---:|---:|---:|"
   for P in $RSS_PS; do
     for ex in dense allgather embrace; do
+      sch=(); [ $ex = embrace ] && sch=(--schedule fifo)
       run mpirun --oversubscribe -np $P $B/gradtrain --model lstm-lm --d-model $RSS_D --hidden 8 --seq-len 8 \
-          --batch 2 --data zipf-$RSS_V.parquet --steps 3 --lr 0.05 -q --exchange $ex --schedule fifo \
+          --batch 2 --data zipf-$RSS_V.parquet --steps 3 --lr 0.05 -q --exchange $ex "${sch[@]}" \
           --rss --run rss-$ex-P$P --metrics rss-$ex-P$P.parquet
     done
     row="$P"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The mpirun error paths under load, RUNS times each (default 200): a rank-count mismatch
 # found by rank 0, a table sent to stdout, a usage error, a rank failing inside the
-# collectives, a config error in gradtrain — each must end with exactly one copy of its
+# collectives, a config error in gradtrain, gradtrain resuming a checkpoint of another
+# world size or exchange — each must end with exactly one copy of its
 # message and a non-zero status, and never hang. A CPU hog keeps both cores busy meanwhile.
 #
 #   bash pipelines/stress-mpi-errors.sh [RUNS]      (make stress-mpi RUNS=200)
@@ -21,6 +22,7 @@ cleanup() { [ -n "$HOG" ] && kill "$HOG" 2>/dev/null; rm -rf "$D"; }
 trap cleanup EXIT INT TERM
 "$B/gradtrace" synthetic --shape mlp --scale 0.05 --ranks 2 --steps 2 --seed 1 -o "$D/t2.parquet" -q
 "$B/gradtrace" synthetic --shape mlp --scale 0.05 --ranks 4 --steps 2 --seed 1 -o "$D/t4.parquet" -q
+"$B/gradtrain" --model mlp --ranks 2 --steps 10 --checkpoint "$D/ck" -q
 # The load: a busy loop per core, for at most an hour.
 timeout 3600 bash -c 'for i in 1 2; do (while :; do :; done) & done; wait' &
 HOG=$!
@@ -55,6 +57,10 @@ case_ "rank 2 fails in the collectives" "rank 2: injected fault" any -- \
   env GRADKIT_FAULT_RANK=2 mpirun -np 4 "$B/gradallreduce" --algo ring "$D/t4.parquet" -o "$D/o.parquet"
 case_ "gradtrain bad --data (np 4)" "error:" 1 -- \
   mpirun -np 4 "$B/gradtrain" --data "$D/missing.parquet" --steps 1
+case_ "gradtrain --resume, np 3 (ck of 2)" "error:" 1 -- \
+  mpirun -np 3 "$B/gradtrain" --model mlp --steps 30 --checkpoint "$D/ck" --resume -q
+case_ "gradtrain --resume, other exchange" "error:" 1 -- \
+  mpirun -np 2 "$B/gradtrain" --model mlp --steps 30 --exchange topk --checkpoint "$D/ck" --resume -q
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

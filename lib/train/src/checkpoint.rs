@@ -83,17 +83,115 @@ fn fnv1a(b: &[u8]) -> u64 {
 }
 
 /// Rank 0, after every rank wrote: moves the staging directory to `step-N` and points
-/// `latest` at it (write + rename, so a crash leaves the previous checkpoint intact).
+/// `latest` at it (write + rename, so a crash leaves the previous checkpoint intact). On an
+/// error nothing of this checkpoint is left and `latest` still names the previous one.
 pub fn commit(root: &Path, step: u32) -> Result<()> {
     let from = staging_dir(root, step);
     let to = root.join(format!("step-{step}"));
-    if to.exists() {
-        std::fs::remove_dir_all(&to).with_context(|| format!("cannot replace {}", to.display()))?;
-    }
-    std::fs::rename(&from, &to).with_context(|| format!("cannot rename {}", from.display()))?;
     let tmp = root.join(format!("latest.tmp-{}", std::process::id()));
-    std::fs::write(&tmp, format!("step-{step}\n"))?;
-    std::fs::rename(&tmp, root.join("latest"))?;
+    let res = (|| -> Result<()> {
+        if to.exists() {
+            std::fs::remove_dir_all(&to)
+                .with_context(|| format!("cannot replace {}", to.display()))?;
+        }
+        std::fs::rename(&from, &to).with_context(|| format!("cannot rename {}", from.display()))?;
+        std::fs::write(&tmp, format!("step-{step}\n"))
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        std::fs::rename(&tmp, root.join("latest"))
+            .with_context(|| format!("cannot replace {}", root.join("latest").display()))
+    })();
+    if res.is_err() {
+        discard(root, step);
+        let _ = std::fs::remove_file(&tmp);
+        // `latest` was not swapped, so it does not name this step (unless it already did).
+        if latest_name(root).as_deref() != Some(&format!("step-{step}")) {
+            let _ = std::fs::remove_dir_all(&to);
+        }
+    }
+    res
+}
+
+/// Removes what a failed checkpoint of `step` wrote (its staging directory), on the way to
+/// reporting the failure: best effort, the error being reported is the write's.
+pub fn discard(root: &Path, step: u32) {
+    let _ = std::fs::remove_dir_all(staging_dir(root, step));
+}
+
+/// The name `latest` holds, if it can be read.
+fn latest_name(root: &Path) -> Option<String> {
+    std::fs::read_to_string(root.join("latest"))
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// Whether `name` is an entry gradkit writes in a checkpoint directory: `latest`, its
+/// temporary `latest.tmp-PID`, `step-N` and `.staging-step-N`.
+fn is_ours(name: &str) -> bool {
+    let numbered = |prefix: &str| {
+        name.strip_prefix(prefix)
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    name == "latest"
+        || name.starts_with("latest.tmp-")
+        || numbered("step-")
+        || numbered(".staging-step-")
+}
+
+/// The checkpoints `root` already holds: its `step-N` directories and `latest`, sorted by
+/// step (`latest` last); empty when `root` does not exist. Other files are not gradkit's and
+/// do not count.
+pub fn existing(root: &Path) -> Result<Vec<String>> {
+    let entries = match std::fs::read_dir(root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => {
+            return Err(e)
+                .with_context(|| format!("cannot read checkpoint directory {}", root.display()))
+        }
+    };
+    let mut held: Vec<(u64, String)> = Vec::new();
+    for e in entries {
+        let e =
+            e.with_context(|| format!("cannot read checkpoint directory {}", root.display()))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name == "latest" {
+            held.push((u64::MAX, name));
+        } else if is_ours(&name) && !name.starts_with('.') && e.path().is_dir() {
+            if let Some(Ok(n)) = name.strip_prefix("step-").map(str::parse::<u64>) {
+                held.push((n, name));
+            }
+        }
+    }
+    held.sort();
+    Ok(held.into_iter().map(|(_, n)| n).collect())
+}
+
+/// Rank 0, after the first commit of a run started with `--overwrite-checkpoint`: removes
+/// every gradkit entry of `root` but `latest` and `step-{step}` (the checkpoint just
+/// committed): the earlier run's checkpoints and leftovers. Other files are left alone.
+pub fn remove_others(root: &Path, step: u32) -> Result<()> {
+    let keep = format!("step-{step}");
+    for e in std::fs::read_dir(root)
+        .with_context(|| format!("cannot read checkpoint directory {}", root.display()))?
+    {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !is_ours(&name) || name == "latest" || name == keep {
+            continue;
+        }
+        let path = e.path();
+        let r = if e.file_type()?.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        r.with_context(|| {
+            format!(
+                "cannot remove the earlier run's {} (flag --overwrite-checkpoint)",
+                path.display()
+            )
+        })?;
+    }
     Ok(())
 }
 

@@ -131,25 +131,9 @@ impl MetricsLog {
         })
     }
 
-    /// Rank 0 of a resumed run: takes over the rows of the steps before `first` saved in the
-    /// checkpoint `dir` (a checkpoint written before they were saved has none: a note says the
-    /// metrics start at `first`).
-    pub fn resume(&mut self, dir: &Path, first: u32, quiet: bool) -> Result<()> {
-        let path = dir.join(CHECKPOINT_METRICS);
-        if !path.exists() {
-            if !quiet {
-                gradkit_core::noteln!(
-                    "note: {} has no {CHECKPOINT_METRICS}: the metrics of this run start at step {first}",
-                    dir.display()
-                );
-            }
-            return Ok(());
-        }
-        let t = read_table::<MetricRow>(&Input::Path(path.clone()), ReadOptions::default())
-            .with_context(|| {
-                format!("reading the metrics saved in checkpoint {}", dir.display())
-            })?;
-        let rows: Vec<MetricRow> = t.rows.into_iter().filter(|r| r.step < first).collect();
+    /// Rank 0 of a resumed run: takes over the rows of the steps before the resumed step
+    /// ([`resumed_rows`]).
+    pub fn take_over(&mut self, rows: Vec<MetricRow>) -> Result<()> {
         self.take(rows)
     }
 
@@ -231,4 +215,23 @@ pub fn live_path(cfg: &TrainConfig) -> Option<PathBuf> {
         .filter(|p| p.as_os_str() != "-")
         .filter(|p| !std::fs::metadata(p).is_ok_and(|m| !m.is_file()))
         .cloned()
+}
+
+/// The rows of the steps before `first` saved in the checkpoint `dir`, which a resumed run
+/// takes over (a checkpoint written before they were saved has none: a note says the
+/// metrics start at `first`).
+pub(crate) fn resumed_rows(dir: &Path, first: u32, quiet: bool) -> Result<Vec<MetricRow>> {
+    let path = dir.join(CHECKPOINT_METRICS);
+    if !path.exists() {
+        if !quiet {
+            gradkit_core::noteln!(
+                "note: {} has no {CHECKPOINT_METRICS}: the metrics of this run start at step {first}",
+                dir.display()
+            );
+        }
+        return Ok(Vec::new());
+    }
+    let t = read_table::<MetricRow>(&Input::Path(path.clone()), ReadOptions::default())
+        .with_context(|| format!("reading the metrics saved in checkpoint {}", dir.display()))?;
+    Ok(t.rows.into_iter().filter(|r| r.step < first).collect())
 }

@@ -2,7 +2,7 @@
 //! shard and exchange gradients (or, for 1-bit optimisers, momenta) through
 //! gradkit-collectives every step.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -86,6 +86,24 @@ pub const EXCHANGES: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// The sparse exchanges (error feedback, `--density`, `--dense-warmup`): every `--exchange`
+/// but dense, onebit and EmbRace's.
+pub fn is_sparse(exchange: &str) -> bool {
+    EXCHANGES.iter().any(|e| e.0 == exchange)
+        && !matches!(exchange, "dense" | "onebit")
+        && !crate::embrace::handles(exchange)
+}
+
+/// The names of the sparse exchanges, for messages.
+pub fn sparse_names() -> String {
+    EXCHANGES
+        .iter()
+        .map(|e| e.0)
+        .filter(|e| is_sparse(e))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Everything a run needs.
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
@@ -119,6 +137,10 @@ pub struct TrainConfig {
     pub checkpoint: Option<PathBuf>,
     pub checkpoint_every: u32,
     pub resume: bool,
+    /// A fresh run may use a `checkpoint` directory that holds another run's checkpoints:
+    /// they are removed at this run's first checkpoint (until then they stay, so a run that
+    /// fails early loses nothing). Without it such a directory is refused.
+    pub overwrite_checkpoint: bool,
     /// Stop (as if interrupted) after this many steps; for tests of `--resume`.
     pub stop_after: Option<u32>,
     pub quiet: bool,
@@ -177,6 +199,7 @@ impl Default for TrainConfig {
             checkpoint: None,
             checkpoint_every: 0,
             resume: false,
+            overwrite_checkpoint: false,
             stop_after: None,
             quiet: true,
             run_name: "run".into(),
@@ -275,11 +298,16 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
         bail!("--checkpoint-every needs --checkpoint DIR to write into (flag --checkpoint-every)");
     }
     check_ranges(cfg)?;
-    if cfg.dense_warmup > 0 && (cfg.exchange == "onebit" || crate::embrace::handles(&cfg.exchange))
-    {
+    if cfg.dense_warmup > 0 && !is_sparse(&cfg.exchange) {
         bail!(
-            "--dense-warmup applies to the sparse exchanges (topk, gaussiank, topkdsa, gtopk, oktopk, deft), not `{}`; 1-bit optimisers warm up with --freeze-step (flag --dense-warmup)",
-            cfg.exchange
+            "--dense-warmup applies to the sparse exchanges ({}) only, not `{}`{} (flag --dense-warmup)",
+            sparse_names(),
+            cfg.exchange,
+            if cfg.exchange == "onebit" {
+                "; 1-bit optimisers warm up with --freeze-step"
+            } else {
+                " (it would be ignored)"
+            }
         );
     }
     crate::embrace::check_lookup(cfg)?;
@@ -426,7 +454,10 @@ pub fn train(world: &World, cfg: &TrainConfig) -> Result<Option<TrainReport>> {
     // An agreement point: every rank checks the configuration and loads the data; a mistake
     // is reported once (by the lowest rank that saw it) before any training starts.
     let data = world.agree(prepare(world, cfg))?;
-    let out = world.run(|comm| rank_main(comm, cfg, &data))?;
+    // Another: `--resume` reads and checks every rank's checkpoint file here, so a mismatch
+    // (world size, model, exchange, …) is one message, not one per rank and an abort.
+    let resume = world.agree(load_resume(world, cfg, &data))?;
+    let out = world.run(|comm| rank_main(comm, cfg, &data, resume.as_ref()))?;
     Ok(out.into_iter().next().flatten())
 }
 
@@ -477,6 +508,7 @@ pub fn resume_finished(cfg: &TrainConfig) -> Result<Option<u32>> {
 /// The checks made before any rank starts: configuration, data, shards, checkpoint.
 fn prepare(world: &World, cfg: &TrainConfig) -> Result<Dataset> {
     check_config(cfg)?;
+    check_checkpoint_dir(cfg)?;
     let data = data::load(&cfg.data)?;
     let p = world.size();
     // Bounded memory: the model the flags and data describe must fit before any rank builds it.
@@ -502,6 +534,27 @@ fn prepare(world: &World, cfg: &TrainConfig) -> Result<Dataset> {
     Ok(data)
 }
 
+/// A fresh run (no `--resume`) must not take over a directory that holds another run's
+/// checkpoints: its `latest` would move back and its later steps stay mixed with this run's.
+fn check_checkpoint_dir(cfg: &TrainConfig) -> Result<()> {
+    let (false, false, Some(root)) = (cfg.resume, cfg.overwrite_checkpoint, &cfg.checkpoint) else {
+        return Ok(());
+    };
+    let held = checkpoint::existing(root)?;
+    if held.is_empty() {
+        return Ok(());
+    }
+    let shown = match held.as_slice() {
+        [one] => one.clone(),
+        [first, .., last] => format!("{first} … {last}"),
+        [] => unreachable!(),
+    };
+    bail!(
+        "--checkpoint {} already holds another run's checkpoints ({shown}): give --resume to continue that run, or --overwrite-checkpoint to start afresh and replace them (flag --checkpoint)",
+        root.display()
+    )
+}
+
 /// The real per-rank gradients of `cfg.steps` training steps as dense `tensor/1` rows
 /// (one row per step × rank × layer), gathered on the I/O rank. Training proceeds as
 /// `cfg` says (exchange, optimiser), so later steps see trained parameters.
@@ -516,21 +569,69 @@ pub fn dump_gradients(world: &World, cfg: &TrainConfig) -> Result<Vec<TensorRow>
     Ok(rows)
 }
 
-/// `--resume`: loads this rank's checkpoint (parameters, optimiser and exchange state) into
-/// `ex` after checking it was written by the same configuration; returns the checkpoint's
-/// directory and the step to go on from.
-fn restore(
-    cfg: &TrainConfig,
-    rank: usize,
-    meta: &[(String, String)],
-    ex: &mut dyn Exchange,
-) -> Result<(PathBuf, u32)> {
+/// What a `--resume` run starts from: the checkpoint's files of this process's ranks, read
+/// and checked before any rank starts.
+struct Resume {
+    dir: PathBuf,
+    step: u32,
+    /// Rank `ranks.start + i`'s state in slot `i`, taken by that rank.
+    states: Vec<std::sync::Mutex<Option<RankState>>>,
+    ranks: std::ops::Range<usize>,
+    /// The I/O rank's: the metric rows of the steps before `step`.
+    rows: std::sync::Mutex<Vec<MetricRow>>,
+}
+
+impl Resume {
+    fn take(&self, rank: usize) -> Result<RankState> {
+        rank.checked_sub(self.ranks.start)
+            .and_then(|i| self.states.get(i))
+            .and_then(|m| m.lock().unwrap_or_else(|e| e.into_inner()).take())
+            .context("a rank's checkpoint state was not read (bug)")
+    }
+}
+
+/// `--resume`: reads the latest checkpoint's file of every rank of this process and checks it
+/// was written by the same configuration (model, data, exchange, optimiser, world size, model
+/// size, seed, batch, …) and holds finite parameters; on the I/O rank also the metric rows it
+/// carries. Called at an agreement point, before any model is built.
+fn load_resume(world: &World, cfg: &TrainConfig, data: &Dataset) -> Result<Option<Resume>> {
+    if !cfg.resume {
+        return Ok(None);
+    }
     let root = cfg
         .checkpoint
         .as_ref()
         .context("--resume needs --checkpoint")?;
     let dir = checkpoint::latest(root)?.context("no checkpoint to resume")?;
-    let st = checkpoint::read_rank(&dir, rank)?;
+    // The model's exact size from the flags and the data (tested equal to the built model's).
+    let n = crate::model::estimate_params(&cfg.model, data);
+    let meta = run_meta(cfg, world.size(), usize::try_from(n).unwrap_or(usize::MAX));
+    let ranks = world.ranks_here();
+    let mut states = Vec::with_capacity(ranks.len());
+    for rank in ranks.clone() {
+        states.push(read_checked(&dir, rank, &meta)?);
+    }
+    let step = states.first().map_or(0, |s| s.step);
+    let rows = if world.is_io_rank() {
+        crate::metrics_log::resumed_rows(&dir, step, cfg.quiet)?
+    } else {
+        Vec::new()
+    };
+    Ok(Some(Resume {
+        dir,
+        step,
+        states: states
+            .into_iter()
+            .map(|s| std::sync::Mutex::new(Some(s)))
+            .collect(),
+        ranks,
+        rows: std::sync::Mutex::new(rows),
+    }))
+}
+
+/// Rank `rank`'s file of the checkpoint `dir`, checked against this run's `meta`.
+fn read_checked(dir: &Path, rank: usize, meta: &[(String, String)]) -> Result<RankState> {
+    let st = checkpoint::read_rank(dir, rank)?;
     for (k, v) in meta {
         let have = st
             .meta
@@ -545,7 +646,12 @@ fn restore(
             );
         }
     }
-    let params = st.get("params").context("checkpoint lacks `params`")?;
+    let params = st.get("params").with_context(|| {
+        format!(
+            "checkpoint file {} lacks `params`",
+            dir.join(format!("rank-{rank}.safetensors")).display()
+        )
+    })?;
     if let Some(i) = params.iter().position(|x| !x.is_finite()) {
         bail!(
             "checkpoint file {} holds the non-finite parameter {i} = {}: the file is corrupt, or the run had diverged when it was written",
@@ -553,22 +659,25 @@ fn restore(
             params[i]
         );
     }
-    ex.load_state(&st.tensors)
-        .with_context(|| format!("checkpoint {}", dir.display()))?;
-    Ok((dir, st.step))
+    Ok(st)
 }
 
 /// The one training loop: every `--exchange`, on every rank. The [`Exchange`] moves the
 /// gradients and updates the parameters; the loop owns batches, metrics, the checksum
 /// across ranks, evaluation, checkpoints and progress.
-fn rank_main(comm: &dyn Comm, cfg: &TrainConfig, data: &Dataset) -> Result<Option<TrainReport>> {
+fn rank_main(
+    comm: &dyn Comm,
+    cfg: &TrainConfig,
+    data: &Dataset,
+    resume: Option<&Resume>,
+) -> Result<Option<TrainReport>> {
     // EmbRace's exchanges hold the token embedding outside the model (sharded, issue 17).
     let model = if crate::embrace::handles(&cfg.exchange) {
         Model::new_sharded(&cfg.model, data, cfg.seed)?
     } else {
         Model::new(&cfg.model, data, cfg.seed)?
     };
-    let mut run = Run::new(comm, cfg, data, model)?;
+    let mut run = Run::new(comm, cfg, data, model, resume)?;
     let pb = gradkit_core::cli::progress(
         "gradtrain",
         run.last.saturating_sub(run.first) as u64,
@@ -605,6 +714,8 @@ struct Run<'a> {
     grads_rec: Vec<TensorRow>,
     first: u32,
     last: u32,
+    /// `--overwrite-checkpoint`: the earlier run's checkpoints are still to be removed.
+    purge: bool,
 }
 
 impl<'a> Run<'a> {
@@ -613,22 +724,26 @@ impl<'a> Run<'a> {
         cfg: &'a TrainConfig,
         data: &'a Dataset,
         model: Model,
+        resume: Option<&Resume>,
     ) -> Result<Self> {
         let (rank, p) = (comm.rank(), comm.size());
         let mut ex = crate::exchange::make(cfg, comm, &model, data)?;
         let meta = run_meta(cfg, p, model.n_params_full());
         let last = cfg.stop_after.map_or(cfg.steps, |s| s.min(cfg.steps));
         let mut first = 0u32;
-        let mut restored = None;
-        if cfg.resume {
-            let (dir, step) = restore(cfg, rank, &meta, &mut *ex)?;
-            first = step;
-            restored = Some(dir);
+        if let Some(r) = resume {
+            // Read and checked against this configuration by `load_resume`.
+            let st = r.take(rank)?;
+            ex.load_state(&st.tensors)
+                .with_context(|| format!("checkpoint {}", r.dir.display()))?;
+            first = r.step;
         }
         let mut log = MetricsLog::new(cfg, p, data, rank == 0, Summary::new(first, last))?;
-        if let Some(dir) = restored {
+        if let Some(r) = resume {
             if rank == 0 {
-                log.resume(&dir, first, cfg.quiet)?;
+                log.take_over(std::mem::take(
+                    &mut *r.rows.lock().unwrap_or_else(|e| e.into_inner()),
+                ))?;
                 if let Some(w) = oktopk_resume_warning(cfg, first) {
                     gradkit_core::cli::report_line(&w);
                 }
@@ -654,6 +769,7 @@ impl<'a> Run<'a> {
             grads_rec: Vec::new(),
             first,
             last,
+            purge: cfg.overwrite_checkpoint && !cfg.resume,
         })
     }
 
@@ -793,13 +909,28 @@ impl<'a> Run<'a> {
         });
         // Everyone must have written before rank 0 commits; agree on failure.
         let ok = comm.allgather_one::<u8>(res.is_ok() as u8)?;
-        res?;
-        if ok.contains(&0) {
-            bail!("another rank failed to write its checkpoint at step {done}");
+        if let Some(failed) = ok.iter().position(|w| *w == 0) {
+            // A failed checkpoint leaves nothing (the previous one stays `latest`): rank 0
+            // removes the partial files, and no rank reports before it has.
+            if rank == 0 {
+                checkpoint::discard(root, done);
+            }
+            comm.barrier()?;
+            if rank == failed {
+                return res;
+            }
+            // The lowest failing rank's own error is the one reported: in-process its failure
+            // wakes this barrier (a peer failure, never printed), under MPI it ends the job.
+            comm.barrier()?;
+            bail!("rank {failed} failed to write its checkpoint at step {done}");
         }
         if rank == 0 {
             checkpoint::commit(root, done)?;
+            if self.purge {
+                checkpoint::remove_others(root, done)?;
+            }
         }
+        self.purge = false;
         comm.barrier()?;
         Ok(())
     }

@@ -221,3 +221,41 @@ fn dump_gradients_gives_each_ranks_real_gradient() {
     let flat: Vec<f32> = got.iter().flat_map(|r| r.values.clone()).collect();
     assert_eq!(flat, g);
 }
+
+#[test]
+fn the_parameter_estimate_is_the_models_exact_count() {
+    // `--resume` compares a checkpoint's n_params with this estimate before any model is
+    // built, so it must be exact, not just an upper bound.
+    let digits = load(&gradkit_train::data::DataSpec::default()).unwrap();
+    let lm = load(&gradkit_train::data::DataSpec {
+        name: "synthetic-lm".into(),
+        vocab: 37,
+        tokens: 4000,
+        ..Default::default()
+    })
+    .unwrap();
+    for (name, data, hidden, d_model, layers, heads, seq_len) in [
+        ("mlp", &digits, 16, 64, 2, 4, 32),
+        ("mlp", &digits, 33, 64, 2, 4, 32),
+        ("cnn", &digits, 128, 64, 2, 4, 32),
+        ("transformer-lm", &lm, 128, 16, 1, 2, 8),
+        ("transformer-lm", &lm, 128, 24, 3, 4, 12),
+        ("lstm-lm", &lm, 8, 12, 2, 4, 8),
+        ("lstm-lm", &lm, 20, 6, 2, 4, 5),
+    ] {
+        let spec = ModelSpec {
+            name: name.into(),
+            hidden,
+            d_model,
+            layers,
+            heads,
+            seq_len,
+        };
+        let model = Model::new(&spec, data, 0).unwrap();
+        assert_eq!(
+            gradkit_train::model::estimate_params(&spec, data),
+            model.n_params_full() as u128,
+            "{spec:?}"
+        );
+    }
+}

@@ -220,6 +220,11 @@ struct Cli {
     /// Continue from the latest checkpoint in --checkpoint DIR
     #[arg(long)]
     resume: bool,
+    /// Start afresh in a --checkpoint DIR that holds another run's checkpoints: they (its
+    /// step-N directories and latest, nothing else) are removed when this run writes its
+    /// first checkpoint. Without it such a directory is refused
+    #[arg(long, requires = "checkpoint", conflicts_with = "resume")]
+    overwrite_checkpoint: bool,
     /// synthetic-lm: vocabulary size (default 1024). A token file: its declared vocabulary,
     /// every token id must be below it (default: the file's `gradkit.vocab`, else max id + 1)
     #[arg(long, value_name = "N")]
@@ -329,6 +334,7 @@ fn config(a: &Cli) -> TrainConfig {
         checkpoint: a.checkpoint.clone(),
         checkpoint_every: a.checkpoint_every,
         resume: a.resume,
+        overwrite_checkpoint: a.overwrite_checkpoint,
         quiet: a.quiet,
         run_name: a.run.clone(),
         schedule: a.schedule.clone(),
@@ -408,8 +414,9 @@ fn limit_threads(ranks: Option<usize>) {
 }
 
 /// The library's configuration check, and the flags the tool refuses rather than ignores.
-fn check_flags(a: &Cli) -> anyhow::Result<()> {
+fn check_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
     gradkit_train::train::check_config(&config(a))?;
+    ignored_flags(a, given)?;
     if a.adjust.is_some() && a.exchange != "oktopk" {
         anyhow::bail!(
             "--adjust applies to --exchange oktopk only, not `{}` (it would be ignored) (flag --adjust)",
@@ -452,12 +459,126 @@ fn check_flags(a: &Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A flag given on the command line that the chosen exchange, optimiser, model or data never
+/// reads is refused, as `--lookup unique`, `--adjust` and `--wire fp16` are, rather than
+/// silently ignored (also when it is given its default value: it still does nothing).
+fn ignored_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
+    let ex = a.exchange.as_str();
+    let sparse = gradkit_train::train::is_sparse(ex);
+    let sparse_list = format!(
+        "the sparse exchanges ({})",
+        gradkit_train::train::sparse_names()
+    );
+    let emb = matches!(ex, "embrace" | "allgather" | "allgather-raw");
+    let dense_part = matches!(ex, "dense" | "onebit") || emb || a.dense_warmup > 0;
+    let opt = a.optimizer.as_str();
+    let model = a.model.as_str();
+    let lm = matches!(model, "transformer-lm" | "lstm-lm");
+    // (argument id, whether it has an effect, what it applies to, the value it lacks)
+    let rules: [(&str, bool, &str, &str); 20] = [
+        ("schedule", ex == "embrace", "--exchange embrace", ex),
+        ("lookup", ex == "embrace", "--exchange embrace", ex),
+        ("density", sparse, &sparse_list, ex),
+        ("dense_warmup", sparse, &sparse_list, ex),
+        ("period", ex == "oktopk", "--exchange oktopk", ex),
+        ("reeval", ex == "oktopk", "--exchange oktopk", ex),
+        (
+            "wire",
+            dense_part,
+            "dense allreduces (--exchange dense, onebit, embrace, allgather, allgather-raw, or a --dense-warmup)",
+            ex,
+        ),
+        (
+            "freeze_step",
+            matches!(opt, "onebit-lamb" | "onebit-adam"),
+            "--optimizer onebit-lamb or onebit-adam",
+            opt,
+        ),
+        (
+            "beta1",
+            opt != "sgd",
+            "the Adam-family optimisers (adam, adamw, lamb, onebit-lamb, onebit-adam)",
+            opt,
+        ),
+        (
+            "beta2",
+            opt != "sgd",
+            "the Adam-family optimisers (adam, adamw, lamb, onebit-lamb, onebit-adam)",
+            opt,
+        ),
+        (
+            "eps",
+            opt != "sgd",
+            "the Adam-family optimisers (adam, adamw, lamb, onebit-lamb, onebit-adam)",
+            opt,
+        ),
+        (
+            "lamb_min",
+            matches!(opt, "lamb" | "onebit-lamb"),
+            "--optimizer lamb or onebit-lamb",
+            opt,
+        ),
+        (
+            "lamb_max",
+            matches!(opt, "lamb" | "onebit-lamb"),
+            "--optimizer lamb or onebit-lamb",
+            opt,
+        ),
+        (
+            "hidden",
+            matches!(model, "mlp" | "lstm-lm"),
+            "--model mlp or lstm-lm",
+            model,
+        ),
+        ("d_model", lm, "--model transformer-lm or lstm-lm", model),
+        (
+            "layers",
+            model == "transformer-lm",
+            "--model transformer-lm",
+            model,
+        ),
+        (
+            "heads",
+            model == "transformer-lm",
+            "--model transformer-lm",
+            model,
+        ),
+        ("seq_len", lm, "--model transformer-lm or lstm-lm", model),
+        (
+            "tokens",
+            a.data == "synthetic-lm",
+            "--data synthetic-lm",
+            &a.data,
+        ),
+        (
+            "corpus_seed",
+            a.data == "synthetic-lm",
+            "--data synthetic-lm",
+            &a.data,
+        ),
+    ];
+    for (id, applies, to, have) in rules {
+        if !applies && given.value_source(id) == Some(clap::parser::ValueSource::CommandLine) {
+            let flag = format!("--{}", id.replace('_', "-"));
+            anyhow::bail!(
+                "{flag} applies to {to} only, not `{have}` (it would be ignored) (flag {flag})"
+            );
+        }
+    }
+    if a.data == "digits" && a.vocab.is_some() {
+        anyhow::bail!(
+            "--vocab applies to --data synthetic-lm or a token file only, not `digits` (it would be ignored) (flag --vocab)"
+        );
+    }
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     gradkit_core::paths::install_signal_cleanup();
-    let args = gradkit_comm::launch::parse_args::<Cli>();
+    let (args, given) = gradkit_comm::launch::parse_matches::<Cli>();
     // The configuration (every flag's range, flags that do not go together) is checked here,
     // once, before MPI starts or any rank runs: a mistake is a usage error (exit 2).
-    if let Err(e) = check_flags(&args) {
+    if let Err(e) = check_flags(&args, &given) {
         gradkit_comm::launch::usage_error::<Cli>(format!("{e:#}"));
     }
     limit_threads(args.ranks);

@@ -238,3 +238,258 @@ fn an_oktopk_resume_warns_off_its_schedule_and_is_exact_on_it() {
         }
     }
 }
+
+/// A language-model run small enough for a flag test (EmbRace's exchanges need one).
+const LM: [&str; 12] = [
+    "--model",
+    "transformer-lm",
+    "--data",
+    "synthetic-lm",
+    "--vocab",
+    "64",
+    "--tokens",
+    "4000",
+    "--d-model",
+    "8",
+    "--seq-len",
+    "8",
+];
+
+#[test]
+fn a_flag_that_would_be_ignored_is_a_usage_error() {
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("m.parquet");
+    let ms = m.to_str().unwrap();
+    let onebit = ["--optimizer", "onebit-lamb", "--exchange", "onebit"];
+    // (flags, the flag named, what it was given with)
+    let cases: Vec<(Vec<&str>, &str, &str)> = vec![
+        (vec!["--schedule", "2d"], "--schedule", "`dense`"),
+        (vec!["--schedule", "embrace"], "--schedule", "`dense`"),
+        (
+            [&LM[..], &["--exchange", "allgather", "--schedule", "2d"]].concat(),
+            "--schedule",
+            "`allgather`",
+        ),
+        (
+            [
+                &LM[..],
+                &["--exchange", "allgather-raw", "--schedule", "fifo"],
+            ]
+            .concat(),
+            "--schedule",
+            "`allgather-raw`",
+        ),
+        (vec!["--density", "0.05"], "--density", "`dense`"),
+        (
+            [&onebit[..], &["--density", "0.05"]].concat(),
+            "--density",
+            "`onebit`",
+        ),
+        (
+            [&LM[..], &["--exchange", "embrace", "--density", "0.05"]].concat(),
+            "--density",
+            "`embrace`",
+        ),
+        (vec!["--dense-warmup", "5"], "--dense-warmup", "`dense`"),
+        (vec!["--dense-warmup", "0"], "--dense-warmup", "`dense`"),
+        (
+            vec!["--exchange", "cltk", "--period", "8"],
+            "--period",
+            "`cltk`",
+        ),
+        (
+            vec!["--exchange", "topk", "--period", "8"],
+            "--period",
+            "`topk`",
+        ),
+        (vec!["--period", "8"], "--period", "`dense`"),
+        (
+            vec!["--exchange", "cltk", "--reeval", "4"],
+            "--reeval",
+            "`cltk`",
+        ),
+        (
+            vec!["--exchange", "deft", "--reeval", "4"],
+            "--reeval",
+            "`deft`",
+        ),
+        (vec!["--freeze-step", "10"], "--freeze-step", "`sgd`"),
+        (
+            vec!["--optimizer", "lamb", "--freeze-step", "10"],
+            "--freeze-step",
+            "`lamb`",
+        ),
+        (vec!["--lookup", "per-token"], "--lookup", "`dense`"),
+        (
+            vec!["--exchange", "topk", "--wire", "f32"],
+            "--wire",
+            "`topk`",
+        ),
+        (vec!["--beta1", "0.8"], "--beta1", "`sgd`"),
+        (vec!["--beta2", "0.99"], "--beta2", "`sgd`"),
+        (vec!["--eps", "1e-6"], "--eps", "`sgd`"),
+        (
+            vec!["--optimizer", "adam", "--lamb-min", "0.1"],
+            "--lamb-min",
+            "`adam`",
+        ),
+        (
+            vec![
+                "--optimizer",
+                "onebit-adam",
+                "--exchange",
+                "onebit",
+                "--lamb-max",
+                "5",
+            ],
+            "--lamb-max",
+            "`onebit-adam`",
+        ),
+        (
+            vec!["--model", "cnn", "--hidden", "32"],
+            "--hidden",
+            "`cnn`",
+        ),
+        (
+            [&LM[..], &["--hidden", "32"]].concat(),
+            "--hidden",
+            "`transformer-lm`",
+        ),
+        (vec!["--d-model", "16"], "--d-model", "`mlp`"),
+        (vec!["--layers", "1"], "--layers", "`mlp`"),
+        (vec!["--heads", "2"], "--heads", "`mlp`"),
+        (
+            vec![
+                "--model",
+                "lstm-lm",
+                "--data",
+                "synthetic-lm",
+                "--tokens",
+                "4000",
+                "--vocab",
+                "64",
+                "--layers",
+                "3",
+            ],
+            "--layers",
+            "`lstm-lm`",
+        ),
+        (vec!["--seq-len", "16"], "--seq-len", "`mlp`"),
+        (vec!["--tokens", "5000"], "--tokens", "`digits`"),
+        (vec!["--corpus-seed", "3"], "--corpus-seed", "`digits`"),
+        (vec!["--vocab", "100"], "--vocab", "`digits`"),
+    ];
+    for (args, flag, with) in cases {
+        let mut a = args.clone();
+        a.extend(["--ranks", "2", "--steps", "1", "-q", "--metrics", ms]);
+        let o = gradtrain(&a);
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+        let first = e.lines().next().unwrap_or("");
+        assert!(
+            first.starts_with(&format!("error: {flag} applies to ")) && first.contains(with),
+            "{args:?}: {e}"
+        );
+        assert!(first.contains(&format!("(flag {flag})")), "{args:?}: {e}");
+        assert_eq!(e.matches("error:").count(), 1, "{e}");
+        assert!(!m.exists(), "{args:?}: metrics written");
+    }
+}
+
+#[test]
+fn each_flag_is_accepted_where_it_has_an_effect() {
+    let d = tempfile::tempdir().unwrap();
+    let onebit = ["--optimizer", "onebit-lamb", "--exchange", "onebit"];
+    let mut cases: Vec<Vec<&str>> = vec![
+        [&LM[..], &["--exchange", "embrace", "--schedule", "2d"]].concat(),
+        [&LM[..], &["--exchange", "embrace", "--schedule", "fifo"]].concat(),
+        [&onebit[..], &["--freeze-step", "1"]].concat(),
+        vec![
+            "--optimizer",
+            "onebit-adam",
+            "--exchange",
+            "onebit",
+            "--freeze-step",
+            "1",
+        ],
+        vec!["--exchange", "oktopk", "--period", "8", "--reeval", "4"],
+        [&LM[..], &["--exchange", "embrace", "--lookup", "unique"]].concat(),
+        vec!["--wire", "fp16"],
+        vec![
+            "--exchange",
+            "topk",
+            "--dense-warmup",
+            "1",
+            "--wire",
+            "fp16",
+        ],
+        vec![
+            "--optimizer",
+            "adam",
+            "--beta1",
+            "0.8",
+            "--beta2",
+            "0.99",
+            "--eps",
+            "1e-6",
+        ],
+        vec![
+            "--optimizer",
+            "lamb",
+            "--lamb-min",
+            "0.1",
+            "--lamb-max",
+            "5",
+        ],
+        vec!["--hidden", "16"],
+        [
+            &LM[..],
+            &["--layers", "1", "--heads", "2", "--corpus-seed", "3"],
+        ]
+        .concat(),
+        vec![
+            "--model",
+            "lstm-lm",
+            "--data",
+            "synthetic-lm",
+            "--vocab",
+            "64",
+            "--tokens",
+            "4000",
+            "--hidden",
+            "8",
+            "--d-model",
+            "8",
+            "--seq-len",
+            "8",
+        ],
+    ];
+    for ex in [
+        "topk",
+        "gaussiank",
+        "topkdsa",
+        "gtopk",
+        "oktopk",
+        "deft",
+        "cltk",
+        "topk-union",
+    ] {
+        cases.push(vec![
+            "--exchange",
+            ex,
+            "--density",
+            "0.05",
+            "--dense-warmup",
+            "1",
+        ]);
+    }
+    for args in cases {
+        let m = d.path().join("m.parquet");
+        let mut a = args.clone();
+        a.extend(["--ranks", "2", "--steps", "2", "-q"]);
+        a.extend(["--metrics", m.to_str().unwrap()]);
+        ok(&a);
+        assert!(m.exists(), "{args:?}: no metrics");
+        std::fs::remove_file(&m).unwrap();
+    }
+}

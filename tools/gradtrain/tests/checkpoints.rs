@@ -1,0 +1,256 @@
+//! The checkpoint directory: a failed checkpoint write leaves nothing behind and the previous
+//! checkpoint stays `latest`; a fresh run refuses a directory that holds another run's
+//! checkpoints unless told to `--resume` it or to `--overwrite-checkpoint` it.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gradtrain");
+
+/// A small, deterministic dense MLP run on 2 ranks.
+const BASE: [&str; 9] = [
+    "--model", "mlp", "--ranks", "2", "--lr", "0.1", "--batch", "16", "-q",
+];
+
+fn gradtrain(dir: &Path, extra: &[&str]) -> Output {
+    Command::new(BIN)
+        .current_dir(dir)
+        .args(BASE)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+fn ok(dir: &Path, extra: &[&str]) {
+    let o = gradtrain(dir, extra);
+    assert!(
+        o.status.success(),
+        "{extra:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// The names in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn latest(ck: &Path) -> String {
+    std::fs::read_to_string(ck.join("latest"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// Every regular file under `dir` with its bytes (one level of subdirectories).
+fn tree(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v = Vec::new();
+    for n in names(dir) {
+        let p = dir.join(&n);
+        if p.is_dir() {
+            for m in names(&p) {
+                v.push((format!("{n}/{m}"), std::fs::read(p.join(&m)).unwrap()));
+            }
+        } else {
+            v.push((n, std::fs::read(&p).unwrap()));
+        }
+    }
+    v
+}
+
+#[test]
+fn a_failed_checkpoint_write_leaves_nothing_and_keeps_the_previous_one() {
+    let d = gradkit_testkit::tempdir("gradtrain-ckfail");
+    let p = d.path();
+    ok(p, &["--steps", "10", "--checkpoint", "ck"]);
+    assert_eq!(names(&p.join("ck")), ["latest", "step-10"]);
+    let before = tree(&p.join("ck"));
+    // A full disk, portably: the file-size limit (RLIMIT_FSIZE, 60 blocks of 512 bytes or
+    // 1 KiB) is far below one rank's file (the MLP's 26,122 parameters alone are 104 KB) and
+    // above the metrics table the resumed run keeps for its checkpoints (a few KB), and
+    // SIGXFSZ ignored turns the signal into the write error EFBIG, as ENOSPC would be.
+    let o = Command::new("sh")
+        .current_dir(p)
+        .args([
+            "-c",
+            "trap '' XFSZ; ulimit -f 60 && exec \"$0\" \"$@\"",
+            BIN,
+        ])
+        .args(BASE)
+        .args([
+            "--steps",
+            "20",
+            "--checkpoint",
+            "ck",
+            "--checkpoint-every",
+            "5",
+            "--resume",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("error: ") && err.contains("cannot write checkpoint"),
+        "{err}"
+    );
+    assert_eq!(
+        names(&p.join("ck")),
+        ["latest", "step-10"],
+        "a staging directory or a partial checkpoint was left"
+    );
+    assert_eq!(
+        tree(&p.join("ck")),
+        before,
+        "the previous checkpoint changed"
+    );
+    // And it still resumes.
+    ok(p, &["--steps", "12", "--checkpoint", "ck", "--resume"]);
+    assert_eq!(latest(&p.join("ck")), "step-12");
+}
+
+#[test]
+fn a_checkpoint_write_failing_on_one_rank_is_reported_by_that_rank() {
+    let d = gradkit_testkit::tempdir("gradtrain-ckfail1");
+    let p = d.path();
+    // Rank 1 cannot create its file (a directory has its name); rank 0 writes its own.
+    let blocked = p.join("ck/.staging-step-5/rank-1.safetensors");
+    std::fs::create_dir_all(&blocked).unwrap();
+    let o = gradtrain(p, &["--steps", "5", "--checkpoint", "ck"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("error: ") && err.contains("rank-1.safetensors"),
+        "the failing rank's own error is reported: {err}"
+    );
+    assert!(
+        names(&p.join("ck")).is_empty(),
+        "{:?}",
+        names(&p.join("ck"))
+    );
+}
+
+/// A directory holding the checkpoints of a dense run at steps 10, 20, 30, 40, and a file
+/// of the user's.
+fn earlier_run(p: &Path) {
+    ok(
+        p,
+        &[
+            "--steps",
+            "40",
+            "--checkpoint",
+            "ck",
+            "--checkpoint-every",
+            "10",
+        ],
+    );
+    std::fs::write(p.join("ck/notes.txt"), "mine").unwrap();
+    assert_eq!(
+        names(&p.join("ck")),
+        [
+            "latest",
+            "notes.txt",
+            "step-10",
+            "step-20",
+            "step-30",
+            "step-40"
+        ]
+    );
+}
+
+#[test]
+fn a_fresh_run_refuses_a_directory_holding_another_runs_checkpoints() {
+    let d = gradkit_testkit::tempdir("gradtrain-cktake");
+    let p = d.path();
+    earlier_run(p);
+    let before = tree(&p.join("ck"));
+    let o = gradtrain(
+        p,
+        &["--steps", "10", "--exchange", "topk", "--checkpoint", "ck"],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    for name in ["error: ", "ck", "--resume", "--overwrite-checkpoint"] {
+        assert!(err.contains(name), "`{name}` not named: {err}");
+    }
+    assert_eq!(tree(&p.join("ck")), before, "the directory changed");
+    // `latest` alone (its step directory removed by hand) still marks another run's.
+    let d2 = gradkit_testkit::tempdir("gradtrain-cktake2");
+    std::fs::create_dir(d2.path().join("ck")).unwrap();
+    std::fs::write(d2.path().join("ck/latest"), "step-10\n").unwrap();
+    let o = gradtrain(d2.path(), &["--steps", "10", "--checkpoint", "ck"]);
+    assert_eq!(o.status.code(), Some(1));
+}
+
+#[test]
+fn a_fresh_run_writes_into_an_empty_or_unrelated_directory() {
+    let d = gradkit_testkit::tempdir("gradtrain-ckempty");
+    let p = d.path();
+    std::fs::create_dir(p.join("ck")).unwrap();
+    std::fs::write(p.join("ck/notes.txt"), "mine").unwrap();
+    std::fs::create_dir(p.join("ck/step-x")).unwrap();
+    ok(p, &["--steps", "5", "--checkpoint", "ck"]);
+    assert_eq!(
+        names(&p.join("ck")),
+        ["latest", "notes.txt", "step-5", "step-x"]
+    );
+}
+
+#[test]
+fn overwrite_checkpoint_replaces_the_other_runs_checkpoints_and_nothing_else() {
+    let d = gradkit_testkit::tempdir("gradtrain-ckover");
+    let p = d.path();
+    earlier_run(p);
+    ok(
+        p,
+        &[
+            "--steps",
+            "10",
+            "--exchange",
+            "topk",
+            "--checkpoint",
+            "ck",
+            "--overwrite-checkpoint",
+        ],
+    );
+    assert_eq!(names(&p.join("ck")), ["latest", "notes.txt", "step-10"]);
+    assert_eq!(latest(&p.join("ck")), "step-10");
+    assert_eq!(std::fs::read(p.join("ck/notes.txt")).unwrap(), b"mine");
+    // step-10 is the new (topk) run's: it resumes as topk, and refuses dense.
+    let resume = ["--steps", "12", "--checkpoint", "ck", "--resume"];
+    let o = gradtrain(p, &resume);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("exchange = topk"));
+    ok(p, &[&resume[..], &["--exchange", "topk"]].concat());
+}
+
+#[test]
+fn overwrite_checkpoint_is_a_usage_error_with_resume_or_without_checkpoint() {
+    let d = gradkit_testkit::tempdir("gradtrain-ckoveruse");
+    let p = d.path();
+    for args in [
+        &["--steps", "5", "--overwrite-checkpoint"][..],
+        &[
+            "--steps",
+            "5",
+            "--checkpoint",
+            "ck",
+            "--resume",
+            "--overwrite-checkpoint",
+        ],
+    ] {
+        let o = gradtrain(p, args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("--overwrite-checkpoint"), "{err}");
+        assert!(names(p).is_empty(), "{args:?} wrote {:?}", names(p));
+    }
+}

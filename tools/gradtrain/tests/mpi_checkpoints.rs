@@ -1,0 +1,134 @@
+//! gradtrain's checkpoint checks under mpirun (docs/RELIABILITY.md): a `--resume` that does
+//! not match the checkpoint (world size, exchange) and a fresh run into another run's
+//! checkpoint directory are agreement points: exactly one `error:` line, a non-zero status
+//! on every rank, no `MPI_Abort`, nothing trained or written.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_gradtrain");
+
+/// A checkpoint at step 10 of a dense MLP run on 2 in-process ranks (the same files as
+/// `mpirun -np 2` writes).
+fn checkpoint_of_2_ranks(ck: &Path) {
+    let o = Command::new(BIN)
+        .args(["--model", "mlp", "--ranks", "2", "--steps", "10", "-q"])
+        .arg("--checkpoint")
+        .arg(ck)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// `mpirun -np P gradtrain args…`: exit status and stderr (a hang fails the test).
+fn mpirun(p: usize, args: &[&str]) -> (Option<i32>, String) {
+    let mut cmd = gradkit_testkit::mpi::command(p);
+    cmd.arg(BIN).args(args);
+    let child = cmd.spawn().expect("start mpirun");
+    let what = format!("mpirun -np {p} {args:?}");
+    let (status, _, stderr) =
+        gradkit_testkit::mpi::wait_bounded(child, Duration::from_secs(300), &what);
+    (status.code(), stderr)
+}
+
+/// Exactly one `error:` line naming every string of `names`, a non-zero exit, no MPI_Abort.
+fn one_error(code: Option<i32>, err: &str, names: &[&str]) {
+    assert!(code.is_some_and(|c| c != 0), "exit {code:?}: {err}");
+    assert_eq!(err.matches("error:").count(), 1, "{err}");
+    assert!(!err.contains("MPI_ABORT"), "{err}");
+    let line = err.lines().find(|l| l.contains("error:")).unwrap();
+    for n in names {
+        assert!(line.contains(n), "`{n}` not named: {err}");
+    }
+}
+
+/// The names in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn resuming_a_checkpoint_of_another_world_size_prints_one_line() {
+    if !gradkit_testkit::mpi::available() {
+        return;
+    }
+    let d = gradkit_testkit::tempdir("gradtrain-mpick-np");
+    let ck = d.path().join("ck");
+    checkpoint_of_2_ranks(&ck);
+    let m = d.path().join("m.parquet");
+    let (code, err) = mpirun(
+        3,
+        &[
+            "--model",
+            "mlp",
+            "--steps",
+            "30",
+            "--checkpoint",
+            ck.to_str().unwrap(),
+            "--resume",
+            "-q",
+            "--metrics",
+            m.to_str().unwrap(),
+        ],
+    );
+    one_error(code, &err, &["ranks = 2", "ranks = 3", "--resume"]);
+    assert_eq!(names(&ck), ["latest", "step-10"]);
+    assert!(!m.exists(), "--metrics written");
+}
+
+#[test]
+fn resuming_with_another_exchange_prints_one_line() {
+    if !gradkit_testkit::mpi::available() {
+        return;
+    }
+    let d = gradkit_testkit::tempdir("gradtrain-mpick-ex");
+    let ck = d.path().join("ck");
+    checkpoint_of_2_ranks(&ck);
+    let (code, err) = mpirun(
+        2,
+        &[
+            "--model",
+            "mlp",
+            "--steps",
+            "30",
+            "--exchange",
+            "topk",
+            "--checkpoint",
+            ck.to_str().unwrap(),
+            "--resume",
+            "-q",
+        ],
+    );
+    one_error(code, &err, &["exchange = dense", "exchange = topk"]);
+    assert_eq!(names(&ck), ["latest", "step-10"]);
+}
+
+#[test]
+fn a_fresh_run_into_another_runs_checkpoints_prints_one_line() {
+    if !gradkit_testkit::mpi::available() {
+        return;
+    }
+    let d = gradkit_testkit::tempdir("gradtrain-mpick-fresh");
+    let ck = d.path().join("ck");
+    checkpoint_of_2_ranks(&ck);
+    let (code, err) = mpirun(
+        2,
+        &[
+            "--model",
+            "mlp",
+            "--steps",
+            "5",
+            "--checkpoint",
+            ck.to_str().unwrap(),
+            "-q",
+        ],
+    );
+    one_error(code, &err, &["--resume", "--overwrite-checkpoint"]);
+    assert_eq!(names(&ck), ["latest", "step-10"]);
+}
