@@ -87,3 +87,46 @@ pub fn temp_files(dir: impl AsRef<std::path::Path>) -> Vec<String> {
         .filter(|n| n.contains(".tmp-"))
         .collect()
 }
+
+/// Runs `cmd` to the end (stdout and stderr captured) and returns its output and its peak
+/// resident memory in KiB, from `wait4`'s resource usage of that child alone (not the
+/// cumulative `RUSAGE_CHILDREN`, which keeps the largest child ever waited for).
+#[cfg(target_os = "linux")]
+pub fn run_peak_rss(cmd: &mut std::process::Command) -> (std::process::Output, u64) {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            r.read_to_end(&mut v).expect("read the child's output");
+            v
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("stdout")));
+    let err = drain(Box::new(child.stderr.take().expect("stderr")));
+    let mut status = 0i32;
+    // SAFETY: a zeroed rusage is a valid value for wait4 to fill.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: the pid is this process's child, not yet waited for (std's Child is never
+    // waited on here), and both pointers are valid for the call.
+    let r = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(
+        r,
+        child.id() as i32,
+        "wait4: {}",
+        std::io::Error::last_os_error()
+    );
+    let o = std::process::Output {
+        status: std::process::ExitStatus::from_raw(status),
+        stdout: out.join().expect("stdout reader"),
+        stderr: err.join().expect("stderr reader"),
+    };
+    (o, usage.ru_maxrss as u64)
+}

@@ -649,6 +649,11 @@ fn check_memory(
 /// No output may overwrite an input or another output; `--state` is read and written back on
 /// purpose, so it may only name itself.
 fn check_paths(args: &ReduceArgs) -> Result<()> {
+    // --state is read when it exists and written after the last step: where it cannot be
+    // created the run stops now, not after every step.
+    if let Some(state) = &args.state {
+        gradkit_core::paths::check_creatable("--state", state)?;
+    }
     gradkit_core::paths::check_distinct(
         &[
             ("IN", args.io.input.as_deref()),

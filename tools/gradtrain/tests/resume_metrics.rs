@@ -1,6 +1,6 @@
 //! Training metrics survive an interruption (issue 13, item 5): each checkpoint carries the
 //! metric rows so far, so a resumed run's `--metrics` covers the whole run; without
-//! checkpoints `--metrics` is rewritten every `--metrics-every` steps, so a killed run keeps
+//! checkpoints `--metrics` is appended to every `--metrics-every` steps, so a killed run keeps
 //! its finished steps. The reference is always an uninterrupted run of the same flags.
 
 use std::path::Path;
@@ -177,4 +177,67 @@ fn a_killed_run_keeps_the_metrics_of_its_finished_steps() {
     // No temporary file is left behind.
     let left = gradkit_testkit::cli::temp_files(p);
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// `--metrics-every 1` appends the rows of every step to the file (thousands of rows, so the
+/// file's open row group is closed and a new one opened several times): the same rows as one
+/// table written at the end (`--metrics-every 0`), and as the default.
+#[test]
+fn appending_every_step_gives_the_rows_of_one_final_write() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    run(
+        p,
+        &[
+            "--steps",
+            "1200",
+            "--metrics-every",
+            "1",
+            "--metrics",
+            "each.parquet",
+        ],
+    );
+    run(
+        p,
+        &[
+            "--steps",
+            "1200",
+            "--metrics-every",
+            "0",
+            "--metrics",
+            "end.parquet",
+        ],
+    );
+    run(p, &["--steps", "1200", "--metrics", "default.parquet"]);
+    let each = data_rows(&p.join("each.parquet"));
+    assert!(each.len() > 3 * 4096, "{} rows", each.len());
+    assert_eq!(each, data_rows(&p.join("end.parquet")));
+    assert_eq!(each, data_rows(&p.join("default.parquet")));
+    assert!(gradkit_testkit::cli::temp_files(p).is_empty());
+}
+
+/// A `--metrics` path that cannot be created stops the run before its first step (the
+/// message of the check made first), not after the last.
+#[test]
+fn a_metrics_path_that_cannot_be_created_stops_the_run_first() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    let bad = p.join("missing").join("m.parquet");
+    let o = Command::new(BIN)
+        .current_dir(p)
+        .args(BASE)
+        .args(["-q", "--steps", "3000", "--metrics-every", "0", "--metrics"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err.trim_end(),
+        format!(
+            "error: --metrics {}: the directory {} does not exist",
+            bad.display(),
+            p.join("missing").display()
+        )
+    );
 }
