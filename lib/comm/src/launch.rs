@@ -253,9 +253,10 @@ fn injected_fault(rank: usize) -> Result<()> {
     Ok(())
 }
 
-/// Parses the command line like `P::parse()`, with one difference under mpirun: a usage
-/// error (or `--help`) is printed by rank 0 only, and every rank waits until it is out before
-/// exiting with clap's status — one message, not one per rank.
+/// Parses the command line like `P::parse()`, then checks the environment variables
+/// ([`gradkit_core::env::check`]), with one difference under mpirun: a usage error (or
+/// `--help`, or a bad variable) is printed by rank 0 only, and every rank waits until it is
+/// out before exiting with clap's status — one message, not one per rank.
 pub fn parse_args<P: clap::Parser>() -> P {
     parse_matches::<P>().0
 }
@@ -266,10 +267,15 @@ pub fn parse_matches<P: clap::Parser>() -> (P, clap::ArgMatches) {
         Ok(m) => m,
         Err(e) => exit_with(e),
     };
-    match P::from_arg_matches(&matches) {
-        Ok(p) => (p, matches),
+    let p = match P::from_arg_matches(&matches) {
+        Ok(p) => p,
         Err(e) => exit_with(e.format(&mut P::command())),
+    };
+    // The environment is checked like the flags, once per job.
+    if let Err(e) = gradkit_core::env::check() {
+        exit_with(cli::env_clap_error(&e));
     }
+    (p, matches)
 }
 
 /// A usage error found after parsing (a flag that does not apply, a value out of range),

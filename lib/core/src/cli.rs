@@ -486,6 +486,20 @@ pub fn usage_clap_error<C: clap::CommandFactory>(msg: impl std::fmt::Display) ->
         .format(&mut C::command())
 }
 
+/// The clap error for a variable [`crate::env::check`] refused: `error: MSG` alone (the
+/// command line is fine, so no usage line), exit status 2.
+pub fn env_clap_error(e: &anyhow::Error) -> clap::Error {
+    clap::Error::raw(clap::error::ErrorKind::InvalidValue, format!("{e:#}\n"))
+}
+
+/// [`crate::env::check`] for tools that run as one process (under mpirun, rank 0 alone, after
+/// [`one_process_under_mpirun`]): a mistake is a usage error, exit 2.
+pub fn check_env() {
+    if let Err(e) = crate::env::check() {
+        env_clap_error(&e).exit()
+    }
+}
+
 /// Whether the user gave the argument `id` (on the command line or through its environment
 /// variable), as opposed to clap filling in its default.
 pub fn given(m: &clap::ArgMatches, id: &str) -> bool {

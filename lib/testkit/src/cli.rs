@@ -87,3 +87,36 @@ pub fn temp_files(dir: impl AsRef<std::path::Path>) -> Vec<String> {
         .filter(|n| n.contains(".tmp-"))
         .collect()
 }
+
+/// Runs `bin args…` (a command line that is fine on its own) in `dir` with the environment
+/// variable `var` set to `value` and asserts that it was refused as a usage error: exit 2,
+/// one `error: VAR=VALUE: …` line naming what the variable accepts (`accepts`), no panic,
+/// and not one byte of `dir` changed.
+pub fn env_refused(bin: &str, dir: &Path, args: &[&str], var: &str, value: &str, accepts: &str) {
+    let before = snapshot(dir);
+    let out = Command::new(bin)
+        .current_dir(dir)
+        .args(args)
+        .env(var, value)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let what = format!("{var}={value} {bin} {args:?}");
+    assert_eq!(out.status.code(), Some(2), "{what}: {err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{what}: {err}");
+    assert!(
+        errors[0].starts_with(&format!("error: {var}={value}: ")),
+        "{what}: {err}"
+    );
+    assert!(
+        errors[0].contains(accepts),
+        "{what}: `{accepts}` not in {err}"
+    );
+    assert!(
+        !err.contains("panicked") && !err.contains("internal error"),
+        "{what}: {err}"
+    );
+    assert_eq!(snapshot(dir), before, "{what} changed the directory");
+}

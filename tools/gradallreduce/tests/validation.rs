@@ -149,3 +149,32 @@ fn flags_that_do_not_apply_are_usage_errors() {
     ]);
     assert_eq!(c, 0, "{e}");
 }
+
+/// The environment variables gradkit reads are checked like flags, with in-process ranks too
+/// (where `GRADKIT_COMM_TIMEOUT` has no effect): a usage error naming the variable and its
+/// values.
+#[test]
+fn a_bad_environment_variable_is_a_usage_error() {
+    let d = tmpdir("env");
+    write_trace(&d.path().join("t.parquet"), &dense_trace());
+    let args = [
+        "--algo",
+        "ring",
+        "--ranks",
+        "2",
+        "t.parquet",
+        "-o",
+        "o.parquet",
+        "-q",
+    ];
+    for v in ["abc", "-1", "99999999999999999999"] {
+        gradkit_testkit::cli::env_refused(
+            BIN,
+            d.path(),
+            &args,
+            "GRADKIT_COMM_TIMEOUT",
+            v,
+            "a number of seconds from 0",
+        );
+    }
+}

@@ -610,3 +610,34 @@ fn import_errors_name_the_file_and_leave_nothing_behind() {
     );
     import_fails(|_| {}, &["no .safetensors, .npy or .npz files"]);
 }
+
+/// The environment variables gradkit reads are checked like flags, here too (where
+/// `GRADKIT_COMM_TIMEOUT` has no effect): a usage error naming the variable and its values.
+#[test]
+fn a_bad_environment_variable_is_a_usage_error() {
+    let d = tempfile::tempdir().unwrap();
+    let args = [
+        "synthetic",
+        "--shape",
+        "mlp",
+        "--scale",
+        "0.02",
+        "--ranks",
+        "2",
+        "--steps",
+        "1",
+        "-o",
+        "t.parquet",
+        "-q",
+    ];
+    for v in ["abc", "-1", "99999999999999999999"] {
+        gradkit_testkit::cli::env_refused(
+            BIN,
+            d.path(),
+            &args,
+            "GRADKIT_COMM_TIMEOUT",
+            v,
+            "a number of seconds from 0",
+        );
+    }
+}

@@ -238,3 +238,32 @@ fn an_oktopk_resume_warns_off_its_schedule_and_is_exact_on_it() {
         }
     }
 }
+
+/// The environment variables gradkit reads are checked like flags, with in-process ranks too
+/// (where `GRADKIT_COMM_TIMEOUT` has no effect): a usage error naming the variable and its
+/// values.
+#[test]
+fn a_bad_environment_variable_is_a_usage_error() {
+    let d = tempfile::tempdir().unwrap();
+    let args = [
+        "--model",
+        "mlp",
+        "--ranks",
+        "2",
+        "--steps",
+        "1",
+        "--metrics",
+        "m.parquet",
+        "-q",
+    ];
+    for v in ["abc", "-1", "99999999999999999999"] {
+        gradkit_testkit::cli::env_refused(
+            env!("CARGO_BIN_EXE_gradtrain"),
+            d.path(),
+            &args,
+            "GRADKIT_COMM_TIMEOUT",
+            v,
+            "a number of seconds from 0",
+        );
+    }
+}
