@@ -81,11 +81,11 @@ fn main() -> std::process::ExitCode {
     // A command line that is wrong on its own is a usage error (exit 2), before any rank starts.
     let flags = match (&cli.cmd, matches.subcommand()) {
         (Some(Cmd::Bench(a)), Some((_, m))) => a.check_flags(m),
-        (Some(Cmd::Model(_)), _) => Ok(()),
+        (Some(Cmd::Model(a)), _) => a.check_flags(),
         _ => cli.reduce.check_flags(&matches),
     };
     if let Err(e) = flags {
-        gradkit_comm::launch::usage_error::<Cli>(e);
+        gradkit_comm::launch::usage_error::<Cli>(format!("{e:#}"));
     }
     gradkit_core::cli::run(|| match cli.cmd {
         Some(Cmd::Bench(a)) => bench::run(a),

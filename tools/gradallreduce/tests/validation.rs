@@ -178,3 +178,65 @@ fn a_bad_environment_variable_is_a_usage_error() {
         );
     }
 }
+
+/// `model`'s flags are bounded like every other flag: out of range is a usage error (exit 2)
+/// naming the flag and its range, never a panic or a number from an overflow.
+#[test]
+fn model_flags_out_of_range_are_usage_errors() {
+    for (args, needle) in [
+        (
+            &["--ranks", "4294967296"][..],
+            "--ranks must be from 1 to 16777216",
+        ),
+        (&["--ranks", "0"], "--ranks must be from 1 to 16777216"),
+        (
+            &["--n", "18446744073709551615"],
+            "--n must be from 1 to 9007199254740992",
+        ),
+        (&["--n", "0"], "--n must be from 1 to 9007199254740992"),
+        (&["--n", "12x"], "flag --n"),
+        (&["--density", "0"], "--density must lie in (0, 1]"),
+        (&["--alpha-us=-1"], "flag --alpha-us"),
+    ] {
+        let mut a = vec!["model"];
+        a.extend_from_slice(args);
+        let (code, err) = run(&a);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.starts_with("error: "), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: `{needle}` not in {err}");
+        assert!(!err.contains("internal error"), "{args:?}: {err}");
+    }
+}
+
+/// At the largest bounds the prediction is still the model's: every algorithm's words per
+/// rank at least its volume lower bound, so no speedup over dense beyond what the
+/// compression gives (1-bit: 32× at most; the sparse ones at density 0.01: 1/0.01 = 100× at
+/// most).
+#[test]
+fn model_at_the_bounds_predicts_no_overflowed_speedup() {
+    let o = Command::new(BIN)
+        .args([
+            "model",
+            "--ranks",
+            "16777216",
+            "--n",
+            "9007199254740992",
+            "--format",
+            "csv",
+        ])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut rows = 0;
+    for line in out.lines().skip(1) {
+        let cells: Vec<&str> = line.split(',').collect();
+        let speedup: f64 = cells[7].parse().unwrap();
+        assert!(
+            speedup.is_finite() && speedup > 0.0 && speedup <= 100.0,
+            "{line}"
+        );
+        rows += 1;
+    }
+    assert_eq!(rows, 11, "{out}");
+}
