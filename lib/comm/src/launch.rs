@@ -110,6 +110,26 @@ impl Launch for MpiLaunch {
     }
 }
 
+/// The most in-process ranks (`--ranks N` without mpirun). Each is a thread of this process
+/// and every step of a collective waits for all of them, so a call costs O(P) rounds of
+/// thread hand-offs and the ring O(P²) messages: one 1 KiB `bench` row of the ring (12
+/// calls) took 38 s at 2,000 ranks and 19 s at 1,024 on a busy 2-core machine — the most a
+/// run that prints nothing meanwhile should take. More ranks run under mpirun, which has no
+/// such limit here.
+pub const MAX_LOCAL_RANKS: usize = 1024;
+
+/// `--ranks` checked on the command line alone, before any rank starts (a usage error): at
+/// most [`MAX_LOCAL_RANKS`] in-process ranks. Under mpirun it must equal the job's size,
+/// which [`World::init`] checks.
+pub fn check_ranks_flag(ranks: Option<usize>) -> Result<()> {
+    match ranks {
+        Some(r) if r > MAX_LOCAL_RANKS && !under_mpi_launcher() => bail!(
+            "--ranks {r} is more than the {MAX_LOCAL_RANKS} ranks a process can run (in-process ranks are threads, and each collective step waits for all of them); run more ranks under mpirun -np (flag --ranks)"
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// The set of ranks a tool runs on, on one backend ([`Launch`]).
 pub struct World {
     launch: Box<dyn Launch>,
@@ -148,6 +168,7 @@ impl World {
         if p == 0 {
             bail!("--ranks must be at least 1 (flag --ranks)");
         }
+        check_ranks_flag(ranks)?;
         Ok(World::local(p))
     }
     /// A Local world of `p` ranks (tests, benchmarks).

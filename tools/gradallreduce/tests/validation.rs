@@ -240,3 +240,35 @@ fn model_at_the_bounds_predicts_no_overflowed_speedup() {
     }
     assert_eq!(rows, 11, "{out}");
 }
+
+/// In-process ranks are threads: more than 1024 is refused at once, naming the flag and the
+/// way to run more (mpirun), instead of a run that prints nothing for minutes.
+#[test]
+fn too_many_in_process_ranks_are_a_usage_error() {
+    let d = tmpdir("ranks");
+    write_trace(&d.path().join("t.parquet"), &dense_trace());
+    let t = d.path().join("t.parquet");
+    let o = d.path().join("o.parquet");
+    for args in [
+        &["bench", "--ranks", "100000", "--sizes", "1K:1K"][..],
+        &["bench", "--ranks", "1025", "--sizes", "1K:1K"],
+        &[
+            "--algo",
+            "ring",
+            "--ranks",
+            "100000",
+            t.to_str().unwrap(),
+            "-o",
+            o.to_str().unwrap(),
+        ],
+    ] {
+        let (code, err) = run(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            err.starts_with("error: --ranks ") && err.contains("1024") && err.contains("mpirun"),
+            "{args:?}: {err}"
+        );
+        assert!(err.contains("(flag --ranks)"), "{args:?}: {err}");
+        assert!(!o.exists());
+    }
+}

@@ -407,6 +407,7 @@ fn limit_threads(ranks: Option<usize>) {
 
 /// The library's configuration check, and the flags the tool refuses rather than ignores.
 fn check_flags(a: &Cli) -> anyhow::Result<()> {
+    gradkit_comm::launch::check_ranks_flag(a.ranks)?;
     gradkit_train::train::check_config(&config(a))?;
     if a.adjust.is_some() && a.exchange != "oktopk" {
         anyhow::bail!(
