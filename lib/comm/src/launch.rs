@@ -119,10 +119,11 @@ impl Launch for MpiLaunch {
 pub const MAX_LOCAL_RANKS: usize = 1024;
 
 /// `--ranks` checked on the command line alone, before any rank starts (a usage error): at
-/// most [`MAX_LOCAL_RANKS`] in-process ranks. Under mpirun it must equal the job's size,
+/// least 1, and at most [`MAX_LOCAL_RANKS`] in-process ranks. Under mpirun it must equal the job's size,
 /// which [`World::init`] checks.
 pub fn check_ranks_flag(ranks: Option<usize>) -> Result<()> {
     match ranks {
+        Some(0) => bail!("--ranks must be at least 1 (flag --ranks)"),
         Some(r) if r > MAX_LOCAL_RANKS && !under_mpi_launcher() => bail!(
             "--ranks {r} is more than the {MAX_LOCAL_RANKS} ranks a process can run (in-process ranks are threads, and each collective step waits for all of them); run more ranks under mpirun -np (flag --ranks)"
         ),
@@ -164,11 +165,9 @@ impl World {
             world.agree(check)?;
             return Ok(world);
         }
-        let p = ranks.unwrap_or(1);
-        if p == 0 {
-            bail!("--ranks must be at least 1 (flag --ranks)");
-        }
+        // The tools check it with their flags (a usage error); this is for other callers.
         check_ranks_flag(ranks)?;
+        let p = ranks.unwrap_or(1);
         Ok(World::local(p))
     }
     /// A Local world of `p` ranks (tests, benchmarks).
@@ -246,7 +245,7 @@ impl World {
                 if reporter == 0 {
                     cli::report(e);
                 } else {
-                    cli::report_line(&format!("error: rank {reporter}: {e:#}"));
+                    cli::report_line(&format!("error: rank {reporter}: {}", cli::chain_text(e)));
                 }
             }
         }
@@ -304,6 +303,15 @@ pub fn parse_matches<P: clap::Parser>() -> (P, clap::ArgMatches) {
 /// under mpirun.
 pub fn usage_error<C: clap::CommandFactory>(msg: impl std::fmt::Display) -> ! {
     exit_with(cli::usage_clap_error::<C>(msg))
+}
+
+/// [`usage_error`] of subcommand `sub` of `C`: the usage line printed is the subcommand's
+/// (`gradallreduce bench …`), as clap prints for its own errors there.
+pub fn subcommand_usage_error<C: clap::CommandFactory>(
+    sub: &str,
+    msg: impl std::fmt::Display,
+) -> ! {
+    exit_with(cli::subcommand_usage_clap_error::<C>(sub, msg))
 }
 
 /// Prints a clap error (or help) and exits with its status; under mpirun rank 0 prints and

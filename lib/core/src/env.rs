@@ -1,4 +1,5 @@
-//! The environment variables that change how a tool runs, checked like flags: every tool
+//! The environment variables that change how a tool runs (`GRADKIT_COMM_TIMEOUT`,
+//! `GRADKIT_MAX_MEMORY`, [`crate::budget`]), checked like flags: every tool
 //! calls [`check`] once, right after its command line is parsed and before any work, so a
 //! mistake in one is a usage error (exit 2) naming the variable and the values it accepts —
 //! even in a tool, or a run, where the variable has no effect (`GRADKIT_COMM_TIMEOUT` on
@@ -38,6 +39,7 @@ pub fn comm_timeout() -> Result<Option<Duration>> {
 /// Checks every variable of this module; the first mistake, as one line.
 pub fn check() -> Result<()> {
     comm_timeout()?;
+    crate::budget::env_limit()?;
     Ok(())
 }
 

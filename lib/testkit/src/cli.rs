@@ -88,6 +88,20 @@ pub fn temp_files(dir: impl AsRef<std::path::Path>) -> Vec<String> {
         .collect()
 }
 
+/// Environment variables set wrong, for [`env_refused`]: (variable, value, words of the
+/// message saying what it accepts).
+pub const BAD_ENV: &[(&str, &str, &str)] = &[
+    ("GRADKIT_COMM_TIMEOUT", "abc", "a number of seconds from 0"),
+    ("GRADKIT_COMM_TIMEOUT", "-1", "a number of seconds from 0"),
+    (
+        "GRADKIT_COMM_TIMEOUT",
+        "99999999999999999999",
+        "a number of seconds from 0",
+    ),
+    ("GRADKIT_MAX_MEMORY", "abc", "is not a size (e.g. 4096, 64K"),
+    ("GRADKIT_MAX_MEMORY", "0", "must be more than 0"),
+];
+
 /// Runs `bin args…` (a command line that is fine on its own) in `dir` with the environment
 /// variable `var` set to `value` and asserts that it was refused as a usage error: exit 2,
 /// one `error: VAR=VALUE: …` line naming what the variable accepts (`accepts`), no panic,

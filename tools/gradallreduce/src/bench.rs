@@ -17,7 +17,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use gradkit_collectives::{cost, dense, make_reducer, Algo, Family, Flat, Op, Params, Reducer};
 use gradkit_comm::{huge_vec, Backend, Comm, CommExt, World};
@@ -104,6 +104,7 @@ impl BenchArgs {
     /// Checks made on the command line alone, before any rank starts.
     pub fn check_flags(&self, _m: &clap::ArgMatches) -> Result<()> {
         gradkit_comm::launch::check_ranks_flag(self.ranks)?;
+        sizes(&self.sizes, self.factor)?;
         if self.iters == 0 {
             bail!("--iters must be at least 1: with 0 nothing would be timed or verified (flag --iters)");
         }
@@ -153,10 +154,15 @@ struct Point {
 }
 
 fn sizes(spec: &str, factor: u64) -> Result<Vec<u64>> {
+    if factor < 2 {
+        bail!("--factor must be at least 2, got {factor} (flag --factor)");
+    }
     let (a, b) = spec.split_once(':').unwrap_or((spec, spec));
-    let (lo, hi) = (crate::parse_size(a)?, crate::parse_size(b)?);
-    if lo < 4 || hi < lo || factor < 2 {
-        bail!("--sizes {spec} must be MIN:MAX bytes with 4 ≤ MIN ≤ MAX, --factor ≥ 2");
+    let size =
+        |x: &str| crate::parse_size(x).with_context(|| format!("--sizes {spec} (flag --sizes)"));
+    let (lo, hi) = (size(a)?, size(b)?);
+    if lo < 4 || hi < lo {
+        bail!("--sizes {spec} must be MIN:MAX bytes with 4 ≤ MIN ≤ MAX (flag --sizes)");
     }
     let mut v = Vec::new();
     let mut s = Some(lo);

@@ -3,6 +3,7 @@
 //! and expected words as gradselect's tests/validation.rs), before any rank starts; flags
 //! that the algorithm would ignore, and values with nothing to do, are usage errors.
 
+use std::path::Path;
 use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gradallreduce");
@@ -167,15 +168,8 @@ fn a_bad_environment_variable_is_a_usage_error() {
         "o.parquet",
         "-q",
     ];
-    for v in ["abc", "-1", "99999999999999999999"] {
-        gradkit_testkit::cli::env_refused(
-            BIN,
-            d.path(),
-            &args,
-            "GRADKIT_COMM_TIMEOUT",
-            v,
-            "a number of seconds from 0",
-        );
+    for (var, v, accepts) in gradkit_testkit::cli::BAD_ENV {
+        gradkit_testkit::cli::env_refused(BIN, d.path(), &args, var, v, accepts);
     }
 }
 
@@ -271,4 +265,58 @@ fn too_many_in_process_ranks_are_a_usage_error() {
         assert!(err.contains("(flag --ranks)"), "{args:?}: {err}");
         assert!(!o.exists());
     }
+}
+
+/// Exit codes and messages that agree: `--ranks 0` is a usage error like every other bad
+/// value (exit 2), `--factor 1` is blamed on `--factor`, and a subcommand's flag errors print
+/// the subcommand's usage line.
+#[test]
+fn usage_errors_name_their_flag_and_their_subcommand() {
+    let d = tmpdir("usage");
+    write_trace(&d.path().join("t.parquet"), &dense_trace());
+    let t = d.path().join("t.parquet");
+    let o = d.path().join("o.parquet");
+    let (t, o) = (t.to_str().unwrap(), o.to_str().unwrap());
+    for (args, needle, usage) in [
+        (
+            &["--algo", "ring", "--ranks", "0", t, "-o", o][..],
+            "error: --ranks must be at least 1 (flag --ranks)",
+            "Usage: gradallreduce [OPTIONS] [IN]",
+        ),
+        (
+            &["bench", "--ranks", "0", "--sizes", "1K:1K"],
+            "error: --ranks must be at least 1 (flag --ranks)",
+            "Usage: gradallreduce bench",
+        ),
+        (
+            &["bench", "--ranks", "2", "--sizes", "1K:4K", "--factor", "1"],
+            "error: --factor must be at least 2, got 1 (flag --factor)",
+            "Usage: gradallreduce bench",
+        ),
+        (
+            &["bench", "--ranks", "2", "--sizes", "8:4"],
+            "error: --sizes 8:4 must be MIN:MAX bytes with 4 ≤ MIN ≤ MAX (flag --sizes)",
+            "Usage: gradallreduce bench",
+        ),
+        (
+            &["bench", "--ranks", "2", "--algo", "foo"],
+            "not `foo` (flag --algo)",
+            "Usage: gradallreduce bench",
+        ),
+        (
+            &["model", "--n", "0"],
+            "error: --n must be from 1",
+            "Usage: gradallreduce model",
+        ),
+    ] {
+        let (code, err) = run(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: `{needle}` not in {err}");
+        assert!(err.contains(usage), "{args:?}: `{usage}` not in {err}");
+        assert_eq!(err.matches("error:").count(), 1, "{args:?}: {err}");
+        assert!(!Path::new(o).exists());
+    }
+    // --factor 1 is not blamed on --sizes.
+    let (_, err) = run(&["bench", "--ranks", "2", "--sizes", "1K:4K", "--factor", "1"]);
+    assert!(!err.contains("--sizes 1K:4K"), "{err}");
 }

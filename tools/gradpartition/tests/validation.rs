@@ -140,7 +140,8 @@ fn the_plans_written_pass_the_shared_validator() {
 }
 
 /// The environment variables gradkit reads are checked like flags, here too (where
-/// `GRADKIT_COMM_TIMEOUT` has no effect): a usage error naming the variable and its values.
+/// `GRADKIT_COMM_TIMEOUT` has no effect, and `GRADKIT_MAX_MEMORY` may have none): a usage
+/// error naming the variable and its values.
 #[test]
 fn a_bad_environment_variable_is_a_usage_error() {
     let d = tempfile::tempdir().unwrap();
@@ -156,14 +157,7 @@ fn a_bad_environment_variable_is_a_usage_error() {
         "plan.parquet",
         "-q",
     ];
-    for v in ["abc", "-1", "99999999999999999999"] {
-        gradkit_testkit::cli::env_refused(
-            BIN,
-            d.path(),
-            &args,
-            "GRADKIT_COMM_TIMEOUT",
-            v,
-            "a number of seconds from 0",
-        );
+    for (var, v, accepts) in gradkit_testkit::cli::BAD_ENV {
+        gradkit_testkit::cli::env_refused(BIN, d.path(), &args, var, v, accepts);
     }
 }

@@ -570,19 +570,20 @@ fn plot_volume_and_scaling_svg() {
 }
 
 /// The environment variables gradkit reads are checked like flags, here too (where
-/// `GRADKIT_COMM_TIMEOUT` has no effect): a usage error naming the variable and its values.
+/// `GRADKIT_COMM_TIMEOUT` has no effect, and `GRADKIT_MAX_MEMORY` may have none): a usage
+/// error naming the variable and its values.
 #[test]
 fn a_bad_environment_variable_is_a_usage_error() {
     let d = tempfile::tempdir().unwrap();
     let m = write_metrics(d.path(), "m.parquet", &comm_rows());
-    for v in ["abc", "-1", "99999999999999999999"] {
+    for (var, v, accepts) in gradkit_testkit::cli::BAD_ENV {
         gradkit_testkit::cli::env_refused(
             env!("CARGO_BIN_EXE_gradreport"),
             d.path(),
             &["table", s(&m)],
-            "GRADKIT_COMM_TIMEOUT",
+            var,
             v,
-            "a number of seconds from 0",
+            accepts,
         );
     }
 }

@@ -457,7 +457,7 @@ fn main() -> std::process::ExitCode {
     // The configuration (every flag's range, flags that do not go together) is checked here,
     // once, before MPI starts or any rank runs: a mistake is a usage error (exit 2).
     if let Err(e) = check_flags(&args) {
-        gradkit_comm::launch::usage_error::<Cli>(format!("{e:#}"));
+        gradkit_comm::launch::usage_error::<Cli>(gradkit_core::cli::chain_text(&e));
     }
     limit_threads(args.ranks);
     args.memory.apply();

@@ -256,14 +256,27 @@ fn a_bad_environment_variable_is_a_usage_error() {
         "m.parquet",
         "-q",
     ];
-    for v in ["abc", "-1", "99999999999999999999"] {
+    for (var, v, accepts) in gradkit_testkit::cli::BAD_ENV {
         gradkit_testkit::cli::env_refused(
             env!("CARGO_BIN_EXE_gradtrain"),
             d.path(),
             &args,
-            "GRADKIT_COMM_TIMEOUT",
+            var,
             v,
-            "a number of seconds from 0",
+            accepts,
         );
     }
+}
+
+/// `--ranks 0` is a usage error like every other out-of-range flag (exit 2), not a runtime
+/// error.
+#[test]
+fn ranks_zero_is_a_usage_error() {
+    let o = gradtrain(&["--model", "mlp", "--ranks", "0", "--steps", "1", "-q"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.starts_with("error: --ranks must be at least 1 (flag --ranks)"),
+        "{err}"
+    );
 }
