@@ -197,8 +197,9 @@ impl std::fmt::Display for Damaged {
 
 impl std::error::Error for Damaged {}
 
-/// A batch's decoding error: [`Damaged`] for the decoder's own, as it is for the rest.
-fn decode_error(e: arrow_schema::ArrowError) -> anyhow::Error {
+/// A batch's decoding error: the decoder's own said once (`Parquet error: …`), the rest as
+/// they are. For every reader of Parquet batches, here and in the other crates.
+pub fn decode_error(e: arrow_schema::ArrowError) -> anyhow::Error {
     match e {
         arrow_schema::ArrowError::ParquetError(m) => {
             let m = m.strip_prefix("Parquet error: ").unwrap_or(&m).to_string();
