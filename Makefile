@@ -44,6 +44,8 @@ deps-apt:
 
 deps-rust:
 	@command -v $(CARGO) >/dev/null || { echo "error: cargo not found; install Rust >= 1.88 with rustup (https://rustup.rs)" >&2; exit 1; }
+	@for c in rustfmt clippy; do $(CARGO) $${c/rustfmt/fmt} --version >/dev/null 2>&1 || \
+	  rustup component add $$c || { echo "error: cargo $$c is missing (rustup component add $$c)" >&2; exit 1; }; done
 	@v=$$(rustc --version | awk '{print $$2}'); \
 	  if [ "$$(printf '%s\n' 1.88.0 "$$v" | sort -V | head -1)" != 1.88.0 ]; then \
 	    echo "error: rustc $$v is too old; gradkit needs >= 1.88 (rustup update)" >&2; exit 1; fi
@@ -63,23 +65,29 @@ build: deps-apt deps-rust
 demo: deps build
 	@bash pipelines/demo.sh
 
-## test: unit, property and CLI tests (also under mpirun), then every reproduction in FAST mode,
-## then the `cuda` feature (docs/GPU.md): built, clippy-checked and its device tests run
-## without any CUDA installed, and `--device cuda` shown to stop with one `error:` line
+## test: formatting, unit, property and CLI tests (also under mpirun), then every reproduction
+## in FAST mode, then the `cuda` feature (docs/GPU.md): built, clippy-checked with the whole
+## workspace and its device tests run without any CUDA installed, and `--device cuda` shown to
+## stop with one `error:` line. It leaves the default binaries in target/release, so it passes
+## again in the same checkout, after make demo, make bench or any make repro-*.
 test: deps build
+	$(CARGO) fmt --all -- --check
 	$(CARGO) test $(CARGO_FLAGS) --workspace
 	$(MAKE) --no-print-directory FAST=1 repro
 	$(MAKE) --no-print-directory test-cuda-feature
 
+# The `cuda` binaries are uplifted to target/release while they are tested; the last line puts
+# the default ones back (a fresh build, so it only relinks them).
 test-cuda-feature:
 	$(CARGO) build $(CARGO_FLAGS) -p gradallreduce -p gradtrain --features cuda
-	$(CARGO) clippy $(CARGO_FLAGS) -p gradkit-cuda -p gradallreduce -p gradtrain --features cuda --all-targets -- -D warnings
+	$(CARGO) clippy $(CARGO_FLAGS) --workspace --all-targets --features gradallreduce/cuda,gradtrain/cuda -- -D warnings
 	$(CARGO) test $(CARGO_FLAGS) -p gradkit-cuda --features cuda
 	$(CARGO) test $(CARGO_FLAGS) -p gradallreduce -p gradtrain --features cuda --test device
 	@err=$$($(BIN)/gradallreduce --device cuda 2>&1 >/dev/null); rc=$$?; \
 	  echo "cuda feature: gradallreduce --device cuda -> exit $$rc: $$err"; \
 	  [ $$rc = 1 ] && [ "$$(printf '%s\n' "$$err" | wc -l)" = 1 ] && [ "$${err#error: }" != "$$err" ] \
 	  || { echo "error: expected exit 1 and one 'error:' line from --device cuda" >&2; exit 1; }
+	$(CARGO) build $(CARGO_FLAGS) --workspace
 
 ## deps-bench: mpi4py in the venv, the MPI baseline of make bench (built against
 ## libopenmpi-dev, which deps-apt installs). make test does not need it.

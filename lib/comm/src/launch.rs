@@ -110,6 +110,27 @@ impl Launch for MpiLaunch {
     }
 }
 
+/// The most in-process ranks (`--ranks N` without mpirun). Each is a thread of this process
+/// and every step of a collective waits for all of them, so a call costs O(P) rounds of
+/// thread hand-offs and the ring O(P²) messages: one 1 KiB `bench` row of the ring (12
+/// calls) took 38 s at 2,000 ranks and 19 s at 1,024 on a busy 2-core machine — the most a
+/// run that prints nothing meanwhile should take. More ranks run under mpirun, which has no
+/// such limit here.
+pub const MAX_LOCAL_RANKS: usize = 1024;
+
+/// `--ranks` checked on the command line alone, before any rank starts (a usage error): at
+/// least 1, and at most [`MAX_LOCAL_RANKS`] in-process ranks. Under mpirun it must equal the job's size,
+/// which [`World::init`] checks.
+pub fn check_ranks_flag(ranks: Option<usize>) -> Result<()> {
+    match ranks {
+        Some(0) => bail!("--ranks must be at least 1 (flag --ranks)"),
+        Some(r) if r > MAX_LOCAL_RANKS && !under_mpi_launcher() => bail!(
+            "--ranks {r} is more than the {MAX_LOCAL_RANKS} ranks a process can run (in-process ranks are threads, and each collective step waits for all of them); run more ranks under mpirun -np (flag --ranks)"
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// The set of ranks a tool runs on, on one backend ([`Launch`]).
 pub struct World {
     launch: Box<dyn Launch>,
@@ -144,10 +165,9 @@ impl World {
             world.agree(check)?;
             return Ok(world);
         }
+        // The tools check it with their flags (a usage error); this is for other callers.
+        check_ranks_flag(ranks)?;
         let p = ranks.unwrap_or(1);
-        if p == 0 {
-            bail!("--ranks must be at least 1 (flag --ranks)");
-        }
         Ok(World::local(p))
     }
     /// A Local world of `p` ranks (tests, benchmarks).
@@ -225,7 +245,7 @@ impl World {
                 if reporter == 0 {
                     cli::report(e);
                 } else {
-                    cli::report_line(&format!("error: rank {reporter}: {e:#}"));
+                    cli::report_line(&format!("error: rank {reporter}: {}", cli::chain_text(e)));
                 }
             }
         }
@@ -253,9 +273,10 @@ fn injected_fault(rank: usize) -> Result<()> {
     Ok(())
 }
 
-/// Parses the command line like `P::parse()`, with one difference under mpirun: a usage
-/// error (or `--help`) is printed by rank 0 only, and every rank waits until it is out before
-/// exiting with clap's status — one message, not one per rank.
+/// Parses the command line like `P::parse()`, then checks the environment variables
+/// ([`gradkit_core::env::check`]), with one difference under mpirun: a usage error (or
+/// `--help`, or a bad variable) is printed by rank 0 only, and every rank waits until it is
+/// out before exiting with clap's status — one message, not one per rank.
 pub fn parse_args<P: clap::Parser>() -> P {
     parse_matches::<P>().0
 }
@@ -266,10 +287,15 @@ pub fn parse_matches<P: clap::Parser>() -> (P, clap::ArgMatches) {
         Ok(m) => m,
         Err(e) => exit_with(e),
     };
-    match P::from_arg_matches(&matches) {
-        Ok(p) => (p, matches),
+    let p = match P::from_arg_matches(&matches) {
+        Ok(p) => p,
         Err(e) => exit_with(e.format(&mut P::command())),
+    };
+    // The environment is checked like the flags, once per job.
+    if let Err(e) = gradkit_core::env::check() {
+        exit_with(cli::env_clap_error(&e));
     }
+    (p, matches)
 }
 
 /// A usage error found after parsing (a flag that does not apply, a value out of range),
@@ -277,6 +303,15 @@ pub fn parse_matches<P: clap::Parser>() -> (P, clap::ArgMatches) {
 /// under mpirun.
 pub fn usage_error<C: clap::CommandFactory>(msg: impl std::fmt::Display) -> ! {
     exit_with(cli::usage_clap_error::<C>(msg))
+}
+
+/// [`usage_error`] of subcommand `sub` of `C`: the usage line printed is the subcommand's
+/// (`gradallreduce bench …`), as clap prints for its own errors there.
+pub fn subcommand_usage_error<C: clap::CommandFactory>(
+    sub: &str,
+    msg: impl std::fmt::Display,
+) -> ! {
+    exit_with(cli::subcommand_usage_clap_error::<C>(sub, msg))
 }
 
 /// Prints a clap error (or help) and exits with its status; under mpirun rank 0 prints and

@@ -50,13 +50,12 @@ pub(crate) fn abort_world(code: i32) -> ! {
 }
 
 /// How long a receive may wait before the job is ended: `GRADKIT_COMM_TIMEOUT` seconds
-/// (default 1800; 0 = forever).
+/// (default 1800; 0 = forever). Every tool has refused a bad value at its start
+/// ([`gradkit_core::env::check`]); a caller that did not check gets the default.
 pub fn comm_timeout() -> Option<std::time::Duration> {
-    let secs = std::env::var("GRADKIT_COMM_TIMEOUT")
-        .ok()
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .unwrap_or(1800.0);
-    (secs > 0.0 && secs.is_finite()).then(|| std::time::Duration::from_secs_f64(secs))
+    gradkit_core::env::comm_timeout().unwrap_or(Some(std::time::Duration::from_secs(
+        gradkit_core::env::DEFAULT_COMM_TIMEOUT_S,
+    )))
 }
 
 /// One rank of an MPI world.

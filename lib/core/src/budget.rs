@@ -60,18 +60,11 @@ pub fn limit() -> Result<Limit> {
             source: "--max-memory".into(),
         });
     }
-    if let Some(v) = std::env::var_os(ENV) {
-        let s = v.to_string_lossy();
-        return match parse_size(&s) {
-            Ok(b) if b > 0 => Ok(Limit {
-                bytes: b,
-                source: ENV.into(),
-            }),
-            Ok(_) => bail!(
-                "{ENV}={s}: the memory limit must be more than 0 (environment variable {ENV})"
-            ),
-            Err(e) => bail!("{ENV}={s}: {e} (environment variable {ENV})"),
-        };
+    if let Some(bytes) = env_limit()? {
+        return Ok(Limit {
+            bytes,
+            source: ENV.into(),
+        });
     }
     Ok(match physical_memory() {
         Some(b) => Limit {
@@ -83,6 +76,22 @@ pub fn limit() -> Result<Limit> {
             source: "the default; /proc/meminfo was not readable".into(),
         },
     })
+}
+
+/// `GRADKIT_MAX_MEMORY` in bytes when it is set; an error naming it for anything but a size
+/// above 0 (every tool checks it at its start, [`crate::env::check`]).
+pub fn env_limit() -> Result<Option<u64>> {
+    let Some(v) = std::env::var_os(ENV) else {
+        return Ok(None);
+    };
+    let s = v.to_string_lossy();
+    match parse_size(&s) {
+        Ok(b) if b > 0 => Ok(Some(b)),
+        Ok(_) => {
+            bail!("{ENV}={s}: the memory limit must be more than 0 (environment variable {ENV})")
+        }
+        Err(e) => bail!("{ENV}={s}: {e} (environment variable {ENV})"),
+    }
 }
 
 /// `MemTotal` of /proc/meminfo, in bytes.

@@ -135,12 +135,27 @@ pub fn launcher() -> Option<&'static Launcher> {
 /// Writes `error: MSG` (the context chain joined by `: `) to stderr in ONE write, so that no
 /// other output (another rank's, mpirun's) can cut into it; errors writing it are ignored.
 pub fn report(e: &anyhow::Error) {
-    let mut msg = format!("error: {e}");
-    for cause in e.chain().skip(1) {
-        msg.push_str(": ");
-        msg.push_str(&cause.to_string());
+    report_line(&format!("error: {}", chain_text(e)));
+}
+
+/// An error and its causes joined by `: `, leaving out a cause whose text the message before
+/// it already holds (a context that quoted its source: `writing x: No space left on device
+/// (os error 28)` above the I/O error itself).
+pub fn chain_text(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    let mut prev = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !prev.is_empty() && prev.contains(&text) {
+            continue;
+        }
+        if !msg.is_empty() {
+            msg.push_str(": ");
+        }
+        msg.push_str(&text);
+        prev = text;
     }
-    report_line(&msg);
+    msg
 }
 
 /// One line to stderr, written with a single `write` call.
@@ -493,6 +508,42 @@ pub fn usage_clap_error<C: clap::CommandFactory>(msg: impl std::fmt::Display) ->
         .format(&mut C::command())
 }
 
+/// [`usage_clap_error`] with the usage line of subcommand `sub` of `C` (`C`'s own when it
+/// has no such subcommand).
+pub fn subcommand_usage_clap_error<C: clap::CommandFactory>(
+    sub: &str,
+    msg: impl std::fmt::Display,
+) -> clap::Error {
+    let mut cmd = C::command();
+    // Built, so that the subcommand's usage line carries the tool's name.
+    cmd.build();
+    match cmd.find_subcommand_mut(sub) {
+        Some(s) => {
+            let mut s = s.clone();
+            s.error(clap::error::ErrorKind::ArgumentConflict, msg)
+                .format(&mut s)
+        }
+        None => usage_clap_error::<C>(msg),
+    }
+}
+
+/// The clap error for a variable [`crate::env::check`] refused: `error: MSG` alone (the
+/// command line is fine, so no usage line), exit status 2.
+pub fn env_clap_error(e: &anyhow::Error) -> clap::Error {
+    clap::Error::raw(
+        clap::error::ErrorKind::InvalidValue,
+        format!("{}\n", chain_text(e)),
+    )
+}
+
+/// [`crate::env::check`] for tools that run as one process (under mpirun, rank 0 alone, after
+/// [`one_process_under_mpirun`]): a mistake is a usage error, exit 2.
+pub fn check_env() {
+    if let Err(e) = crate::env::check() {
+        env_clap_error(&e).exit()
+    }
+}
+
 /// Whether the user gave the argument `id` (on the command line or through its environment
 /// variable), as opposed to clap filling in its default.
 pub fn given(m: &clap::ArgMatches, id: &str) -> bool {
@@ -613,4 +664,29 @@ pub fn output_flag(flag: &str, arg: Option<&std::path::Path>) -> Result<Option<O
 /// so that a second output on stdout (`--metrics -`) is refused.
 pub fn stdout_if_absent(arg: Option<&std::path::Path>) -> Option<&std::path::Path> {
     Some(arg.unwrap_or(std::path::Path::new("-")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chain_text;
+
+    /// A context that already quotes its cause (as `writing PATH: {io error}` does) is
+    /// followed by the next cause only where that says something new.
+    #[test]
+    fn a_cause_the_message_already_holds_is_not_repeated() {
+        let full = || std::io::Error::from_raw_os_error(28);
+        let e = anyhow::Error::new(full()).context(format!("writing /data/t.parquet: {}", full()));
+        assert_eq!(
+            chain_text(&e),
+            format!("writing /data/t.parquet: {}", full())
+        );
+        assert_eq!(chain_text(&e).matches("os error 28").count(), 1);
+        let e = anyhow::anyhow!("root cause")
+            .context("middle")
+            .context("top");
+        assert_eq!(chain_text(&e), "top: middle: root cause");
+        // Only the message just before is compared: a cause repeated further down stays.
+        let e = anyhow::anyhow!("a").context("b").context("a");
+        assert_eq!(chain_text(&e), "a: b: a");
+    }
 }

@@ -195,6 +195,93 @@ enum Source {
     Memory(Bytes),
 }
 
+/// Data the Parquet decoder could not read (a garbled page). The Arrow reader wraps the
+/// decoder's message twice (`Parquet argument error: Parquet error: …`); this says it once.
+#[derive(Debug)]
+struct Damaged(String);
+
+impl std::fmt::Display for Damaged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Parquet error: {}", self.0)
+    }
+}
+
+impl std::error::Error for Damaged {}
+
+/// A batch's decoding error: the decoder's own said once (`Parquet error: …`), the rest as
+/// they are. For every reader of Parquet batches, here and in the other crates.
+pub fn decode_error(e: arrow_schema::ArrowError) -> anyhow::Error {
+    match e {
+        arrow_schema::ArrowError::ParquetError(m) => {
+            let m = m.strip_prefix("Parquet error: ").unwrap_or(&m).to_string();
+            anyhow::Error::new(Damaged(m))
+        }
+        e => e.into(),
+    }
+}
+
+/// The file row where each row group starts.
+fn group_starts(metadata: &ArrowReaderMetadata) -> Vec<usize> {
+    metadata
+        .metadata()
+        .row_groups()
+        .iter()
+        .scan(0usize, |acc, g| {
+            let s = *acc;
+            *acc += g.num_rows().max(0) as usize;
+            Some(s)
+        })
+        .collect()
+}
+
+/// Where a read of row groups `candidates` met damaged data, for its message: a batch may span
+/// several row groups, so on that error path each is read again on its own, every column, and
+/// the first that fails is named (`row group 4 of 6 (file rows from 32)`, from `row` when that
+/// is later); only when none fails alone are the candidates named as a range.
+fn damage_at(
+    source: &Source,
+    metadata: &ArrowReaderMetadata,
+    candidates: &[usize],
+    row: usize,
+) -> String {
+    let starts = group_starts(metadata);
+    let total = starts.len();
+    let fails = |g: usize| -> bool {
+        let read = || -> Result<()> {
+            let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(
+                source.chunk_reader()?,
+                metadata.clone(),
+            )
+            .with_row_groups(vec![g])
+            .build()?;
+            for b in reader {
+                b?;
+            }
+            Ok(())
+        };
+        read().is_err()
+    };
+    let named = match candidates {
+        [g] => Some(*g),
+        _ => candidates.iter().copied().find(|&g| fails(g)),
+    };
+    match (named, candidates.first(), candidates.last()) {
+        (Some(g), _, _) => {
+            let from = starts.get(g).map_or(row, |&s| s.max(row));
+            format!("row group {g} of {total} (file rows from {from})")
+        }
+        (None, Some(a), Some(b)) => format!("row groups {a}–{b} of {total} (file rows from {row})"),
+        _ => format!("file rows from {row}"),
+    }
+}
+
+/// The row groups that file rows `row .. row + len` fall in.
+fn groups_of_rows(metadata: &ArrowReaderMetadata, row: usize, len: usize) -> Vec<usize> {
+    let starts = group_starts(metadata);
+    let group = |r: usize| starts.partition_point(|&s| s <= r).max(1) - 1;
+    (group(row)..=group(row + len.max(1) - 1)).collect()
+}
+
 /// The rows of row groups `groups`, read with `batch` rows per record batch.
 fn read_row_groups<T: Table>(
     source: &Source,
@@ -220,27 +307,36 @@ fn read_row_groups<T: Table>(
             .build()?;
         let mut rows = Vec::new();
         for b in reader {
-            let b = b?;
+            let b = b.map_err(decode_error)?;
             rows.extend(batch_to_rows_at::<T>(&b, first_row)?);
             first_row += b.num_rows();
         }
         Ok(rows)
     }
-    match source {
+    let read = match source {
         Source::File(p) => rows(
             File::open(p).with_context(|| format!("cannot read {}", p.display()))?,
             metadata,
-            groups,
+            groups.clone(),
             batch,
         ),
         Source::Handle(f) => rows(
             f.try_clone().context("cannot read the buffered input")?,
             metadata,
-            groups,
+            groups.clone(),
             batch,
         ),
-        Source::Memory(b) => rows(b.clone(), metadata, groups, batch),
-    }
+        Source::Memory(b) => rows(b.clone(), metadata, groups.clone(), batch),
+    };
+    read.map_err(|e| {
+        if e.is::<Damaged>() {
+            let starts = group_starts(metadata);
+            let first = groups.first().and_then(|&g| starts.get(g)).copied();
+            e.context(damage_at(source, metadata, &groups, first.unwrap_or(0)))
+        } else {
+            e
+        }
+    })
 }
 
 /// A file without the `gradkit.schema` key (pandas and polars drop it): accepted as `T` when
@@ -323,6 +419,9 @@ fn batch_rows(metadata: &ArrowReaderMetadata) -> usize {
 }
 
 /// Rows per record batch of about `target` bytes decoded (at least 1, at most 4096).
+/// Rows per record batch of the key passes ([`TensorStream::scan`], `step_layout`).
+const KEY_BATCH: usize = 1 << 16;
+
 fn batch_rows_of(metadata: &ArrowReaderMetadata, target: i64) -> usize {
     let groups = metadata.metadata().row_groups();
     let (nrows, bytes) = groups.iter().fold((0i64, 0i64), |(n, b), g| {
@@ -524,7 +623,7 @@ impl TensorStream {
     }
 
     /// A reader of the columns `cols` alone (of row groups `groups`; all when `None`), in
-    /// batches of 64 Ki rows, and the schema [`crate::tables::conform`] makes its batches
+    /// batches of [`KEY_BATCH`] rows, and the schema [`crate::tables::conform`] makes its batches
     /// fit: what the key passes read instead of the whole rows.
     fn key_columns(
         &self,
@@ -551,7 +650,7 @@ impl TensorStream {
             self.metadata.clone(),
         )
         .with_projection(mask)
-        .with_batch_size(1 << 16);
+        .with_batch_size(KEY_BATCH);
         if let Some(g) = groups {
             builder = builder.with_row_groups(g);
         }
@@ -577,7 +676,12 @@ impl TensorStream {
         // The row group of the current row, and the file row where it ends.
         let (mut rg, mut rg_end) = (0usize, group_rows.first().copied().unwrap_or(0));
         for b in reader {
-            let b = crate::tables::conform(&want, &b?, scan.rows as usize)?;
+            let b = b.map_err(decode_error).with_context(|| {
+                let row = scan.rows as usize;
+                let groups = groups_of_rows(&self.metadata, row, KEY_BATCH);
+                damage_at(&self.src, &self.metadata, &groups, row)
+            })?;
+            let b = crate::tables::conform(&want, &b, scan.rows as usize)?;
             for c in ["step", "rank", "layer_id"] {
                 if b.column_by_name(c).is_some_and(|a| a.null_count() > 0) {
                     return Err(anyhow!(
@@ -644,11 +748,17 @@ impl TensorStream {
             .collect();
         let (reader, want) = self.key_columns(
             &["step", "layer_id", "layer", "numel", "shape"],
-            Some(groups),
+            Some(groups.clone()),
         )?;
         let mut seen: BTreeMap<u32, (String, u64, Option<Vec<u32>>)> = BTreeMap::new();
         for b in reader {
-            let b = crate::tables::conform(&want, &b?, 0)?;
+            let b = b.map_err(decode_error).with_context(|| {
+                let first = groups
+                    .first()
+                    .map_or(0, |&g| group_starts(&self.metadata)[g]);
+                damage_at(&self.src, &self.metadata, &groups, first)
+            })?;
+            let b = crate::tables::conform(&want, &b, 0)?;
             for c in ["step", "layer_id", "layer", "numel"] {
                 if b.column_by_name(c).is_some_and(|a| a.null_count() > 0) {
                     bail!("column `{c}` has null values; the format requires a value in every row");
@@ -695,16 +805,7 @@ impl TensorStream {
         std::thread::spawn(move || {
             let run = || -> Result<()> {
                 // (row groups, file row of the first) read by one reader each.
-                let starts: Vec<usize> = metadata
-                    .metadata()
-                    .row_groups()
-                    .iter()
-                    .scan(0usize, |acc, g| {
-                        let s = *acc;
-                        *acc += g.num_rows().max(0) as usize;
-                        Some(s)
-                    })
-                    .collect();
+                let starts = group_starts(&metadata);
                 let parts: Vec<(Option<Vec<usize>>, usize)> = match order {
                     None => vec![(None, 0)],
                     Some(o) => o.into_iter().map(|g| (Some(vec![g]), starts[g])).collect(),
@@ -730,23 +831,21 @@ impl TensorStream {
                         }
                         None => None,
                     };
+                    let groups_read = groups.clone();
                     if let Some(g) = groups {
                         builder = builder.with_row_groups(g);
                     }
-                    // A damaged page is reported with the row groups of the batch that
-                    // met it (a batch may run on into the next row group).
+                    // A damaged page is reported with its row group (found among those of
+                    // the batch that met it, which may run on into the next ones).
                     let at = |row: usize| {
-                        let group = |r: usize| starts.partition_point(|&s| s <= r).max(1) - 1;
-                        let total = starts.len();
-                        let (g0, g1) = (group(row), group(row + batch - 1));
-                        if g0 == g1 {
-                            format!("row group {g0} of {total} (file rows from {row})")
-                        } else {
-                            format!("row groups {g0}–{g1} of {total} (file rows from {row})")
+                        let mut groups = groups_of_rows(&metadata, row, batch);
+                        if let Some(g) = &groups_read {
+                            groups.retain(|x| g.contains(x));
                         }
+                        damage_at(&src, &metadata, &groups, row)
                     };
                     for b in builder.build()? {
-                        let b = b.with_context(|| at(first_row))?;
+                        let b = b.map_err(decode_error).with_context(|| at(first_row))?;
                         let rows = match &mut values {
                             Some(v) => crate::read_values::batch_rows(&b, v, first_row),
                             None => batch_to_rows_at::<TensorRow>(&b, first_row),

@@ -8,6 +8,7 @@
 pub mod alloc;
 pub mod budget;
 pub mod cli;
+pub mod env;
 pub mod io;
 pub mod live;
 pub mod paths;

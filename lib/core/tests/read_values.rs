@@ -569,3 +569,72 @@ fn a_damaged_page_is_reported_with_its_row_group() {
         assert!(!msg.contains('\n'), "not one line: {msg}");
     }
 }
+
+/// `src` with the first page header of column `column` in row group `group` garbled, as
+/// `dst`.
+fn damage(src: &Path, dst: &Path, group: usize, column: &str) {
+    let reader = SerializedFileReader::new(std::fs::File::open(src).unwrap()).unwrap();
+    let g = reader.metadata().row_group(group);
+    let col = (0..g.num_columns())
+        .map(|c| g.column(c))
+        .find(|c| c.column_path().string().split('.').next() == Some(column))
+        .unwrap_or_else(|| panic!("no column {column}"));
+    let mut bytes = std::fs::read(src).unwrap();
+    let at = col.data_page_offset() as usize;
+    for b in &mut bytes[at..at + 12] {
+        *b ^= 0xff;
+    }
+    std::fs::write(dst, &bytes).unwrap();
+}
+
+/// Damage in any column, not only `values`, is located the same way, by the full read and by
+/// the key scan (which reads `step`, `rank`, `layer_id` and `shape` alone): the file and the
+/// one row group (`row group 4 of 6`, never a range around it), one line, and the Parquet
+/// reader's prefixes once at most.
+#[test]
+fn a_damaged_page_in_any_column_is_reported_with_its_row_group() {
+    let dir = tmp();
+    let p = dir.path().join("d.parquet");
+    let spec = ValuesSpec {
+        list_nullable: false,
+        item_nullable: false,
+        null_row: None,
+        null_item: None,
+    };
+    write(&p, &batch(&rows(6), &spec), props(false, false, 8));
+    for column in [
+        "step", "rank", "layer_id", "layer", "numel", "shape", "values",
+    ] {
+        for damaged in [0usize, 4] {
+            let q = dir.path().join(format!("d-{column}-{damaged}.parquet"));
+            damage(&p, &q, damaged, column);
+            let scanned = TensorStream::open(&Input::Path(q.clone()), OPTS)
+                .and_then(|s| s.scan().map(drop))
+                .map_err(|e| format!("{e:#}"));
+            let keys = ["step", "rank", "layer_id", "shape"].contains(&column);
+            let mut errors = vec![("stream", streamed(&q).expect_err("a damaged page was read"))];
+            match (keys, scanned) {
+                (true, Err(e)) => errors.push(("scan", e)),
+                (true, Ok(())) => panic!("{column}: the scan read a damaged page"),
+                (false, _) => {}
+            }
+            for (how, msg) in errors {
+                let what = format!("{column} in row group {damaged}, {how}: `{msg}`");
+                assert!(
+                    msg.contains(&q.display().to_string()),
+                    "file not named: {what}"
+                );
+                assert!(
+                    msg.contains(&format!("row group {damaged} of 6")),
+                    "row group not named: {what}"
+                );
+                assert!(!msg.contains("row groups"), "a range named: {what}");
+                assert!(!msg.contains('\n'), "not one line: {what}");
+                assert!(
+                    msg.matches("Parquet").count() <= 1,
+                    "prefix repeated: {what}"
+                );
+            }
+        }
+    }
+}

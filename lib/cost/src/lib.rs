@@ -176,13 +176,14 @@ pub fn topk_union_bytes_sent(p: usize, k: usize, u: usize, r: usize) -> u64 {
     4 * (k as u64) * (p as u64 - 1) + ring_bytes_sent(p, u, r)
 }
 
-/// Length of the 1-bit buffer after padding n to a multiple of P·lcm(P, 8).
-pub fn onebit_padded(p: usize, n: usize) -> usize {
-    let l = lcm(p, 8) * p;
-    n.div_ceil(l) * l
+/// Length of the 1-bit buffer after padding n to a multiple of P·lcm(P, 8); in u128, where
+/// it cannot overflow for any P of a u32 (saturating beyond).
+pub fn onebit_padded(p: usize, n: usize) -> u128 {
+    let l = lcm(p.max(1) as u128, 8).saturating_mul(p.max(1) as u128);
+    (n as u128).div_ceil(l).saturating_mul(l)
 }
 
-fn gcd(a: usize, b: usize) -> usize {
+fn gcd(a: u128, b: u128) -> u128 {
     if b == 0 {
         a
     } else {
@@ -190,7 +191,7 @@ fn gcd(a: usize, b: usize) -> usize {
     }
 }
 
-fn lcm(a: usize, b: usize) -> usize {
+fn lcm(a: u128, b: u128) -> u128 {
     a / gcd(a, b) * b
 }
 
@@ -332,6 +333,27 @@ mod tests {
         assert!(ratio > 31.9 && ratio <= 32.0, "{ratio}");
         assert_eq!(onebit_padded(3, 1), 72);
         assert_eq!(onebit_padded(8, 65), 128);
+    }
+
+    /// Where P·lcm(P, 8) or the padded length passes 2^64 the padding is still the
+    /// definition's (n rounded up to a multiple of P·lcm(P, 8)), never a wrapped 0 (a divide
+    /// by zero) or a wrapped small length (an absurd speedup).
+    #[test]
+    fn onebit_padding_does_not_overflow() {
+        let p = 1usize << 32;
+        // lcm(2^32, 8) = 2^32, so the multiple is 2^64.
+        assert_eq!(onebit_padded(p, 1), 1u128 << 64);
+        assert_eq!(onebit_padded(p, usize::MAX), 1u128 << 64);
+        // n = 2^64 − 1 on 256 ranks: the multiple is 256·256 = 2^16, padded to 2^64.
+        assert_eq!(onebit_padded(256, usize::MAX), 1u128 << 64);
+        let c = onebit(256, usize::MAX);
+        // At least its sign bytes: 2(P−1)/P · n/8.
+        assert!(
+            c.bytes() >= 2.0 * 255.0 / 256.0 * (usize::MAX as f64) / 8.0,
+            "{c:?}"
+        );
+        let ratio = ring(256, usize::MAX as f64).bytes() / c.bytes();
+        assert!(ratio > 31.9 && ratio <= 32.0, "{ratio}");
     }
 
     #[test]

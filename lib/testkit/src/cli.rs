@@ -92,6 +92,8 @@ pub fn temp_files(dir: impl AsRef<std::path::Path>) -> Vec<String> {
 /// resident memory in KiB, from `wait4`'s resource usage of that child alone (not the
 /// cumulative `RUSAGE_CHILDREN`, which keeps the largest child ever waited for).
 #[cfg(target_os = "linux")]
+// The child is waited for by `wait4` below, which std's `Child` does not know of.
+#[allow(clippy::zombie_processes)]
 pub fn run_peak_rss(cmd: &mut std::process::Command) -> (std::process::Output, u64) {
     use std::io::Read;
     use std::os::unix::process::ExitStatusExt;
@@ -129,4 +131,51 @@ pub fn run_peak_rss(cmd: &mut std::process::Command) -> (std::process::Output, u
         stderr: err.join().expect("stderr reader"),
     };
     (o, usage.ru_maxrss as u64)
+}
+
+/// Environment variables set wrong, for [`env_refused`]: (variable, value, words of the
+/// message saying what it accepts).
+pub const BAD_ENV: &[(&str, &str, &str)] = &[
+    ("GRADKIT_COMM_TIMEOUT", "abc", "a number of seconds from 0"),
+    ("GRADKIT_COMM_TIMEOUT", "-1", "a number of seconds from 0"),
+    (
+        "GRADKIT_COMM_TIMEOUT",
+        "99999999999999999999",
+        "a number of seconds from 0",
+    ),
+    ("GRADKIT_MAX_MEMORY", "abc", "is not a size (e.g. 4096, 64K"),
+    ("GRADKIT_MAX_MEMORY", "0", "must be more than 0"),
+];
+
+/// Runs `bin args…` (a command line that is fine on its own) in `dir` with the environment
+/// variable `var` set to `value` and asserts that it was refused as a usage error: exit 2,
+/// one `error: VAR=VALUE: …` line naming what the variable accepts (`accepts`), no panic,
+/// and not one byte of `dir` changed.
+pub fn env_refused(bin: &str, dir: &Path, args: &[&str], var: &str, value: &str, accepts: &str) {
+    let before = snapshot(dir);
+    let out = Command::new(bin)
+        .current_dir(dir)
+        .args(args)
+        .env(var, value)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let what = format!("{var}={value} {bin} {args:?}");
+    assert_eq!(out.status.code(), Some(2), "{what}: {err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{what}: {err}");
+    assert!(
+        errors[0].starts_with(&format!("error: {var}={value}: ")),
+        "{what}: {err}"
+    );
+    assert!(
+        errors[0].contains(accepts),
+        "{what}: `{accepts}` not in {err}"
+    );
+    assert!(
+        !err.contains("panicked") && !err.contains("internal error"),
+        "{what}: {err}"
+    );
+    assert_eq!(snapshot(dir), before, "{what} changed the directory");
 }

@@ -201,6 +201,7 @@ fn read_parquet(bytes: Bytes, name: &str) -> Result<RawTable> {
     let reader = builder.build()?;
     let batches: Vec<RecordBatch> = reader
         .collect::<std::result::Result<_, _>>()
+        .map_err(gradkit_core::io::decode_error)
         .with_context(|| format!("{name}: cannot decode"))?;
     // pandas and polars write LargeUtf8 and LargeList: the same normalisation as the tables'.
     let cols = schema
@@ -729,4 +730,35 @@ pub fn eval_batches(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A data file whose first page is garbled is named, and the Parquet decoder's message
+    /// follows once, not under two prefixes (`Parquet argument error: Parquet error: …`).
+    #[test]
+    fn a_damaged_data_file_names_the_decoders_message_once() {
+        let labels: ArrayRef = Arc::new(arrow_array::Int64Array::from_iter_values(0..64));
+        let batch = RecordBatch::try_from_iter([("label", labels)]).unwrap();
+        let mut bytes = Vec::new();
+        let mut w = parquet::arrow::ArrowWriter::try_new(&mut bytes, batch.schema(), None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        assert!(read_parquet(Bytes::from(bytes.clone()), "d.parquet").is_ok());
+        // The first column chunk's first page header starts right after the magic `PAR1`.
+        for b in &mut bytes[4..16] {
+            *b ^= 0xff;
+        }
+        let e = read_parquet(Bytes::from(bytes), "d.parquet")
+            .err()
+            .expect("a damaged page was read");
+        let msg = gradkit_core::cli::chain_text(&e);
+        assert!(
+            msg.starts_with("d.parquet: cannot decode: Parquet error: "),
+            "{msg}"
+        );
+        assert_eq!(msg.matches("Parquet").count(), 1, "{msg}");
+    }
 }

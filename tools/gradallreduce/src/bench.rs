@@ -17,7 +17,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use gradkit_collectives::{cost, dense, make_reducer, Algo, Family, Flat, Op, Params, Reducer};
 use gradkit_comm::{huge_vec, Backend, Comm, CommExt, World};
@@ -103,6 +103,8 @@ pub struct BenchArgs {
 impl BenchArgs {
     /// Checks made on the command line alone, before any rank starts.
     pub fn check_flags(&self, _m: &clap::ArgMatches) -> Result<()> {
+        gradkit_comm::launch::check_ranks_flag(self.ranks)?;
+        sizes(&self.sizes, self.factor)?;
         if self.iters == 0 {
             bail!("--iters must be at least 1: with 0 nothing would be timed or verified (flag --iters)");
         }
@@ -152,10 +154,15 @@ struct Point {
 }
 
 fn sizes(spec: &str, factor: u64) -> Result<Vec<u64>> {
+    if factor < 2 {
+        bail!("--factor must be at least 2, got {factor} (flag --factor)");
+    }
     let (a, b) = spec.split_once(':').unwrap_or((spec, spec));
-    let (lo, hi) = (crate::parse_size(a)?, crate::parse_size(b)?);
-    if lo < 4 || hi < lo || factor < 2 {
-        bail!("--sizes {spec} must be MIN:MAX bytes with 4 ≤ MIN ≤ MAX, --factor ≥ 2");
+    let size =
+        |x: &str| crate::parse_size(x).with_context(|| format!("--sizes {spec} (flag --sizes)"));
+    let (lo, hi) = (size(a)?, size(b)?);
+    if lo < 4 || hi < lo {
+        bail!("--sizes {spec} must be MIN:MAX bytes with 4 ≤ MIN ≤ MAX (flag --sizes)");
     }
     let mut v = Vec::new();
     let mut s = Some(lo);
@@ -196,12 +203,45 @@ fn check_memory(sizes: &[u64], ranks_here: usize, spec: &str, sparse: bool) -> R
     )
 }
 
-/// Rank r's input: small integers times (r+1), so the exact sum is representable in f32.
+/// Rank r's input: (i mod 13)·(1 + r mod 4), small integers whose sum over the ranks, taken
+/// in any order, is exact in f32 up to [`EXACT_RANKS`] ranks (every partial sum is then an
+/// integer below 2^24); [`wrong_elements`] checks it.
 /// On huge pages when large ([`huge_vec`]), as numpy allocates the mpi4py baseline's buffer.
 fn pattern(r: usize, n: usize) -> Vec<f32> {
+    let w = (r % 4 + 1) as f32;
     let mut v = huge_vec(n);
-    v.extend((0..n).map(|i| ((i % 13) as f32) * (r as f32 + 1.0)));
+    v.extend((0..n).map(|i| ((i % 13) as f32) * w));
     v
+}
+
+/// Σ over P ranks of [`pattern`]'s rank weight 1 + r mod 4, exactly.
+fn weight_sum(p: usize) -> u64 {
+    let (full, rest) = ((p / 4) as u64, (p % 4) as u64);
+    full * 10 + rest * (rest + 1) / 2
+}
+
+/// The most ranks whose sum of [`pattern`] is exact in f32: 12 · Σ weights ≤ 2^24.
+const EXACT_RANKS: usize = 559_241;
+
+/// How many elements of `data`, an allreduce's sum of [`pattern`] over P ranks, are not that
+/// sum. The reference is the exact sum (integers, in f64). Up to [`EXACT_RANKS`] ranks every
+/// partial sum of a float32 sum is exact, so the result must equal it; beyond, a float32 sum
+/// of P terms in any order is within (P−1)·ε·Σ|x_i| of it (ε = 2^−23, the standard bound with
+/// room for its second-order term), so only an element off by more counts.
+fn wrong_elements(data: &[f32], p: usize) -> usize {
+    let w = weight_sum(p) as f64;
+    let rounding = (p.saturating_sub(1) as f64) * f64::from(f32::EPSILON);
+    let exact = p <= EXACT_RANKS;
+    data.iter()
+        .enumerate()
+        .filter(|(i, v)| {
+            let want = (*i % 13) as f64 * w;
+            // Σ|x_i| = the sum itself: every term is ≥ 0.
+            let bound = if exact { 0.0 } else { rounding * want };
+            let off = (f64::from(**v) - want).abs();
+            off.is_nan() || off > bound
+        })
+        .count()
 }
 
 /// How an algorithm is benchmarked.
@@ -407,7 +447,6 @@ fn measure(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> Result<
     let (p, r) = (comm.size(), comm.rank());
     let n = (bytes / 4) as usize;
     let pristine = pattern(r, n);
-    let tri = (p * (p + 1) / 2) as f32;
     let layout = Layout::new(vec![(0, "buffer".into(), n as u64, None)]);
     let exact = kind(algo)? == Kind::Exact;
     let mut reducer = bench_reducer(algo, args)?;
@@ -422,11 +461,7 @@ fn measure(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> Result<
             .call(comm, reducer.as_mut(), 0, &layout, input, timed)?
             .into_dense(n);
         if timed && exact {
-            timing.wrong += data
-                .iter()
-                .enumerate()
-                .filter(|(i, v)| **v != (*i % 13) as f32 * tri)
-                .count();
+            timing.wrong += wrong_elements(&data, p);
         }
     }
     timing.point(comm, algo, None, bytes, exact)
@@ -662,4 +697,65 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("{bad} wrong elements in the results (column `wrong`)");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A float32 sum of every rank's [`pattern`], added in rank order or the reverse (as a
+    /// reduction might): what a correct allreduce returns.
+    fn f32_sum(p: usize, n: usize, reverse: bool) -> Vec<f32> {
+        let mut acc = vec![0f32; n];
+        let ranks: Vec<usize> = match reverse {
+            false => (0..p).collect(),
+            true => (0..p).rev().collect(),
+        };
+        for r in ranks {
+            for (a, x) in acc.iter_mut().zip(pattern(r, n)) {
+                *a += x;
+            }
+        }
+        acc
+    }
+
+    /// At 2,000 ranks (where sums of the old input passed 2^24 and bench reported a correct
+    /// result as wrong) a float32 sum in either order is right, and one rank's input left out
+    /// is wrong wherever that input is not 0.
+    #[test]
+    fn a_correct_sum_is_never_wrong_and_a_missing_rank_is() {
+        let (p, n) = (2000, 256);
+        assert_eq!(
+            weight_sum(p),
+            (0..p).map(|r| (r % 4 + 1) as u64).sum::<u64>()
+        );
+        for reverse in [false, true] {
+            assert_eq!(wrong_elements(&f32_sum(p, n, reverse), p), 0);
+        }
+        let mut missing = f32_sum(p, n, false);
+        for (a, x) in missing.iter_mut().zip(pattern(7, n)) {
+            *a -= x;
+        }
+        let nonzero = (0..n).filter(|i| i % 13 != 0).count();
+        assert_eq!(wrong_elements(&missing, p), nonzero);
+        let mut nan = f32_sum(p, n, false);
+        nan[3] = f32::NAN;
+        assert_eq!(wrong_elements(&nan, p), 1);
+    }
+
+    /// Past [`EXACT_RANKS`] a float32 sum rounds; it stays within the bound, in either order.
+    #[test]
+    fn past_the_exact_range_rounding_is_within_the_bound() {
+        let (p, n) = (1 << 20, 26);
+        assert!(p > EXACT_RANKS);
+        assert!(12 * weight_sum(EXACT_RANKS) <= 1 << 24);
+        assert!(12 * weight_sum(EXACT_RANKS + 1) > 1 << 24);
+        for reverse in [false, true] {
+            let sum = f32_sum(p, n, reverse);
+            let w = weight_sum(p) as f64;
+            // It does round here: the check is not vacuous.
+            assert!((0..n).any(|i| f64::from(sum[i]) != (i % 13) as f64 * w));
+            assert_eq!(wrong_elements(&sum, p), 0);
+        }
+    }
 }

@@ -79,13 +79,21 @@ fn main() -> std::process::ExitCode {
     // Under mpirun a usage error is printed once, by rank 0.
     let (cli, matches) = gradkit_comm::launch::parse_matches::<Cli>();
     // A command line that is wrong on its own is a usage error (exit 2), before any rank starts.
+    // Each with its own usage line: a subcommand's flags are wrong in the subcommand.
     let flags = match (&cli.cmd, matches.subcommand()) {
-        (Some(Cmd::Bench(a)), Some((_, m))) => a.check_flags(m),
-        (Some(Cmd::Model(_)), _) => Ok(()),
-        _ => cli.reduce.check_flags(&matches),
+        (Some(Cmd::Bench(a)), Some((_, m))) => a.check_flags(m).map_err(|e| (Some("bench"), e)),
+        (Some(Cmd::Model(a)), _) => a.check_flags().map_err(|e| (Some("model"), e)),
+        _ => cli.reduce.check_flags(&matches).map_err(|e| (None, e)),
     };
-    if let Err(e) = flags {
-        gradkit_comm::launch::usage_error::<Cli>(e);
+    match flags {
+        Ok(()) => {}
+        Err((Some(sub), e)) => gradkit_comm::launch::subcommand_usage_error::<Cli>(
+            sub,
+            gradkit_core::cli::chain_text(&e),
+        ),
+        Err((None, e)) => {
+            gradkit_comm::launch::usage_error::<Cli>(gradkit_core::cli::chain_text(&e))
+        }
     }
     gradkit_core::cli::run(|| match cli.cmd {
         Some(Cmd::Bench(a)) => bench::run(a),

@@ -1,16 +1,16 @@
 //! `gradallreduce model`: the α-β model's prediction for every algorithm, at any P.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use gradkit_collectives::cost::{self, Cost};
 use gradkit_core::cli::{fmt_num, Format, TextTable};
 
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// Ranks P of the predicted job (a number in the formulas: nothing is run)
+    /// Ranks P of the predicted job (a number in the formulas: nothing is run), 1 to 2^24
     #[arg(long, value_name = "P", default_value_t = 256)]
     pub ranks: usize,
-    /// Model size n in elements (e.g. 110M, 2^24 = 16M)
+    /// Model size n in elements (e.g. 110M, 2^24 = 16M), 1 to 2^53
     #[arg(long, default_value = "16M")]
     pub n: String,
     /// Density k/n
@@ -22,12 +22,42 @@ pub struct ModelArgs {
     pub format: Format,
 }
 
-pub fn run(a: ModelArgs) -> Result<()> {
-    let n = crate::parse_size(&a.n)? as f64;
-    if a.ranks == 0 || !(a.density > 0.0 && a.density <= 1.0) {
-        bail!("--ranks must be ≥ 1 and --density in (0, 1]");
+/// The largest `--ranks`: 2^24, past the largest machines (about 10 million cores) while
+/// every count of the formulas stays exact in f64 (P² < 2^53).
+pub const MAX_RANKS: usize = 1 << 24;
+/// The largest `--n`: 2^53 elements, the largest count the f64 formulas hold exactly.
+pub const MAX_N: u64 = 1 << 53;
+
+impl ModelArgs {
+    /// The flags' ranges, checked on the command line alone (a usage error names the flag).
+    pub fn check_flags(&self) -> Result<()> {
+        if !(1..=MAX_RANKS).contains(&self.ranks) {
+            bail!(
+                "--ranks must be from 1 to {MAX_RANKS} (2^24), got {} (flag --ranks)",
+                self.ranks
+            );
+        }
+        let n = self.n()?;
+        if !(1..=MAX_N).contains(&n) {
+            bail!("--n must be from 1 to {MAX_N} (2^53) elements, got {n} (flag --n)");
+        }
+        if !(self.density > 0.0 && self.density <= 1.0) {
+            bail!(
+                "--density must lie in (0, 1], got {} (flag --density)",
+                self.density
+            );
+        }
+        self.cost.check()
     }
-    a.cost.check()?;
+
+    fn n(&self) -> Result<u64> {
+        crate::parse_size(&self.n).with_context(|| format!("--n {} (flag --n)", self.n))
+    }
+}
+
+pub fn run(a: ModelArgs) -> Result<()> {
+    a.check_flags()?;
+    let n = a.n()? as f64;
     let (p, k) = (a.ranks, (a.density * n).floor().max(1.0));
     let (alpha, beta_word) = (a.cost.alpha_s(), a.cost.beta_word_s());
     let rows: Vec<(&str, Cost)> = vec![

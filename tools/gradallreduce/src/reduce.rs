@@ -155,6 +155,7 @@ impl ReduceArgs {
     /// Checks made on the command line alone, before any rank starts: ranges, and flags given
     /// for an algorithm that does not read them (refused rather than silently ignored).
     pub fn check_flags(&self, m: &clap::ArgMatches) -> Result<()> {
+        gradkit_comm::launch::check_ranks_flag(self.ranks)?;
         if !(self.density > 0.0 && self.density <= 1.0) {
             bail!(
                 "--density must lie in (0, 1], got {} (flag --density)",

@@ -184,11 +184,14 @@ fn bench_sizes_are_bounded_and_do_not_wrap() {
     let spec = format!("{max}:{max}");
     let o = run(&["bench", "--ranks", "2", "--sizes", &spec], &[]);
     assert_refused(&o, "--sizes");
-    // Past 2^64 − 1 is a parse error, not a saturated or wrapped size.
+    // Past 2^64 − 1 is a parse error, not a saturated or wrapped size: a usage error.
     let o = run(&["bench", "--ranks", "2", "--sizes", "1:16777216T"], &[]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("2^64"), "{err}");
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("2^64") && err.contains("(flag --sizes)"),
+        "{err}"
+    );
     // A bad --max-memory is a usage error naming the flag.
     let o = run(&["bench", "--max-memory", "lots"], &[]);
     assert_eq!(o.status.code(), Some(2));

@@ -229,3 +229,44 @@ fn a_stuck_rank_is_ended_by_the_watchdog() {
     assert!(r.stderr.contains("GRADKIT_COMM_TIMEOUT"), "{}", r.stderr);
     assert!(!out.exists());
 }
+
+/// `GRADKIT_COMM_TIMEOUT` is checked like a flag: garbage, a negative, NaN or a number too
+/// large for the watchdog is a usage error (exit 2) printed once per job, naming the variable
+/// and what it accepts — not a silent fallback to the default, a wait forever, or a panic on
+/// every rank.
+#[test]
+fn a_bad_comm_timeout_is_one_usage_error_per_job() {
+    if !gradkit_testkit::mpi::available() {
+        return;
+    }
+    let d_dir = tmpdir("timeout");
+    let d = d_dir.path().to_path_buf();
+    let t2 = d.join("t2.parquet");
+    write_trace(&t2, 2);
+    let out = d.join("o.parquet");
+    for bad in ["abc", "30s", "-1", "NaN", "99999999999999999999"] {
+        let r = mpirun(
+            2,
+            &[
+                "--algo",
+                "ring",
+                t2.to_str().unwrap(),
+                "-o",
+                out.to_str().unwrap(),
+            ],
+            &[("GRADKIT_COMM_TIMEOUT", bad)],
+            None,
+        );
+        assert_eq!(r.code, Some(2), "{bad}: {}", r.stderr);
+        assert_eq!(count(&r.stderr, "error:"), 1, "{bad}: {}", r.stderr);
+        assert!(
+            r.stderr.contains(&format!(
+                "GRADKIT_COMM_TIMEOUT={bad}: must be a number of seconds from 0"
+            )),
+            "{bad}: {}",
+            r.stderr
+        );
+        assert!(!r.stderr.contains("internal error"), "{bad}: {}", r.stderr);
+        assert!(!out.exists());
+    }
+}

@@ -107,6 +107,7 @@ fn main() -> ExitCode {
     gradkit_core::paths::install_signal_cleanup();
     let matches = Cli::command().get_matches();
     let args = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    cli::check_env();
     // Argument checks first: a command line that is wrong on its own is a usage error
     // (exit 2), and nothing is read or written.
     if let Err(e) = check_args(&args, &matches) {

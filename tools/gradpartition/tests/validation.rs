@@ -138,3 +138,26 @@ fn the_plans_written_pass_the_shared_validator() {
             .unwrap_or_else(|e| panic!("{args:?}: {e:#}"));
     }
 }
+
+/// The environment variables gradkit reads are checked like flags, here too (where
+/// `GRADKIT_COMM_TIMEOUT` has no effect, and `GRADKIT_MAX_MEMORY` may have none): a usage
+/// error naming the variable and its values.
+#[test]
+fn a_bad_environment_variable_is_a_usage_error() {
+    let d = tempfile::tempdir().unwrap();
+    let t = d.path().join("t.parquet");
+    write_table(&Output::Path(t.clone()), &Meta::default(), &trace(false)).unwrap();
+    let args = [
+        "--method",
+        "deft",
+        "--density",
+        "0.1",
+        "t.parquet",
+        "-o",
+        "plan.parquet",
+        "-q",
+    ];
+    for (var, v, accepts) in gradkit_testkit::cli::BAD_ENV {
+        gradkit_testkit::cli::env_refused(BIN, d.path(), &args, var, v, accepts);
+    }
+}

@@ -341,5 +341,6 @@ fn main() -> ExitCode {
     gradkit_core::cli::one_process_under_mpirun("gradreport");
     gradkit_core::paths::install_signal_cleanup();
     let args = Args::parse();
+    cli::check_env();
     cli::run(|| body(args))
 }

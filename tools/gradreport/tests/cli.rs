@@ -568,3 +568,22 @@ fn plot_volume_and_scaling_svg() {
         assert!(has(&t, want), "missing `{want}` in {t:?}");
     }
 }
+
+/// The environment variables gradkit reads are checked like flags, here too (where
+/// `GRADKIT_COMM_TIMEOUT` has no effect, and `GRADKIT_MAX_MEMORY` may have none): a usage
+/// error naming the variable and its values.
+#[test]
+fn a_bad_environment_variable_is_a_usage_error() {
+    let d = tempfile::tempdir().unwrap();
+    let m = write_metrics(d.path(), "m.parquet", &comm_rows());
+    for (var, v, accepts) in gradkit_testkit::cli::BAD_ENV {
+        gradkit_testkit::cli::env_refused(
+            env!("CARGO_BIN_EXE_gradreport"),
+            d.path(),
+            &["table", s(&m)],
+            var,
+            v,
+            accepts,
+        );
+    }
+}

@@ -148,6 +148,7 @@ fn main() -> ExitCode {
     gradkit_core::paths::install_signal_cleanup();
     let matches = Cli::command().get_matches();
     let args = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    cli::check_env();
     // A command line that is wrong on its own is a usage error (exit 2), before any I/O.
     let (method, kspec) =
         check_args(&args, &matches).unwrap_or_else(|e| cli::usage_error::<Cli>(e));

@@ -106,3 +106,25 @@ fn a_flag_for_another_method_is_a_usage_error() {
         assert_eq!(c, 0, "{args:?}: {e}");
     }
 }
+
+/// The environment variables gradkit reads are checked like flags, here too (where
+/// `GRADKIT_COMM_TIMEOUT` has no effect, and `GRADKIT_MAX_MEMORY` may have none): a usage
+/// error naming the variable and its values.
+#[test]
+fn a_bad_environment_variable_is_a_usage_error() {
+    let d = tempfile::tempdir().unwrap();
+    write_trace(&d.path().join("t.parquet"), &dense_trace());
+    let args = [
+        "--method",
+        "topk",
+        "--k",
+        "2",
+        "t.parquet",
+        "-o",
+        "o.parquet",
+        "-q",
+    ];
+    for (var, v, accepts) in gradkit_testkit::cli::BAD_ENV {
+        gradkit_testkit::cli::env_refused(BIN, d.path(), &args, var, v, accepts);
+    }
+}

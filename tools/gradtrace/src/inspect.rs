@@ -102,14 +102,24 @@ pub fn run(input: &Input, opts: ReadOptions, format: Format) -> Result<()> {
             l.nnz.to_string(),
             fmt_num(density, 4),
             fmt_num(l.norm_sum / l.rows as f64, 4),
-            fmt_num(l.min as f64, 4),
-            fmt_num(l.max as f64, 4),
+            range(l.min, l.max, l.min),
+            range(l.min, l.max, l.max),
         ]);
     }
     if format == Format::Md {
         print_summary(&chunks.source, &chunks.meta, &totals, &layers)?;
     }
     table.print(format)
+}
+
+/// `v`, the min or the max of a layer's values, or `-` where the layer held none (no entries,
+/// or only NaN): min > max is the empty range, not the infinities it starts from.
+fn range(min: f32, max: f32, v: f32) -> String {
+    if min > max {
+        "-".into()
+    } else {
+        fmt_num(v as f64, 4)
+    }
 }
 
 /// The one-paragraph header of the Markdown output.

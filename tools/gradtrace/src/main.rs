@@ -164,7 +164,7 @@ fn main() -> std::process::ExitCode {
     match &cli.cmd {
         Cmd::Model(a) => {
             if let Err(e) = model::check_flags(a) {
-                gradkit_comm::launch::usage_error::<Cli>(format!("{e:#}"));
+                gradkit_comm::launch::usage_error::<Cli>(gradkit_core::cli::chain_text(&e));
             }
         }
         _ => cli::one_process_under_mpirun("gradtrace"),

@@ -610,3 +610,121 @@ fn import_errors_name_the_file_and_leave_nothing_behind() {
     );
     import_fails(|_| {}, &["no .safetensors, .npy or .npz files"]);
 }
+
+/// The environment variables gradkit reads are checked like flags, here too (where
+/// `GRADKIT_COMM_TIMEOUT` has no effect, and `GRADKIT_MAX_MEMORY` may have none): a usage
+/// error naming the variable and its values.
+#[test]
+fn a_bad_environment_variable_is_a_usage_error() {
+    let d = tempfile::tempdir().unwrap();
+    let args = [
+        "synthetic",
+        "--shape",
+        "mlp",
+        "--scale",
+        "0.02",
+        "--ranks",
+        "2",
+        "--steps",
+        "1",
+        "-o",
+        "t.parquet",
+        "-q",
+    ];
+    for (var, v, accepts) in gradkit_testkit::cli::BAD_ENV {
+        gradkit_testkit::cli::env_refused(BIN, d.path(), &args, var, v, accepts);
+    }
+}
+
+/// A layer with no values (`numel` 0, or only NaN under --allow-nonfinite) has no range:
+/// its `min` and `max` are `-`, not the infinities an empty min/max starts from.
+#[test]
+fn inspect_prints_no_range_for_a_layer_without_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let row = |layer_id: u32, layer: &str, values: Vec<f32>| TensorRow {
+        step: 0,
+        rank: 0,
+        layer_id,
+        layer: layer.into(),
+        numel: values.len() as u64,
+        shape: Some(vec![values.len() as u32]),
+        indices: None,
+        values,
+    };
+    let rows = vec![
+        row(0, "w", vec![1.5, -2.0]),
+        row(1, "empty", vec![]),
+        row(2, "nan", vec![f32::NAN, f32::NAN]),
+    ];
+    common::write_rows(&dir.path().join("t.parquet"), &rows);
+    let o = gradtrace(
+        &[
+            "inspect",
+            "t.parquet",
+            "--format",
+            "csv",
+            "--allow-nonfinite",
+        ],
+        dir.path(),
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let t = csv(&o.stdout);
+    assert_eq!(
+        (t[0]["min"].as_str(), t[0]["max"].as_str()),
+        ("-2.000", "1.500")
+    );
+    for r in &t[1..] {
+        assert_eq!((r["min"].as_str(), r["max"].as_str()), ("-", "-"), "{r:?}");
+    }
+    let md = gradtrace(&["inspect", "t.parquet", "--allow-nonfinite"], dir.path());
+    let text = String::from_utf8(md.stdout).unwrap();
+    assert!(!text.contains("inf"), "{text}");
+}
+
+/// A damaged page is a runtime error (exit 1) in every subcommand that reads it, with one
+/// line naming the file and its row group, whichever column it is in.
+#[test]
+fn a_damaged_page_is_exit_1_with_its_row_group() {
+    use parquet::file::reader::FileReader;
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("t.parquet");
+    common::write_rows(&good, &common::good_rows());
+    for column in ["step", "values"] {
+        let reader = parquet::file::serialized_reader::SerializedFileReader::new(
+            std::fs::File::open(&good).unwrap(),
+        )
+        .unwrap();
+        let g = reader.metadata().row_group(0);
+        let col = (0..g.num_columns())
+            .map(|c| g.column(c))
+            .find(|c| c.column_path().string().split('.').next() == Some(column))
+            .unwrap();
+        let mut bytes = std::fs::read(&good).unwrap();
+        let at = col.data_page_offset() as usize;
+        for b in &mut bytes[at..at + 12] {
+            *b ^= 0xff;
+        }
+        std::fs::write(dir.path().join("d.parquet"), &bytes).unwrap();
+        for args in [
+            &["inspect", "d.parquet"][..],
+            &["cat", "d.parquet", "-o", "o.parquet"],
+        ] {
+            let o = gradtrace(args, dir.path());
+            assert_eq!(o.code, 1, "{column} {args:?}: {}", o.stderr);
+            assert_eq!(
+                o.stderr.lines().count(),
+                1,
+                "{column} {args:?}: {}",
+                o.stderr
+            );
+            assert!(
+                o.stderr.starts_with(
+                    "error: in d.parquet: row group 0 of 1 (file rows from 0): Parquet error: "
+                ),
+                "{column} {args:?}: {}",
+                o.stderr
+            );
+            assert!(!dir.path().join("o.parquet").exists());
+        }
+    }
+}

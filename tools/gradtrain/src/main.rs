@@ -415,6 +415,7 @@ fn limit_threads(ranks: Option<usize>) {
 
 /// The library's configuration check, and the flags the tool refuses rather than ignores.
 fn check_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
+    gradkit_comm::launch::check_ranks_flag(a.ranks)?;
     gradkit_train::train::check_config(&config(a))?;
     ignored_flags(a, given)?;
     if a.adjust.is_some() && a.exchange != "oktopk" {
@@ -579,7 +580,7 @@ fn main() -> std::process::ExitCode {
     // The configuration (every flag's range, flags that do not go together) is checked here,
     // once, before MPI starts or any rank runs: a mistake is a usage error (exit 2).
     if let Err(e) = check_flags(&args, &given) {
-        gradkit_comm::launch::usage_error::<Cli>(format!("{e:#}"));
+        gradkit_comm::launch::usage_error::<Cli>(gradkit_core::cli::chain_text(&e));
     }
     limit_threads(args.ranks);
     args.memory.apply();

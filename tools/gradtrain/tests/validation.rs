@@ -493,3 +493,45 @@ fn each_flag_is_accepted_where_it_has_an_effect() {
         std::fs::remove_file(&m).unwrap();
     }
 }
+
+/// The environment variables gradkit reads are checked like flags, with in-process ranks too
+/// (where `GRADKIT_COMM_TIMEOUT` has no effect): a usage error naming the variable and its
+/// values.
+#[test]
+fn a_bad_environment_variable_is_a_usage_error() {
+    let d = tempfile::tempdir().unwrap();
+    let args = [
+        "--model",
+        "mlp",
+        "--ranks",
+        "2",
+        "--steps",
+        "1",
+        "--metrics",
+        "m.parquet",
+        "-q",
+    ];
+    for (var, v, accepts) in gradkit_testkit::cli::BAD_ENV {
+        gradkit_testkit::cli::env_refused(
+            env!("CARGO_BIN_EXE_gradtrain"),
+            d.path(),
+            &args,
+            var,
+            v,
+            accepts,
+        );
+    }
+}
+
+/// `--ranks 0` is a usage error like every other out-of-range flag (exit 2), not a runtime
+/// error.
+#[test]
+fn ranks_zero_is_a_usage_error() {
+    let o = gradtrain(&["--model", "mlp", "--ranks", "0", "--steps", "1", "-q"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.starts_with("error: --ranks must be at least 1 (flag --ranks)"),
+        "{err}"
+    );
+}
