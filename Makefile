@@ -76,10 +76,10 @@ test: deps build
 	$(MAKE) --no-print-directory FAST=1 repro
 	$(MAKE) --no-print-directory test-cuda-feature
 
-# The `cuda` binaries are uplifted to target/release while they are tested; the last line puts
-# the default ones back (a fresh build, so it only relinks them).
+# The `cuda` binaries (built for the device tests, which run them) are uplifted to
+# target/release while they are tested; the last line puts the default ones back (fresh, so
+# it only links them there again).
 test-cuda-feature:
-	$(CARGO) build $(CARGO_FLAGS) -p gradallreduce -p gradtrain --features cuda
 	$(CARGO) clippy $(CARGO_FLAGS) --workspace --all-targets --features gradallreduce/cuda,gradtrain/cuda -- -D warnings
 	$(CARGO) test $(CARGO_FLAGS) -p gradkit-cuda --features cuda
 	$(CARGO) test $(CARGO_FLAGS) -p gradallreduce -p gradtrain --features cuda --test device

@@ -179,3 +179,31 @@ pub fn env_refused(bin: &str, dir: &Path, args: &[&str], var: &str, value: &str,
     );
     assert_eq!(snapshot(dir), before, "{what} changed the directory");
 }
+
+/// The names in `dir`, sorted.
+pub fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .expect("read the directory")
+        .map(|e| {
+            e.expect("a directory entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// `bin` run under a file-size limit of `blocks` (`ulimit -f`: blocks of 512 bytes or 1 KiB,
+/// as the shell counts them) with SIGXFSZ ignored, so a write past the limit fails with EFBIG
+/// as it would with ENOSPC: a full disk, portably and without root.
+pub fn with_file_size_limit(bin: &str, blocks: u32) -> Command {
+    let mut c = Command::new("sh");
+    c.args([
+        "-c",
+        &format!("trap '' XFSZ; ulimit -f {blocks} && exec \"$0\" \"$@\""),
+        bin,
+    ]);
+    c
+}

@@ -9,15 +9,6 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gradtrace");
 
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
-
 /// Whether the writer has created its output file: a named `FILE.tmp-<pid>`, or an unnamed
 /// one (`O_TMPFILE`: an open descriptor into the directory, shown as `DIR/#N (deleted)`).
 fn writing(dir: &Path, pid: u32) -> (bool, bool) {
@@ -78,7 +69,11 @@ fn interrupt(sig: &str) -> (Option<i32>, Vec<String>, bool) {
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked"), "{stderr}");
-    (out.status.code(), names(d.path()), unnamed)
+    (
+        out.status.code(),
+        gradkit_testkit::cli::names(d.path()),
+        unnamed,
+    )
 }
 
 #[test]

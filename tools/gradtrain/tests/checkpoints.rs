@@ -30,16 +30,6 @@ fn ok(dir: &Path, extra: &[&str]) {
     );
 }
 
-/// The names in `dir`, sorted.
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
-
 fn latest(ck: &Path) -> String {
     std::fs::read_to_string(ck.join("latest"))
         .unwrap()
@@ -50,10 +40,10 @@ fn latest(ck: &Path) -> String {
 /// Every regular file under `dir` with its bytes (one level of subdirectories).
 fn tree(dir: &Path) -> Vec<(String, Vec<u8>)> {
     let mut v = Vec::new();
-    for n in names(dir) {
+    for n in gradkit_testkit::cli::names(dir) {
         let p = dir.join(&n);
         if p.is_dir() {
-            for m in names(&p) {
+            for m in gradkit_testkit::cli::names(&p) {
                 v.push((format!("{n}/{m}"), std::fs::read(p.join(&m)).unwrap()));
             }
         } else {
@@ -68,19 +58,17 @@ fn a_failed_checkpoint_write_leaves_nothing_and_keeps_the_previous_one() {
     let d = gradkit_testkit::tempdir("gradtrain-ckfail");
     let p = d.path();
     ok(p, &["--steps", "10", "--checkpoint", "ck"]);
-    assert_eq!(names(&p.join("ck")), ["latest", "step-10"]);
+    assert_eq!(
+        gradkit_testkit::cli::names(&p.join("ck")),
+        ["latest", "step-10"]
+    );
     let before = tree(&p.join("ck"));
     // A full disk, portably: the file-size limit (RLIMIT_FSIZE, 60 blocks of 512 bytes or
     // 1 KiB) is far below one rank's file (the MLP's 26,122 parameters alone are 104 KB) and
     // above the metrics table the resumed run keeps for its checkpoints (a few KB), and
     // SIGXFSZ ignored turns the signal into the write error EFBIG, as ENOSPC would be.
-    let o = Command::new("sh")
+    let o = gradkit_testkit::cli::with_file_size_limit(BIN, 60)
         .current_dir(p)
-        .args([
-            "-c",
-            "trap '' XFSZ; ulimit -f 60 && exec \"$0\" \"$@\"",
-            BIN,
-        ])
         .args(BASE)
         .args([
             "--steps",
@@ -101,7 +89,7 @@ fn a_failed_checkpoint_write_leaves_nothing_and_keeps_the_previous_one() {
         "{err}"
     );
     assert_eq!(
-        names(&p.join("ck")),
+        gradkit_testkit::cli::names(&p.join("ck")),
         ["latest", "step-10"],
         "a staging directory or a partial checkpoint was left"
     );
@@ -131,9 +119,9 @@ fn a_checkpoint_write_failing_on_one_rank_is_reported_by_that_rank() {
         "the failing rank's own error is reported: {err}"
     );
     assert!(
-        names(&p.join("ck")).is_empty(),
+        gradkit_testkit::cli::names(&p.join("ck")).is_empty(),
         "{:?}",
-        names(&p.join("ck"))
+        gradkit_testkit::cli::names(&p.join("ck"))
     );
 }
 
@@ -153,7 +141,7 @@ fn earlier_run(p: &Path) {
     );
     std::fs::write(p.join("ck/notes.txt"), "mine").unwrap();
     assert_eq!(
-        names(&p.join("ck")),
+        gradkit_testkit::cli::names(&p.join("ck")),
         [
             "latest",
             "notes.txt",
@@ -199,7 +187,7 @@ fn a_fresh_run_writes_into_an_empty_or_unrelated_directory() {
     std::fs::create_dir(p.join("ck/step-x")).unwrap();
     ok(p, &["--steps", "5", "--checkpoint", "ck"]);
     assert_eq!(
-        names(&p.join("ck")),
+        gradkit_testkit::cli::names(&p.join("ck")),
         ["latest", "notes.txt", "step-5", "step-x"]
     );
 }
@@ -221,7 +209,10 @@ fn overwrite_checkpoint_replaces_the_other_runs_checkpoints_and_nothing_else() {
             "--overwrite-checkpoint",
         ],
     );
-    assert_eq!(names(&p.join("ck")), ["latest", "notes.txt", "step-10"]);
+    assert_eq!(
+        gradkit_testkit::cli::names(&p.join("ck")),
+        ["latest", "notes.txt", "step-10"]
+    );
     assert_eq!(latest(&p.join("ck")), "step-10");
     assert_eq!(std::fs::read(p.join("ck/notes.txt")).unwrap(), b"mine");
     // step-10 is the new (topk) run's: it resumes as topk, and refuses dense.
@@ -251,6 +242,10 @@ fn overwrite_checkpoint_is_a_usage_error_with_resume_or_without_checkpoint() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains("--overwrite-checkpoint"), "{err}");
-        assert!(names(p).is_empty(), "{args:?} wrote {:?}", names(p));
+        assert!(
+            gradkit_testkit::cli::names(p).is_empty(),
+            "{args:?} wrote {:?}",
+            gradkit_testkit::cli::names(p)
+        );
     }
 }

@@ -43,16 +43,6 @@ fn one_error(code: Option<i32>, err: &str, names: &[&str]) {
     }
 }
 
-/// The names in `dir`, sorted.
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
-
 #[test]
 fn resuming_a_checkpoint_of_another_world_size_prints_one_line() {
     if !gradkit_testkit::mpi::available() {
@@ -78,7 +68,7 @@ fn resuming_a_checkpoint_of_another_world_size_prints_one_line() {
         ],
     );
     one_error(code, &err, &["ranks = 2", "ranks = 3", "--resume"]);
-    assert_eq!(names(&ck), ["latest", "step-10"]);
+    assert_eq!(gradkit_testkit::cli::names(&ck), ["latest", "step-10"]);
     assert!(!m.exists(), "--metrics written");
 }
 
@@ -106,7 +96,7 @@ fn resuming_with_another_exchange_prints_one_line() {
         ],
     );
     one_error(code, &err, &["exchange = dense", "exchange = topk"]);
-    assert_eq!(names(&ck), ["latest", "step-10"]);
+    assert_eq!(gradkit_testkit::cli::names(&ck), ["latest", "step-10"]);
 }
 
 #[test]
@@ -130,5 +120,5 @@ fn a_fresh_run_into_another_runs_checkpoints_prints_one_line() {
         ],
     );
     one_error(code, &err, &["--resume", "--overwrite-checkpoint"]);
-    assert_eq!(names(&ck), ["latest", "step-10"]);
+    assert_eq!(gradkit_testkit::cli::names(&ck), ["latest", "step-10"]);
 }
