@@ -23,10 +23,17 @@ all: build
 
 help:
 	@echo "make demo    install what is missing, build, run the demo pipeline (data/out/demo/)"
-	@echo "make test    install what is missing, build, run every test"
+	@echo "make test    install what is missing, build, check formatting, run every test (twice in a row is fine)"
 	@echo "make bench   benchmarks (numbers go to docs/RESULTS.md by hand)"
+	@echo "make repro   every reproduction below; FAST=1 for the quick ones make test runs"
 	@echo "make repro-oktopk | repro-deft | repro-onebit-lamb | repro-embrace   (FAST=1: ~1 min)"
+	@echo "make repro-oktopk-figs | repro-deft-figs   the figures alone, from target/release"
+	@echo "make repro-cluster   the shaped multi-host runs (root; docs/CLUSTER.md)"
 	@echo "make cluster-up HOSTS=4 RATE=1gbit | cluster-status | cluster-down   (docs/CLUSTER.md)"
+	@echo "make build   release binaries in target/release    make deps   what is missing (apt, rustup, venv)"
+	@echo "make test-cuda-feature   the cuda feature built, clippy-checked and its device tests run"
+	@echo "make stress-mpi RUNS=200   every mpirun error path under load (docs/RELIABILITY.md)"
+	@echo "make lint    rustfmt check and workspace clippy    make fmt   format    make clean"
 
 ## deps: what is missing, and only that (apt packages as root or with sudo; the Python venv
 ## with numpy, pyarrow, pandas and polars used by the interoperability tests). Quick when
