@@ -73,12 +73,10 @@ demo: deps build
 	@bash pipelines/demo.sh
 
 ## test: formatting, unit, property and CLI tests (also under mpirun), then every reproduction
-## in FAST mode, then the `cuda` feature (docs/GPU.md): built, clippy-checked (every crate's
-## library and binaries; the tests of the crates it touches) and its device tests run without
-## any CUDA installed, and `--device cuda` shown to stop with one `error:` line (`make lint`
-## clippy-checks every crate's tests too: about a minute more). It leaves the default binaries
-## in target/release, so it passes again in the same checkout, after make demo, make bench or
-## any make repro-*.
+## in FAST mode, then the `cuda` feature (docs/GPU.md): built, the workspace clippy-checked
+## with it, and its device tests run without any CUDA installed, and `--device cuda` shown to
+## stop with one `error:` line. It leaves the default binaries in target/release, so it
+## passes again in the same checkout, after make demo, make bench or any make repro-*.
 test: deps build
 	$(CARGO) fmt --all -- --check
 	$(CARGO) test $(CARGO_FLAGS) --workspace
@@ -88,11 +86,15 @@ test: deps build
 # The `cuda` binaries (built for the device tests, which run them) are uplifted to
 # target/release while they are tested; the last line puts the default ones back (fresh, so
 # it only links them there again).
+#
+# Every cargo call here selects the whole workspace: selecting packages (`-p`) resolves the
+# features of their dependencies anew, which compiled gradkit-core and everything above it a
+# second time (minutes of make test) for the same code.
+CUDA_FEATURES := --features gradallreduce/cuda,gradtrain/cuda
 test-cuda-feature:
-	$(CARGO) clippy $(CARGO_FLAGS) --workspace --features gradallreduce/cuda,gradtrain/cuda -- -D warnings
-	$(CARGO) clippy $(CARGO_FLAGS) -p gradkit-cuda -p gradallreduce -p gradtrain --features cuda --all-targets -- -D warnings
-	$(CARGO) test $(CARGO_FLAGS) -p gradkit-cuda --features cuda
-	$(CARGO) test $(CARGO_FLAGS) -p gradallreduce -p gradtrain --features cuda --test device
+	$(CARGO) clippy $(CARGO_FLAGS) --workspace --all-targets $(CUDA_FEATURES) -- -D warnings
+	$(CARGO) test $(CARGO_FLAGS) --workspace $(CUDA_FEATURES) --test probe --test device
+	$(CARGO) test $(CARGO_FLAGS) -p gradkit-cuda --features cuda --lib
 	@err=$$($(BIN)/gradallreduce --device cuda 2>&1 >/dev/null); rc=$$?; \
 	  echo "cuda feature: gradallreduce --device cuda -> exit $$rc: $$err"; \
 	  [ $$rc = 1 ] && [ "$$(printf '%s\n' "$$err" | wc -l)" = 1 ] && [ "$${err#error: }" != "$$err" ] \

@@ -171,7 +171,7 @@ pub struct TrainConfig {
     /// the run: a library caller's choice; `gradtrain` keeps them only for a `--metrics` that
     /// goes to stdout or a device). The summary's means never need them.
     pub keep_metrics: bool,
-    /// Key-value metadata of those rewrites and of a checkpoint's `metrics.parquet`.
+    /// Key-value metadata of the `--metrics` file and of a checkpoint's `metrics.parquet`.
     pub metrics_meta: gradkit_core::Meta,
 }
 

@@ -207,8 +207,8 @@ struct Cli {
     /// (`-`: stdout)
     #[arg(long, value_name = "RUN.parquet")]
     metrics: Option<PathBuf>,
-    /// Rewrite --metrics (atomically) every N steps, so a killed run keeps the finished steps
-    /// (0: only at the end and at checkpoints)
+    /// Append the rows so far to --metrics every N steps (the file is complete after each
+    /// append), so a killed run keeps the finished steps (0: only at the end and at checkpoints)
     #[arg(long, default_value_t = 50, value_name = "N")]
     metrics_every: u32,
     /// Checkpoint directory
