@@ -8,6 +8,10 @@ use std::process::ExitCode;
 use anyhow::Result;
 
 use crate::io::{Input, Output, ReadOptions};
+use crate::process::launcher_var;
+pub use crate::process::{
+    launcher, launcher_rank, note_fmt, register_launcher, under_mpi_launcher, Launcher,
+};
 
 /// Positional input and `-o` output, as every table-to-table tool takes them.
 #[derive(clap::Args, Clone, Debug)]
@@ -61,33 +65,6 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
     e.downcast_ref::<Silent>().map_or(1, |s| s.code)
 }
 
-/// How the process was launched, registered by the communication layer when it starts MPI
-/// (gradkit-core knows nothing of MPI; these hooks are how [`run`] ends an MPI job).
-#[derive(Clone, Copy, Debug)]
-pub struct Launcher {
-    /// The job's size (ranks).
-    pub size: usize,
-    /// Ends MPI on a path every rank takes (success, or an error all ranks agreed on).
-    pub finalize: fn(),
-    /// Ends the whole job at once (MPI_Abort): the path for an error other ranks do not know of.
-    pub abort: fn(i32) -> !,
-}
-
-/// Environment variables that MPI launchers set in every rank (Open MPI, PMIx, MPICH/Hydra,
-/// Intel MPI, Slurm's PMI).
-const LAUNCHER_VARS: &[&str] = &[
-    "OMPI_COMM_WORLD_SIZE",
-    "PMIX_RANK",
-    "PMI_SIZE",
-    "PMI_RANK",
-    "MPI_LOCALNRANKS",
-];
-
-/// Whether this process was started by an MPI launcher (`mpirun`, `mpiexec`, `srun`).
-pub fn under_mpi_launcher() -> bool {
-    LAUNCHER_VARS.iter().any(|v| std::env::var_os(v).is_some())
-}
-
 /// For tools that work on one process (gradselect, gradpartition, gradreport, and gradtrace
 /// but `model`): under `mpirun -np N` with N > 1, ranks other than 0 exit 0 at once and rank 0
 /// does the work alone, with a note — instead of N processes racing to write the same files.
@@ -106,30 +83,6 @@ pub fn one_process_under_mpirun(tool: &str) {
     report_line(&format!(
         "note: {tool} works on one process; under mpirun -np {size} rank 0 runs it and the other ranks exit"
     ));
-}
-
-fn launcher_var(names: &[&str]) -> Option<usize> {
-    names
-        .iter()
-        .find_map(|n| std::env::var(n).ok()?.trim().parse::<usize>().ok())
-}
-
-/// This process's rank as the MPI launcher's environment gives it (0 without a launcher):
-/// known before MPI starts, for the checks only rank 0 (the I/O rank) makes.
-pub fn launcher_rank() -> usize {
-    launcher_var(&["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"]).unwrap_or(0)
-}
-
-static LAUNCHER: std::sync::OnceLock<Launcher> = std::sync::OnceLock::new();
-
-/// Called once by the communication layer after MPI is initialised.
-pub fn register_launcher(l: Launcher) {
-    let _ = LAUNCHER.set(l);
-}
-
-/// The MPI launch this process is part of, if any.
-pub fn launcher() -> Option<&'static Launcher> {
-    LAUNCHER.get()
 }
 
 /// Writes `error: MSG` (the context chain joined by `: `) to stderr in ONE write, so that no
@@ -551,29 +504,6 @@ pub fn given(m: &clap::ArgMatches, id: &str) -> bool {
         m.try_get_raw(id).ok().and_then(|_| m.value_source(id)),
         Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
     )
-}
-
-/// Writes human text (progress, a summary, a note) to stderr, best-effort: a closed, broken
-/// or full stderr must never cost a run its output file, so write errors are ignored (where
-/// `eprint!` would panic). Use through [`note!`](crate::note) and [`noteln!`](crate::noteln).
-pub fn note_fmt(args: std::fmt::Arguments) {
-    let text = std::fmt::format(args);
-    let mut err = std::io::stderr().lock();
-    let _ = err.write_all(text.as_bytes());
-    let _ = err.flush();
-}
-
-/// `eprint!` that never panics: see [`cli::note_fmt`](crate::cli::note_fmt).
-#[macro_export]
-macro_rules! note {
-    ($($arg:tt)*) => { $crate::cli::note_fmt(format_args!($($arg)*)) };
-}
-
-/// `eprintln!` that never panics: see [`cli::note_fmt`](crate::cli::note_fmt).
-#[macro_export]
-macro_rules! noteln {
-    () => { $crate::cli::note_fmt(format_args!("\n")) };
-    ($($arg:tt)*) => { $crate::cli::note_fmt(format_args!("{}\n", format_args!($($arg)*))) };
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ pub mod env;
 pub mod io;
 pub mod live;
 pub mod paths;
+pub mod process;
 mod read_values;
 pub mod synth;
 pub mod tables;

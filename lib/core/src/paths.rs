@@ -315,7 +315,7 @@ pub fn commit_all(mut files: Vec<TempFile>) -> anyhow::Result<()> {
 /// Under an MPI launcher only rank 0 probes: it writes the outputs, and on a cluster the other
 /// ranks may not see its directories.
 pub fn check_creatable(flag: &str, path: &Path) -> anyhow::Result<()> {
-    if crate::cli::launcher_rank() != 0
+    if crate::process::launcher_rank() != 0
         || path.as_os_str() == "-"
         || std::fs::metadata(path).is_ok_and(|m| !m.is_file())
     {

@@ -74,6 +74,15 @@ pub trait Table: Sized + Send + 'static {
     }
     /// Converts a batch whose columns were already checked against [`Table::schema`].
     fn from_batch(batch: &RecordBatch) -> Result<Vec<Self>>;
+    /// The row as a `tensor/1` row, for the writer's page encoder of the `values` column
+    /// (io/write.rs): only [`TensorRow`] has one.
+    fn as_tensor(&self) -> Option<&TensorRow> {
+        None
+    }
+    /// Payload bytes of the row as the writer budgets them (64 per row, 4 per list item).
+    fn payload_bytes(&self) -> usize {
+        64
+    }
 }
 
 /// One row of `tensor/1`: the gradient (or selection, or reduced result) of one layer held by
@@ -230,6 +239,12 @@ fn list_rows<T: arrow_array::ArrowPrimitiveType>(
 
 impl Table for TensorRow {
     const KIND: SchemaKind = SchemaKind::Tensor;
+    fn as_tensor(&self) -> Option<&TensorRow> {
+        Some(self)
+    }
+    fn payload_bytes(&self) -> usize {
+        64 + 4 * (self.values.len() + self.indices.as_ref().map_or(0, |i| i.len()))
+    }
     fn schema() -> SchemaRef {
         Arc::new(Schema::new(vec![
             Field::new("step", DataType::UInt32, false),
