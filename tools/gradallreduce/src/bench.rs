@@ -15,6 +15,7 @@
 //! `gradselect topk | gradallreduce` does. Both run in the same step, one after the other, on
 //! the same gradient: their ratio is the cost of the algorithm's own selection (issue 19).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
@@ -578,96 +579,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         return Ok(());
     }
     let points = points.into_iter().next().unwrap_or_default();
+    let fits = fits(&args, &algos, &points);
+    let sink = report(&args, &points, &fits, p)?;
     let (alpha, beta) = (args.cost.alpha_s(), args.cost.beta_byte_s());
-    // --fit: per algorithm, t ≈ α·messages + β·bytes over its sizes (least squares).
-    let mut fits: std::collections::BTreeMap<String, (f64, f64)> = Default::default();
-    if args.fit {
-        for a in &algos {
-            let pts: Vec<(f64, f64, f64)> = points
-                .iter()
-                .filter(|pt| &pt.algo == a && pt.max_msgs > 0)
-                .map(|pt| (pt.max_msgs as f64, pt.max_bytes_sent as f64, pt.time_s))
-                .collect();
-            match cost::fit_alpha_beta(&pts) {
-                Some((al, be)) if al > 0.0 && be > 0.0 => {
-                    fits.insert(a.clone(), (al, be));
-                }
-                other if !args.quiet => gradkit_core::noteln!(
-                    "gradallreduce bench: {a}: no usable α-β fit ({other:?}); its model column uses the given α and β"
-                ),
-                _ => {}
-            }
-        }
-    }
-    let mut table = TextTable::new([
-        "size_B",
-        "count",
-        "algo",
-        "input",
-        "time_us",
-        "select_us",
-        "max/min",
-        "minflt",
-        "majflt",
-        "algbw_GBps",
-        "busbw_GBps",
-        "bytes_sent",
-        "msgs",
-        "model_us",
-        "wrong",
-    ]);
-    let mut sink = MetricSink::new("bench", "gradallreduce", "", p as u32);
-    for pt in &points {
-        let algbw = pt.bytes as f64 / pt.time_s / 1e9;
-        let busbw = algbw * 2.0 * (p as f64 - 1.0) / p as f64;
-        let (al, be) = fits.get(&pt.algo).copied().unwrap_or((alpha, beta));
-        let k = match pt.input {
-            Some(_) => sparse_params(&args).k_for(pt.count as u64) as f64,
-            None => 0.0,
-        };
-        let model =
-            cost::by_name(&pt.algo, p, pt.count as f64, k).map(|c| c.latency * al + c.bytes() * be);
-        table.push([
-            pt.bytes.to_string(),
-            pt.count.to_string(),
-            pt.algo.clone(),
-            pt.input.map_or("-", Input::name).to_string(),
-            fmt_num(pt.time_s * 1e6, 4),
-            pt.select_s.map_or("-".into(), |t| fmt_num(t * 1e6, 4)),
-            fmt_num(pt.max_over_min, 3),
-            fmt_num(pt.faults.0, 3),
-            fmt_num(pt.faults.1, 3),
-            fmt_num(algbw, 3),
-            fmt_num(busbw, 3),
-            pt.max_bytes_sent.to_string(),
-            pt.max_msgs.to_string(),
-            model.map_or("-".into(), |m| fmt_num(m * 1e6, 4)),
-            pt.wrong.map_or("n/a".into(), |w| w.to_string()),
-        ]);
-        sink.algo = pt.algo.clone();
-        sink.run = match pt.input {
-            Some(i) => format!("bench/{}-input", i.name()),
-            None => "bench".into(),
-        };
-        let step = pt.bytes as u32;
-        for (m, v) in [
-            ("size_bytes", pt.bytes as f64),
-            ("time_s", pt.time_s),
-            ("time_select_s", pt.select_s.unwrap_or(f64::NAN)),
-            ("time_max_over_min", pt.max_over_min),
-            ("minflt_per_call", pt.faults.0),
-            ("majflt_per_call", pt.faults.1),
-            ("algbw_GBps", algbw),
-            ("busbw_GBps", busbw),
-            ("bytes_sent", pt.max_bytes_sent as f64),
-            ("messages", pt.max_msgs as f64),
-            ("wrong", pt.wrong.map_or(f64::NAN, |w| w as f64)),
-            ("model_time_s", model.unwrap_or(f64::NAN)),
-        ] {
-            sink.push(step, 0, m, v);
-        }
-    }
-    table.print(args.format)?;
     if !args.quiet {
         gradkit_core::noteln!(
             "gradallreduce bench: {p} {} ranks; model column: α = {:.2} µs, β = {:.3} ns/byte ({:.2} GB/s) unless fitted",
@@ -697,6 +611,116 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("{bad} wrong elements in the results (column `wrong`)");
     }
     Ok(())
+}
+
+/// --fit: per algorithm, t ≈ α·messages + β·bytes over its sizes (least squares).
+fn fits(args: &BenchArgs, algos: &[String], points: &[Point]) -> BTreeMap<String, (f64, f64)> {
+    let mut fits = BTreeMap::new();
+    if !args.fit {
+        return fits;
+    }
+    for a in algos {
+        let pts: Vec<(f64, f64, f64)> = points
+            .iter()
+            .filter(|pt| &pt.algo == a && pt.max_msgs > 0)
+            .map(|pt| (pt.max_msgs as f64, pt.max_bytes_sent as f64, pt.time_s))
+            .collect();
+        match cost::fit_alpha_beta(&pts) {
+            Some((al, be)) if al > 0.0 && be > 0.0 => {
+                fits.insert(a.clone(), (al, be));
+            }
+            other if !args.quiet => gradkit_core::noteln!(
+                "gradallreduce bench: {a}: no usable α-β fit ({other:?}); its model column uses the given α and β"
+            ),
+            _ => {}
+        }
+    }
+    fits
+}
+
+/// The table (printed) and the metrics of every point.
+fn report(
+    args: &BenchArgs,
+    points: &[Point],
+    fits: &BTreeMap<String, (f64, f64)>,
+    p: usize,
+) -> Result<MetricSink> {
+    let (alpha, beta) = (args.cost.alpha_s(), args.cost.beta_byte_s());
+    let mut table = TextTable::new([
+        "size_B",
+        "count",
+        "algo",
+        "input",
+        "time_us",
+        "select_us",
+        "max/min",
+        "minflt",
+        "majflt",
+        "algbw_GBps",
+        "busbw_GBps",
+        "bytes_sent",
+        "msgs",
+        "model_us",
+        "wrong",
+    ]);
+    let mut sink = MetricSink::new("bench", "gradallreduce", "", p as u32);
+    for pt in points {
+        let algbw = pt.bytes as f64 / pt.time_s / 1e9;
+        let busbw = algbw * 2.0 * (p as f64 - 1.0) / p as f64;
+        let (al, be) = fits.get(&pt.algo).copied().unwrap_or((alpha, beta));
+        let k = match pt.input {
+            Some(_) => sparse_params(args).k_for(pt.count as u64) as f64,
+            None => 0.0,
+        };
+        let model =
+            cost::by_name(&pt.algo, p, pt.count as f64, k).map(|c| c.latency * al + c.bytes() * be);
+        table.push([
+            pt.bytes.to_string(),
+            pt.count.to_string(),
+            pt.algo.clone(),
+            pt.input.map_or("-", Input::name).to_string(),
+            fmt_num(pt.time_s * 1e6, 4),
+            pt.select_s.map_or("-".into(), |t| fmt_num(t * 1e6, 4)),
+            fmt_num(pt.max_over_min, 3),
+            fmt_num(pt.faults.0, 3),
+            fmt_num(pt.faults.1, 3),
+            fmt_num(algbw, 3),
+            fmt_num(busbw, 3),
+            pt.max_bytes_sent.to_string(),
+            pt.max_msgs.to_string(),
+            model.map_or("-".into(), |m| fmt_num(m * 1e6, 4)),
+            pt.wrong.map_or("n/a".into(), |w| w.to_string()),
+        ]);
+        record_point(&mut sink, pt, algbw, busbw, model);
+    }
+    table.print(args.format)?;
+    Ok(sink)
+}
+
+/// One point's metric rows (its size in bytes as the step).
+fn record_point(sink: &mut MetricSink, pt: &Point, algbw: f64, busbw: f64, model: Option<f64>) {
+    sink.algo = pt.algo.clone();
+    sink.run = match pt.input {
+        Some(i) => format!("bench/{}-input", i.name()),
+        None => "bench".into(),
+    };
+    let step = pt.bytes as u32;
+    for (m, v) in [
+        ("size_bytes", pt.bytes as f64),
+        ("time_s", pt.time_s),
+        ("time_select_s", pt.select_s.unwrap_or(f64::NAN)),
+        ("time_max_over_min", pt.max_over_min),
+        ("minflt_per_call", pt.faults.0),
+        ("majflt_per_call", pt.faults.1),
+        ("algbw_GBps", algbw),
+        ("busbw_GBps", busbw),
+        ("bytes_sent", pt.max_bytes_sent as f64),
+        ("messages", pt.max_msgs as f64),
+        ("wrong", pt.wrong.map_or(f64::NAN, |w| w as f64)),
+        ("model_time_s", model.unwrap_or(f64::NAN)),
+    ] {
+        sink.push(step, 0, m, v);
+    }
 }
 
 #[cfg(test)]

@@ -7,11 +7,11 @@ use anyhow::{bail, Context, Result};
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::Args;
 use gradkit_collectives::registry::{Adjust, Balance, ReevalStepD, Split};
-use gradkit_collectives::{cost, reducer_for, Algo, Flat, Op, Params};
+use gradkit_collectives::{cost, reducer_for, Algo, Flat, Op, Params, Reducer};
 use gradkit_comm::dist::{self, Piece, Round};
 use gradkit_comm::{Comm, PhaseCounts, World};
 use gradkit_core::cli::IoArgs;
-use gradkit_core::io::{KeyScan, TableWriter, TensorSteps, TensorStream};
+use gradkit_core::io::{Expect, KeyScan, TableWriter, TraceReader};
 use gradkit_core::trace::{self, Layout, MetricSink};
 use gradkit_core::{read_table, Input, Meta, MetricRow, Output, PlanRow, TensorRow};
 
@@ -233,18 +233,10 @@ struct Prepared {
 /// mpirun rank 0 holds its own rows of the step, one piece of another rank's rows and its
 /// encoding, and less than [`PIECE_BYTES`] per rank held back; in-process ranks one step.
 struct IoRank {
-    /// The input's name, for messages.
-    source: String,
-    steps: TensorSteps,
+    /// The trace, checked up to its first step's layers (those every step must have).
+    trace: TraceReader,
     /// The first run of rows, read by [`load`] for its checks and not yet handed out.
     first: Option<Vec<TensorRow>>,
-    /// The first pass over the keys: the layers' shapes as the whole trace gives them.
-    scan: KeyScan,
-    /// The layers every step must have: those of the first step once it was checked (of the
-    /// first run until then).
-    layout: Layout,
-    /// Whether the first step was checked (and `layout` is its layers).
-    first_checked: bool,
     algo: Algo,
     /// The trace's ranks (the world's size).
     p: usize,
@@ -355,7 +347,7 @@ impl IoRank {
             let run = match self.first.take() {
                 Some(run) => run,
                 None => self
-                    .steps
+                    .trace
                     .next_run(PIECE_BYTES)?
                     .context("internal: a run went missing")?,
             };
@@ -372,24 +364,17 @@ impl IoRank {
     fn peek_step(&mut self) -> Result<Option<u32>> {
         match &self.first {
             Some(run) => Ok(run.first().map(|r| r.step)),
-            None => self.steps.peek_step(),
+            None => self.trace.peek_step(),
         }
     }
 
     /// What the whole-trace check (`trace::check_complete`, and for alltoall the embedding
     /// rows) said of one step, with its messages: every rank has rows, each the layers of the
-    /// first step. The first step's layers are those of all its rows, as `load` took them.
+    /// first step.
     fn check(&mut self, cur: Option<StepCheck>) -> Result<()> {
         let cur = cur.context("internal: no step being handed out")?;
-        if !self.first_checked {
-            let mut layout = Layout::of_rows(&cur.keys);
-            self.scan.complete_shapes(&mut layout);
-            self.layout = layout;
-            self.first_checked = true;
-        }
-        let source = &self.source;
-        gradkit_core::io::check_step(&cur.keys, &self.layout, self.p, None)
-            .with_context(|| format!("in {source}"))?;
+        self.trace.check(&cur.keys)?;
+        let source = &self.trace.source;
         match cur.embedding {
             Some(e) => Err(e.context(format!("in {source}"))),
             None => Ok(()),
@@ -484,25 +469,15 @@ fn load(
     metrics: Option<&Output>,
 ) -> Result<Prepared> {
     let input = args.io.input()?;
-    let stream = TensorStream::open(&input, args.io.read_options())?;
-    let scan = stream.scan()?;
-    let source = stream.source.clone();
-    if scan.rows == 0 {
-        bail!("{source}: the trace has no rows");
-    }
-    gradkit_core::io::check_ranks(&scan.ranks).with_context(|| format!("in {source}"))?;
-    let p = scan.ranks.len();
-    let meta_in = stream.meta.clone();
-    let mut steps = stream.steps(&scan)?;
-    // The first run of rows (one rank's rows of the first step) gives the layers these
-    // checks need; the whole first step is checked as it is handed out, like every step.
-    let first = steps.next_run(usize::MAX)?;
-    let Some(first_step) = first.as_ref().and_then(|r| r.first()).map(|r| r.step) else {
-        bail!("{source}: the trace has no rows");
-    };
-    let first = first.unwrap_or_default();
-    let mut layout = Layout::of_rows(&first);
-    scan.complete_shapes(&mut layout);
+    let mut trace = TraceReader::open(&input, args.io.read_options(), Expect::any())?;
+    let source = trace.source.clone();
+    let p = trace.ranks();
+    let meta_in = trace.meta.clone();
+    let first_step = trace.first_step();
+    // The first run of rows (one rank's rows of the first step): whether the input is sparse,
+    // for the memory check; the whole first step is checked as it is handed out.
+    let first = trace.next_run(usize::MAX)?.unwrap_or_default();
+    let layout = trace.layout.clone();
     if p != world.size() {
         bail!(
             "{source} holds {p} ranks but this run has {} (flag --ranks, or mpirun -np)",
@@ -544,12 +519,8 @@ fn load(
         n,
         state,
         io: IoRank {
-            source,
-            steps,
+            trace,
             first: Some(first),
-            scan,
-            layout,
-            first_checked: false,
             algo: args.algo,
             p,
             cur: None,
@@ -811,54 +782,14 @@ fn reduce_rank(
     quiet: bool,
 ) -> Result<RankOut> {
     let mut reducer = reducer_for(args.algo, params)?;
-    // --state: this rank's saved errors, before the first step (none on a fresh start).
     if let Some(path) = &args.state {
-        // Rank 0 reads the file as the feed's round asks for it and hands each piece to its
-        // rank (under mpirun sent before the next is read, 2 MiB at most; in-process whole
-        // buffers, moved), so no process holds every rank's errors twice; every rank takes
-        // part (none on a fresh start). A failed read stops every rank at the first step
-        // (`IoRank::failed`).
-        let round = match io.as_mut() {
-            Some(io) => {
-                let mut file = inputs
-                    .state
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .take();
-                let max = if comm.backend().in_process() {
-                    usize::MAX
-                } else {
-                    state::PIECE_VALUES
-                };
-                let failed = &mut io.failed;
-                let mut source = || match file.as_mut() {
-                    Some(f) => f.piece(max, failed),
-                    None => Piece::Done,
-                };
-                inputs.feed.round_from(comm, Some(&mut source))?
-            }
-            None => inputs.feed.round_from(comm, None)?,
-        };
-        let saved = match round {
-            Round::Rows(rows) => rows,
-            Round::End | Round::Stop => Vec::new(),
-        };
-        reducer
-            .load_state_owned(state::from_rows(saved))
-            .with_context(|| format!("--state {}", path.display()))?;
+        load_state(comm, path, &inputs, io.as_mut(), reducer.as_mut())?;
     }
     let algo = args.algo.name();
     let mut sink = MetricSink::new(run_name, "gradallreduce", algo, comm.size() as u32);
-    let steps = io.as_ref().map_or(0, |io| io.steps.steps.len());
+    let steps = io.as_ref().map_or(0, |io| io.trace.steps().len());
     let bar = gradkit_core::cli::progress("reduce", steps as u64, quiet || comm.rank() != 0);
-    let rank = comm.rank() as u32;
-    // EmbRace's exchange takes sparse embedding rows beside dense layers: the layers given
-    // sparse are the embedding tables (their 2-D shape stays in the layout the reducer sees).
-    let hybrid = args.algo == Algo::AllToAll;
-    // (layout, reducer_layout), from this rank's rows of the first step: every step has the
-    // same layers (the I/O rank checks each); rank 0 takes the shapes the whole trace gives.
-    let mut layouts: Option<(Layout, Layout)> = None;
-    let mut stopped = false;
+    let mut layouts: Option<Layouts> = None;
     // Steps done, for the metrics' hand-overs (every rank counts the same rounds).
     let mut handed = 0u32;
     loop {
@@ -866,90 +797,30 @@ fn reduce_rank(
             Some(io) => inputs.feed.round_from(comm, Some(&mut || io.piece()))?,
             None => inputs.feed.round_from(comm, None)?,
         };
-        let mut mine = match round {
+        let mine = match round {
             Round::Rows(rows) => rows,
             Round::End => break,
             Round::Stop => {
-                stopped = true;
-                break;
+                // Every rank left at the same round: none runs the collectives below.
+                bar.finish_and_clear();
+                return Ok(RankOut {
+                    saved: Ok(None),
+                    io: io.map(|io| {
+                        Err(io.failed.unwrap_or_else(|| {
+                            anyhow::anyhow!("internal: stopped without an error")
+                        }))
+                    }),
+                });
             }
         };
-        // Each rank's rows of a step in `layer_id` order, as `trace::group_step_rank` gives them.
-        mine.sort_by_key(|r| r.layer_id);
-        let step = mine
-            .first()
-            .map(|r| r.step)
-            .context("internal: a step without rows for this rank")?;
-        let (layout, reducer_layout) = layouts.get_or_insert_with(|| {
-            let mut layout = Layout::of_rows(&mine);
-            if let Some(io) = &io {
-                io.scan.complete_shapes(&mut layout);
-            }
-            let reducer_layout = if hybrid {
-                let mut l = layout.clone();
-                for info in &mut l.layers {
-                    if mine
-                        .iter()
-                        .any(|r| r.layer_id == info.layer_id && r.is_dense())
-                    {
-                        info.shape = None;
-                    }
-                }
-                l
-            } else {
-                layout.clone()
-            };
-            (layout, reducer_layout)
-        });
-        let dense = mine.iter().all(|r| r.is_dense()) && !hybrid;
-        let sparse = mine.iter().all(|r| !r.is_dense()) || hybrid;
-        if !dense && !sparse {
-            bail!(
-                "step {step} rank {rank}: mixed dense and sparse rows (column `indices`); give all-dense or all-sparse input"
-            );
-        }
-        let n = layout.total();
-        let k_in = if dense {
-            params.k_for(n)
-        } else {
-            mine.iter().map(|r| r.stored() as u64).sum()
+        let mut step = StepCtx {
+            comm,
+            args,
+            params,
+            sink: &mut sink,
+            layouts: &mut layouts,
         };
-        let input = if dense {
-            // The rank's rows and its flat input are not both held (trace::take_flat,
-            // docs/MEMORY.md).
-            Flat::Dense(trace::take_flat(mine, n as usize))
-        } else {
-            let rows: Vec<&TensorRow> = mine.iter().collect();
-            let s = Flat::Sparse(trace::flatten_sparse(&rows, layout));
-            drop(rows);
-            // The step's rows are in `input` now.
-            drop(mine);
-            s
-        };
-        let before = comm.traffic().snapshot();
-        let t0 = std::time::Instant::now();
-        let out = reducer
-            .reduce(comm, step, reducer_layout, input)
-            .with_context(|| format!("step {step}"))?;
-        let wall = t0.elapsed().as_secs_f64();
-        let after = comm.traffic().snapshot();
-        record(&mut sink, step, rank, &before, &after, wall);
-        for (name, v) in &out.metrics {
-            sink.push(step, rank, name, *v);
-        }
-        let nnz = match &out.result {
-            Flat::Dense(v) => v.iter().filter(|x| **x != 0.0).count(),
-            Flat::Sparse(s) => s.len(),
-        };
-        sink.push(step, rank, "nnz", nnz as f64);
-        // The paper's formula beside the measurement (Ok-Topk Table 1: TopkDSA's best case,
-        // Ok-Topk's worst case; k = the target for dense input, the input's nnz for sparse).
-        if let Some(c) = cost::by_algo(args.algo, comm.size(), n as f64, k_in as f64) {
-            sink.push(step, rank, "model_bytes_sent", c.bytes());
-        }
-        if let Some(io) = io.as_mut() {
-            io.write(out.result, layout, step);
-        }
+        step.reduce(reducer.as_mut(), mine, io.as_mut())?;
         handed += 1;
         if handed.is_multiple_of(METRICS_EVERY) {
             hand_over_metrics(comm, &mut sink, io.as_mut())?;
@@ -957,17 +828,6 @@ fn reduce_rank(
         bar.inc(1);
     }
     bar.finish_and_clear();
-    if stopped {
-        // Every rank left at the same round: none runs the collectives below.
-        return Ok(RankOut {
-            saved: Ok(None),
-            io: io.map(|io| {
-                Err(io
-                    .failed
-                    .unwrap_or_else(|| anyhow::anyhow!("internal: stopped without an error")))
-            }),
-        });
-    }
     reducer.finish(comm)?;
     // --state: every rank's errors after the last step, to the I/O rank, which saves them.
     // The reducer's buffers are moved out (not copied) and it is dropped.
@@ -988,6 +848,165 @@ fn reduce_rank(
             None => Ok((io.writer, io.metrics)),
         }),
     })
+}
+
+/// --state: this rank's saved errors, before the first step (none on a fresh start). Rank 0
+/// reads the file as the feed's round asks for it and hands each piece to its rank (under
+/// mpirun sent before the next is read, 2 MiB at most; in-process whole buffers, moved), so no
+/// process holds every rank's errors twice; every rank takes part. A failed read stops every
+/// rank at the first step (`IoRank::failed`).
+fn load_state(
+    comm: &dyn Comm,
+    path: &std::path::Path,
+    inputs: &RankIn<'_>,
+    io: Option<&mut IoRank>,
+    reducer: &mut dyn Reducer,
+) -> Result<()> {
+    let round = match io {
+        Some(io) => {
+            let mut file = inputs
+                .state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            let max = match comm.backend().in_process() {
+                true => usize::MAX,
+                false => state::PIECE_VALUES,
+            };
+            let failed = &mut io.failed;
+            let mut source = || match file.as_mut() {
+                Some(f) => f.piece(max, failed),
+                None => Piece::Done,
+            };
+            inputs.feed.round_from(comm, Some(&mut source))?
+        }
+        None => inputs.feed.round_from(comm, None)?,
+    };
+    let saved = match round {
+        Round::Rows(rows) => rows,
+        Round::End | Round::Stop => Vec::new(),
+    };
+    reducer
+        .load_state_owned(state::from_rows(saved))
+        .with_context(|| format!("--state {}", path.display()))
+}
+
+/// (layout, reducer_layout), from this rank's rows of the first step: every step has the same
+/// layers (the I/O rank checks each); rank 0 takes the shapes the whole trace gives.
+type Layouts = (Layout, Layout);
+
+/// What one step of one rank needs besides its rows.
+struct StepCtx<'a> {
+    comm: &'a dyn Comm,
+    args: &'a ReduceArgs,
+    params: &'a Params,
+    sink: &'a mut MetricSink,
+    layouts: &'a mut Option<Layouts>,
+}
+
+impl StepCtx<'_> {
+    /// Reduces this rank's rows of one step, records its traffic and metrics, and (rank 0)
+    /// writes the result.
+    fn reduce(
+        &mut self,
+        reducer: &mut dyn Reducer,
+        mut mine: Vec<TensorRow>,
+        io: Option<&mut IoRank>,
+    ) -> Result<()> {
+        let (comm, rank) = (self.comm, self.comm.rank() as u32);
+        // Each rank's rows of a step in `layer_id` order, as `trace::group_step_rank` gives them.
+        mine.sort_by_key(|r| r.layer_id);
+        let step = mine
+            .first()
+            .map(|r| r.step)
+            .context("internal: a step without rows for this rank")?;
+        // EmbRace's exchange takes sparse embedding rows beside dense layers: the layers given
+        // sparse are the embedding tables (their 2-D shape stays in the layout the reducer sees).
+        let hybrid = self.args.algo == Algo::AllToAll;
+        let scan = io.as_ref().map(|io| &io.trace.scan);
+        let (layout, reducer_layout) = self
+            .layouts
+            .get_or_insert_with(|| layouts_of(&mine, scan, hybrid));
+        let (input, k_in) = flat_input(mine, layout, hybrid, self.params, step, rank)?;
+        let n = layout.total();
+        let before = comm.traffic().snapshot();
+        let t0 = std::time::Instant::now();
+        let out = reducer
+            .reduce(comm, step, reducer_layout, input)
+            .with_context(|| format!("step {step}"))?;
+        let wall = t0.elapsed().as_secs_f64();
+        let after = comm.traffic().snapshot();
+        let sink = &mut *self.sink;
+        record(sink, step, rank, &before, &after, wall);
+        for (name, v) in &out.metrics {
+            sink.push(step, rank, name, *v);
+        }
+        let nnz = match &out.result {
+            Flat::Dense(v) => v.iter().filter(|x| **x != 0.0).count(),
+            Flat::Sparse(s) => s.len(),
+        };
+        sink.push(step, rank, "nnz", nnz as f64);
+        // The paper's formula beside the measurement (Ok-Topk Table 1: TopkDSA's best case,
+        // Ok-Topk's worst case; k = the target for dense input, the input's nnz for sparse).
+        if let Some(c) = cost::by_algo(self.args.algo, comm.size(), n as f64, k_in as f64) {
+            sink.push(step, rank, "model_bytes_sent", c.bytes());
+        }
+        if let Some(io) = io {
+            io.write(out.result, layout, step);
+        }
+        Ok(())
+    }
+}
+
+/// The layouts of [`Layouts`] from this rank's rows of the first step.
+fn layouts_of(mine: &[TensorRow], scan: Option<&KeyScan>, hybrid: bool) -> Layouts {
+    let mut layout = Layout::of_rows(mine);
+    if let Some(scan) = scan {
+        scan.complete_shapes(&mut layout);
+    }
+    let mut reducer_layout = layout.clone();
+    if hybrid {
+        for info in &mut reducer_layout.layers {
+            if mine
+                .iter()
+                .any(|r| r.layer_id == info.layer_id && r.is_dense())
+            {
+                info.shape = None;
+            }
+        }
+    }
+    (layout, reducer_layout)
+}
+
+/// This rank's rows of a step as the reducer's flat input (the rows and the flat input are
+/// not both held: docs/MEMORY.md), and the k the cost model takes: the target for dense input,
+/// the input's entries for sparse.
+fn flat_input(
+    mine: Vec<TensorRow>,
+    layout: &Layout,
+    hybrid: bool,
+    params: &Params,
+    step: u32,
+    rank: u32,
+) -> Result<(Flat, u64)> {
+    let dense = mine.iter().all(|r| r.is_dense()) && !hybrid;
+    let sparse = mine.iter().all(|r| !r.is_dense()) || hybrid;
+    if !dense && !sparse {
+        bail!(
+            "step {step} rank {rank}: mixed dense and sparse rows (column `indices`); give all-dense or all-sparse input"
+        );
+    }
+    let n = layout.total();
+    if dense {
+        return Ok((
+            Flat::Dense(trace::take_flat(mine, n as usize)),
+            params.k_for(n),
+        ));
+    }
+    let k_in = mine.iter().map(|r| r.stored() as u64).sum();
+    let rows: Vec<&TensorRow> = mine.iter().collect();
+    let s = Flat::Sparse(trace::flatten_sparse(&rows, layout));
+    Ok((s, k_in))
 }
 
 /// Writes the step's traffic: totals and one row per phase (`bytes_sent:<phase>`, …).
