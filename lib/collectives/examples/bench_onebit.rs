@@ -9,7 +9,7 @@
 //!    sent per rank and time per call (median over `iters`, after one warm-up call).
 //! 2. Pack / unpack throughput, one thread, GB/s of f32 data; every kernel against one
 //!    streaming pass `dst[i] = a·src[i]` over the same buffer (read n floats, write n
-//!    floats: issue 19's reference), as `streaming time / kernel time` and as the memory
+//!    floats: the memory-bandwidth reference (docs/MEMORY.md)), as `streaming time / kernel time` and as the memory
 //!    bandwidth it reaches (the buffer-sized streams it must move × 4n bytes / time); the
 //!    worker compressor and the server stage against the pre-issue-19 kernels kept here as
 //!    `legacy_compress` / `legacy_server` (checked bit-identical first); medians of
@@ -136,14 +136,14 @@ fn sum_abs(x: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + it.remainder().iter().map(|v| v.abs()).sum::<f32>()
 }
 
-/// The streaming pass of issue 19: `dst[i] = a·src[i]` (one read and one write stream).
+/// The streaming pass (docs/MEMORY.md): `dst[i] = a·src[i]` (one read and one write stream).
 fn scale_copy(src: &[f32], dst: &mut [f32], a: f32) {
     for (d, s) in dst.iter_mut().zip(src) {
         *d = a * *s;
     }
 }
 
-/// The server stage (`server_sum_sq` + pack) as it was before issue 19: eight lanes per
+/// The server stage (`server_sum_sq` + pack) as it was before buffer reuse (docs/MEMORY.md): eight lanes per
 /// byte, the bit of lane j taken with a shift by `7 − j`, each packed bit and error one
 /// scalar loop. Returns the server scale.
 #[allow(clippy::needless_range_loop)] // the old code, as it was
@@ -192,7 +192,7 @@ fn deferred_server(msgs: &[(Vec<u8>, f32)], err: &mut [f32], out: &mut [u8], due
     (ss / err.len() as f64).sqrt() as f32
 }
 
-/// The worker compressor as it was before issue 19 (`OneBitState::worker_compress`): pass 1
+/// The worker compressor as it was before buffer reuse (docs/MEMORY.md) (`OneBitState::worker_compress`): pass 1
 /// `e += x` with the f64 sum of squares, pass 2 a scalar pack + feedback over `e`.
 fn legacy_compress(data: &[f32], e: &mut [f32], bits: &mut [u8]) -> f32 {
     let mut lanes = [0f64; 8];
@@ -451,7 +451,7 @@ fn bench_pack(n: usize) {
     );
     println!(
         "Reference: the streaming pass dst[i] = a·src[i] (read n floats, write n floats). \
-         \"stream/kernel\" = streaming time / kernel time (issue 19's ratio; the server rows \
+         \"stream/kernel\" = streaming time / kernel time (docs/MEMORY.md's ratio; the server rows \
          against the n/4 streaming pass); \"memory GB/s\" = the buffer-sized streams the \
          kernel must move × 4·elements / time (the streaming pass moves 2).\n"
     );

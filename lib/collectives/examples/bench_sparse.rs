@@ -13,7 +13,7 @@
 //! Error feedback is on, as `gradselect` does it: the selections of step t are taken from
 //! acc_t = g_t + residual_{t−1} and the residual keeps acc_t with the selected entries zeroed;
 //! algorithms fed dense input (DEFT, and Ok-Topk's second row: its own local selection, the
-//! one-pass threshold reuse of issue 19, timed apart in the select column) keep their own
+//! one-pass threshold reuse (docs/MEMORY.md), timed apart in the select column) keep their own
 //! residual (`residual: true`). The time of the exact top-k that makes the top-k input is
 //! printed on stderr (per rank and step), to set beside the dense-input row.
 

@@ -8,7 +8,7 @@
 //! [`embedding_backward`] (§1.2 step 4–5: coalesce duplicate rows, send each owner its column
 //! slice with the row ids, owners sum); [`embedding_forward_unique`] is the forward with
 //! each rank's duplicate lookups removed (one row per distinct id, expanded by the receiver;
-//! issue 17, not the paper's). [`sparse_allgather`] (rows coalesced first) and
+//! docs/gradtrain.md, not the paper's). [`sparse_allgather`] (rows coalesced first) and
 //! [`sparse_allgather_raw`] (one row per token, as Horovod/DDP send them) are the AllGather
 //! baseline of §1.3.
 //!
@@ -47,7 +47,7 @@ use gradkit_core::trace::{Layout, Sparse};
 use gradkit_core::TensorRow;
 
 use crate::dense::chunk_start;
-use crate::registry::Split;
+use crate::params::Split;
 use crate::{Flat, Op, Reducer, StepOutput};
 
 /// Slice `k` of `n` items cut into `p` near-equal contiguous slices (sizes differ by ≤ 1).
@@ -224,7 +224,7 @@ pub fn embedding_forward(
     lookup_exchange(comm, shard, v, d, ids_per_rank)
 }
 
-/// Deduplicated forward exchange (issue 17; not in the paper): as [`embedding_forward`],
+/// Deduplicated forward exchange (docs/gradtrain.md; not in the paper): as [`embedding_forward`],
 /// but owner r sends rank j only its columns of the **distinct** ids of rank j's batch, in
 /// ascending id order. No index map travels: the owner derives the distinct ids from the
 /// gathered batch it already holds, and rank j expands the `|U_j|` rows to its `T_j` tokens

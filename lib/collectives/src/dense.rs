@@ -70,7 +70,7 @@ pub fn ring_in_caller_phase(comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
 ///
 /// Every other chunk of `data` is dead once sent or summed (the allgather overwrites it
 /// before anything reads it), so for in-process ranks ([`releases`]) its memory pages are
-/// given back ([`gradkit_comm::release`]): issue 19, the messages in flight then take the
+/// given back ([`gradkit_comm::release`]): docs/MEMORY.md, the messages in flight then take the
 /// room of chunks no longer needed instead of adding to P in-process ranks' inputs.
 fn ring_reduce_scatter(comm: &dyn Comm, data: &mut [f32], mut first: Vec<f32>) -> Result<Vec<f32>> {
     let (p, r, n) = (comm.size(), comm.rank(), data.len());
@@ -207,7 +207,7 @@ pub fn rabenseifner(comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
 /// Whether dead chunks' memory pages are given back ([`gradkit_comm::release`]): for
 /// in-process ranks, which share one address space (P ranks' inputs in one process, issue
 /// 19's memory bound). Under MPI a rank keeps its buffers resident, so that a steady-state
-/// call faults no page in (issue 19's buffer reuse): a released chunk is faulted in again
+/// call faults no page in (buffer reuse, docs/MEMORY.md): a released chunk is faulted in again
 /// when the allgather writes it.
 fn releases(comm: &dyn Comm) -> bool {
     comm.backend().in_process()
@@ -231,7 +231,7 @@ fn message(on: bool, scratch: &mut Vec<f32>, src: &[f32]) -> Vec<f32> {
 /// [`message`] from a source that is dead once copied (overwritten before it is read again):
 /// with `on`, its memory pages are given back as it is copied
 /// ([`gradkit_comm::release_into`]), so the message and its source are never both resident
-/// in full (issue 19).
+/// in full (docs/MEMORY.md).
 fn message_releasing(on: bool, scratch: &mut Vec<f32>, src: &mut [f32]) -> Vec<f32> {
     message_with(on, scratch, src.len(), |m| match on {
         true => gradkit_comm::release_into(m, src),
@@ -453,7 +453,7 @@ pub fn tree_with_scratch(comm: &dyn Comm, data: &mut [f32], scratch: &mut Vec<f3
 /// moved to its parent instead of copied (it is not read again before the broadcast
 /// overwrites it), the root's result goes out as the broadcast's data, every other rank's
 /// result is the broadcast's buffer itself, and each child's vector is dropped once added.
-/// Same messages, same sums as [`tree`]; issue 19: in-process, the ranks together hold
+/// Same messages, same sums as [`tree`]; docs/MEMORY.md: in-process, the ranks together hold
 /// about P vectors (theirs, or in flight) instead of P plus a copy per message and a kept
 /// full-length scratch per rank.
 pub fn tree_owned(comm: &dyn Comm, data: &mut Vec<f32>) -> Result<()> {

@@ -16,6 +16,7 @@
 pub mod alltoall;
 pub mod dense;
 pub mod onebit;
+pub mod params;
 pub mod registry;
 pub mod sparse;
 
@@ -29,7 +30,8 @@ pub use gradkit_cost::{Algo, Family};
 /// The `plan/1` validator every plan consumer shares (gradkit-partition's), for the callers
 /// that hand a plan to [`Params::plan`].
 pub use gradkit_partition::plan;
-pub use registry::{make_reducer, reducer_for, Params, ALGOS};
+pub use params::{Op, Params};
+pub use registry::{make_reducer, reducer_for};
 
 /// One rank's data for one step, in the flat index space (layers concatenated by
 /// `layer_id`, see [`Layout`]).
@@ -122,55 +124,3 @@ pub trait Reducer: Send {
     }
 }
 
-/// Reduction operator of the dense algorithms.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Op {
-    #[default]
-    Sum,
-    Mean,
-}
-
-impl Op {
-    /// Every operator, in the order `--help` lists them.
-    pub const ALL: &'static [Op] = &[Op::Sum, Op::Mean];
-
-    /// The `--op` name.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Op::Sum => "sum",
-            Op::Mean => "mean",
-        }
-    }
-
-    /// One line for `--help`, where there is more to say than the name.
-    pub const fn help(self) -> Option<&'static str> {
-        None
-    }
-}
-
-/// Parses a name of an enum with an `ALL` list and a `name()` (exact match); the error
-/// lists the known names.
-fn parse_named<T: Copy>(
-    what: &str,
-    s: &str,
-    all: &[T],
-    name: impl Fn(T) -> &'static str,
-) -> std::result::Result<T, String> {
-    all.iter().copied().find(|v| name(*v) == s).ok_or_else(|| {
-        let known: Vec<&str> = all.iter().map(|v| name(*v)).collect();
-        format!("unknown {what} `{s}` (known: {})", known.join(", "))
-    })
-}
-
-impl std::str::FromStr for Op {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        parse_named("--op", s, Op::ALL, Op::name)
-    }
-}
-
-impl std::fmt::Display for Op {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}

@@ -20,7 +20,7 @@
 //! communication and compression entirely (as DeepSpeed does): the output is the input.
 //!
 //! Worker and server errors persist across calls ([`OneBitState`]). Both are kept
-//! *unsettled* between calls (issue 19): the buffers hold the last compressed input `c` and
+//! *unsettled* between calls (docs/MEMORY.md): the buffers hold the last compressed input `c` and
 //! owe `− s·sign(c)`, which the next call applies while reading them, so the worker
 //! compressor and the server stage are one pass each; [`OneBitState::worker_error`] /
 //! [`OneBitState::server_error`] give the settled values, bit for bit those of the two-pass
@@ -99,7 +99,7 @@ pub struct OneBitState {
     pub p: usize,
     /// Unpadded fused length.
     pub n: usize,
-    /// Worker error, padded length, kept **unsettled** (issue 19): it holds the last call's
+    /// Worker error, padded length, kept **unsettled** (docs/MEMORY.md): it holds the last call's
     /// compressed input `c`, and the error is `c − worker_due·sign(c)`
     /// ([`OneBitState::worker_error`]); the next compress applies that feedback while
     /// reading it, so the worker compressor is one pass instead of two.
@@ -127,7 +127,7 @@ struct Scratch {
     msgs: Vec<(Vec<u8>, f32)>,
     /// Message buffers of earlier calls (the chunks received in both phases), each of a
     /// chunk's size: the next call builds its messages in them, so that a steady-state call
-    /// allocates and page-faults no message buffer (issue 19; the communicator keeps the
+    /// allocates and page-faults no message buffer (docs/MEMORY.md; the communicator keeps the
     /// buffers it sends for its receives).
     spare: Vec<Vec<u8>>,
 }

@@ -1,4 +1,4 @@
-//! Issue 19: a dense reducer keeps its message buffer across calls. Repeated calls on one
+//! docs/MEMORY.md: a dense reducer keeps its message buffer across calls. Repeated calls on one
 //! reducer, with sizes going up and down, must each equal an independent f64 sum of the
 //! ranks' inputs, and hold the same bits as a call with no kept buffer.
 

@@ -1,4 +1,4 @@
-//! Issue 14 §1: for every sparse exchange, "gradselect then gradallreduce" and "gradallreduce
+//! docs/ALGORITHMS.md: for every sparse exchange, "gradselect then gradallreduce" and "gradallreduce
 //! on dense input" (what gradtrain's sparse exchange runs) give identical selections, sums and
 //! residuals, step by step, for P = 1..=5.
 //!

@@ -1,4 +1,4 @@
-//! Property tests of the reducers on the in-process backend (issue 14 §6), for random world
+//! Property tests of the reducers on the in-process backend (docs/ALGORITHMS.md), for random world
 //! sizes P ∈ 1..=5, model sizes, densities and seeds:
 //!
 //! * **volume**: the bytes each rank sends per step, phase by phase, against the accounting

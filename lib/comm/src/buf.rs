@@ -226,7 +226,7 @@ impl Buf {
     }
 }
 
-/// Large host message buffers a backend keeps for reuse (issue 19): a send buffer whose
+/// Large host message buffers a backend keeps for reuse (docs/MEMORY.md): a send buffer whose
 /// message has gone out is [`BufPool::put`] here, and a later receive of a similar size
 /// [`BufPool::take`]s it instead of allocating, so the steady state of a ring, where each
 /// step sends one chunk and receives one, allocates and page-faults nothing. At most
@@ -306,14 +306,14 @@ const HUGE_PAGE_BYTES: usize = 2 << 20;
 /// [`HUGE_PAGE_MIN_BYTES`], its memory is advised to be backed by transparent huge pages
 /// (`madvise(MADV_HUGEPAGE)`, as numpy does for its large arrays) before anything touches it,
 /// so that filling it faults 2 MiB pages instead of 4 KiB ones and a memory-bound pass over it
-/// misses the TLB far less. Issue 19: Open MPI's in-place allreduce of 64 MiB at P = 4 took
+/// misses the TLB far less. docs/MEMORY.md: Open MPI's in-place allreduce of 64 MiB at P = 4 took
 /// 1.6× as long on a 4 KiB-page buffer as on numpy's huge-page one. No effect where THP is
 /// off ("never") or not on Linux.
 ///
 /// From [`HUGE_ROUND_MIN_BYTES`] (1 MiB) up, the room is rounded up to a multiple of 2 MiB
 /// (at most 2× for a 1 MiB buffer, less than 2 MiB more above that), so that an allocator
 /// that maps such blocks 2 MiB-aligned on huge pages (the tools' `BigAlloc` does from 2 MiB)
-/// backs the whole buffer with huge pages. Issue 19: a ring message is read by its receiver
+/// backs the whole buffer with huge pages. docs/MEMORY.md: a ring message is read by its receiver
 /// with Open MPI's single-copy `process_vm_readv`, which pins and walks the sender's pages
 /// one by one; on the 1 MiB chunks of a 2^20-element ring at P = 4 that page walk
 /// (`follow_page_pte`, `unpin_user_pages`, …) took as much CPU as the copy itself, and on
@@ -392,7 +392,7 @@ fn dontneed(start: usize, bytes: usize) {
 /// again (a ring's chunk once sent, a received message once added). The elements keep a
 /// valid value of `T` (zero, or what they held: the pages at either end that `s` shares
 /// with its neighbours are kept, as are regions below 64 KiB), never a meaningful one.
-/// Issue 19: P in-process ranks each hold their input and their messages; released dead
+/// docs/MEMORY.md: P in-process ranks each hold their input and their messages; released dead
 /// chunks make room for the messages. No effect off Linux.
 pub fn release<T: Elem>(s: &mut [T]) {
     dontneed(s.as_mut_ptr() as usize, std::mem::size_of_val(s));

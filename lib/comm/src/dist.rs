@@ -1,5 +1,5 @@
 //! Moving tables between the I/O rank and the others: under MPI, rank 0 reads the input,
-//! hands each rank its rows ([`Feed`]), and gathers the outputs (DESIGN §3). Tables travel as Arrow
+//! hands each rank its rows ([`Feed`]), and gathers the outputs (docs/ARCHITECTURE.md). Tables travel as Arrow
 //! IPC streams. This traffic is charged to the `io` phase, which metrics leave out.
 
 use anyhow::{Context, Result};
@@ -177,7 +177,7 @@ impl<T: Table> Feed<T> {
                     to.extend(rows);
                 }
                 // A status byte, then the rows as an Arrow IPC stream, sent before the next
-                // piece is read: rank 0 holds one encoded message (docs/MEMORY.md, issue 19).
+                // piece is read: rank 0 holds one encoded message (docs/MEMORY.md).
                 Piece::Rows(d, rows) => {
                     let mut msg = vec![ROWS];
                     encode_owned_into(rows, &mut msg)?;

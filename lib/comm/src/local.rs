@@ -78,7 +78,7 @@ impl LocalComm {
     /// (r+1)·n/P`) of every rank's buffer, in rank order from `T::default()` (the order the
     /// deposit-and-copy version used: same bits), and writes the sum into that chunk of
     /// every buffer; a last barrier keeps each buffer alive until every rank has written.
-    /// Issue 19: no rank holds a copy of another's input (before, each rank deposited a
+    /// docs/MEMORY.md: no rank holds a copy of another's input (before, each rank deposited a
     /// full copy: P copies of the model in one process).
     fn native_sum<T>(&self, data: &mut [T]) -> CommResult<()>
     where

@@ -2,7 +2,7 @@
 //! system MPI library. Messages are typed MPI messages; a receive probes for the length.
 //! Host memory only: a device buffer is refused with [`CommError::UnsupportedLocation`].
 //!
-//! Buffer reuse (issue 19): the buffers of sends that have gone out are kept in a small pool
+//! Buffer reuse (docs/MEMORY.md): the buffers of sends that have gone out are kept in a small pool
 //! ([`BufPool`], at most two large buffers) and a large receive lands in one of them instead
 //! of a fresh allocation, so a ring that sends one chunk and receives one per step
 //! allocates and page-faults nothing once warm. A receive of 1 MiB or more that the pool

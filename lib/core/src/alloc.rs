@@ -1,6 +1,6 @@
 //! The tools' global allocator: large blocks straight from the kernel, on huge pages.
 //!
-//! Issue 19 (docs/MEMORY.md): the tools churn model-sized buffers every step (decoded
+//! docs/MEMORY.md: the tools churn model-sized buffers every step (decoded
 //! values, a rank's rows, its flat input, the writer's arrays). glibc's malloc serves blocks
 //! below its dynamic mmap threshold (which rises to 32 MiB) from its heap, and freed ones stay
 //! there, fragmented: peak RSS was 1.6–4.7 × what the tools hold. glibc's own

@@ -1,6 +1,6 @@
 //! gradkit-core: the data contract and the shared command-line layer.
 //!
-//! It owns the three tables of DESIGN §2 (`tensor/1` gradients and selections, `plan/1`
+//! It owns the three tables of docs/FORMAT.md (`tensor/1` gradients and selections, `plan/1`
 //! partition plans, `metrics/1` measurements) as typed rows, their validated Parquet I/O
 //! (atomic writes, stdin/stdout pipes), and the CLI plumbing every `grad…` tool shares.
 //! It knows nothing of communication or algorithms.

@@ -1,5 +1,5 @@
 //! The `values` column of a `tensor/1` trace decoded into buffers kept across record batches
-//! (issue 19; docs/MEMORY.md, "The reader"): the streaming reader ([`crate::io::TensorStream`])
+//! (docs/MEMORY.md, "The reader"): the streaming reader ([`crate::io::TensorStream`])
 //! reads every other column through arrow and this one with the parquet crate's typed column
 //! reader, so that a steady-state batch decodes its levels and values into memory it already
 //! has instead of three fresh buffers as large as the batch.

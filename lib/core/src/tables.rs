@@ -1,4 +1,4 @@
-//! The three tables of the data contract (DESIGN §2, docs/FORMAT.md): `tensor/1`, `plan/1`,
+//! The three tables of the data contract (docs/FORMAT.md): `tensor/1`, `plan/1`,
 //! `metrics/1`, as typed rows with conversion to and from Arrow record batches.
 
 use std::sync::Arc;

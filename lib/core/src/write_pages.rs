@@ -1,9 +1,9 @@
 //! The `values` column of `tensor/1` encoded here, page by page, straight from the rows'
-//! slices (issue 19): Parquet data pages V1 (format spec, "Data Pages") holding repetition
+//! slices (docs/MEMORY.md): Parquet data pages V1 (format spec, "Data Pages") holding repetition
 //! and definition levels in the RLE/bit-packing hybrid ("Encodings: Run Length Encoding /
 //! Bit-Packing Hybrid", 4-byte length prefix), the items in BYTE_STREAM_SPLIT ("Encodings:
 //! Byte Stream Split": byte `k` of every value in stream `k`) and the whole page compressed
-//! with zstd, as arrow-rs's column writer would write them with the settings of DESIGN §2b
+//! with zstd, as arrow-rs's column writer would write them with the settings of docs/FORMAT.md
 //! (`writer_properties` in `io.rs`), minus its copies: the rows are not copied into an Arrow
 //! batch, nor the items into the column writer's buffer, nor the levels and items into one
 //! page buffer. The pages of a write call are encoded on all cores.
@@ -362,7 +362,7 @@ fn varint(out: &mut Vec<u8>, mut x: u64) {
 
 /// A column chunk as its pages' own buffers between their headers, read once, from its
 /// start, by the file writer's `append_column`: each page is dropped once copied into the file,
-/// so a row group's encoded values are not copied into a buffer of their own first (issue 19:
+/// so a row group's encoded values are not copied into a buffer of their own first (docs/MEMORY.md:
 /// the copy and the pages were held together while the I/O rank wrote a step).
 pub(crate) struct Chunk {
     len: u64,

@@ -1,4 +1,4 @@
-//! The physical variants other writers use for the same columns (issue 13, items 12 and 13),
+//! The physical variants other writers use for the same columns (docs/RELIABILITY.md),
 //! built here with arrow-rs so that each is covered alone: LargeUtf8, Utf8View, dictionary
 //! strings, LargeList, FixedSizeList, a Null column, Int64 and whole-number floats where the
 //! format has unsigned integers, Float32 metrics, a missing `gradkit.schema` key, and the

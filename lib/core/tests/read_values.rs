@@ -1,4 +1,4 @@
-//! The streaming reader's `values` column (issue 19: decoded into reused buffers by
+//! The streaming reader's `values` column (docs/MEMORY.md: decoded into reused buffers by
 //! lib/core/src/read_values.rs) against an independent reader: the parquet crate's record API
 //! (`get_row_iter`, field by field). Files are written here with arrow-rs's `ArrowWriter`
 //! (every list/item nullability, V1 and V2 data pages, dictionary and plain values, tiny pages

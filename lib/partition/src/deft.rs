@@ -355,7 +355,7 @@ impl DeftPlanner {
     }
 
     /// [`DeftPlanner::step`] consuming the gradients: each becomes its rank's accumulator in
-    /// place, so a step is held once, not twice (docs/MEMORY.md, issue 19).
+    /// place, so a step is held once, not twice (docs/MEMORY.md).
     pub fn step_owned(
         &mut self,
         step: u32,

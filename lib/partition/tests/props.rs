@@ -1,4 +1,4 @@
-//! Property tests of the region tilings (issue 14 §6): Ok-Topk's boundaries
+//! Property tests of the region tilings (docs/ALGORITHMS.md): Ok-Topk's boundaries
 //! (`cut_points`, `average_boundaries`, `balanced_boundaries`, `region_rows`) and DEFT's
 //! pieces and bin-packing, on random layouts, selections and world sizes. Every region set
 //! must be disjoint, ascending and cover `[0, n)` exactly (checked element by element), and

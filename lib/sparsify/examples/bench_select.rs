@@ -6,7 +6,7 @@
 //!
 //! `-- sweep [FROM [TO]]` instead: time per element and page faults per call of the exact
 //! top-k (the kernel of gradselect --method topk) and one streaming pass from 2^FROM to 2^TO
-//! elements (default 20 to 26), issue 19's "time per element flat from 2^20 to 2^26"
+//! elements (default 20 to 26), docs/MEMORY.md's "time per element flat from 2^20 to 2^26"
 //! (docs/results/select.md).
 
 use std::io::Write;

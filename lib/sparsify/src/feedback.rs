@@ -57,7 +57,7 @@ impl Residual {
     /// `acc = residual + g` built in the residual's own buffer (the same bits as
     /// [`Residual::accumulate`]: IEEE addition is commutative); `g` is freed at once and the
     /// residual is left empty until [`Residual::settle`] puts the new one back, so a rank
-    /// holds one model-sized vector, not two, while it selects and exchanges (issue 19). `g`
+    /// holds one model-sized vector, not two, while it selects and exchanges (docs/MEMORY.md). `g`
     /// itself while the residual is empty.
     pub fn absorb(&mut self, g: Vec<f32>) -> Vec<f32> {
         self.absorb_squared(g).0
@@ -90,7 +90,7 @@ impl Residual {
     /// [`Residual::settle`], returning the new residual's L2 norm without a pass over it:
     /// `acc_sq` is `Σ acc²` from the accumulation ([`Residual::compensate`],
     /// [`Residual::absorb_squared`]), less the squares of the entries that leave (summed in
-    /// index order while they are zeroed). Issue 19: the separate norm pass was a fifth of a
+    /// index order while they are zeroed). docs/MEMORY.md: the separate norm pass was a fifth of a
     /// dense Ok-Topk step. Where the entries that leave hold all but 1/1024 of `Σ acc²`
     /// (the difference would lose digits), or a sum is not finite, the norm is summed over
     /// the residual as [`Residual::norm`] does.
@@ -143,7 +143,7 @@ impl Residual {
     }
 
     /// The L2 norm (f64 accumulation, eight lanes per chunk: one dependent add chain per lane
-    /// instead of one per chunk, issue 19). The chunks' sums are added in chunk order, so the
+    /// instead of one per chunk, docs/MEMORY.md). The chunks' sums are added in chunk order, so the
     /// bits do not depend on how the threads split the work (the `residual_norm` metric is the
     /// same from run to run).
     pub fn norm(&self) -> f64 {

@@ -1,4 +1,4 @@
-//! The selection and compression kernels behind one interface (issue 14 §5).
+//! The selection and compression kernels behind one interface (docs/ALGORITHMS.md).
 //!
 //! [`Kernels`] names every per-element kernel the papers' exchanges are built from: exact
 //! top-k by magnitude and the exact k-th largest magnitude (Ok-Topk §3.1.3
@@ -104,7 +104,7 @@ pub trait Kernels: Send + Sync + fmt::Debug {
     fn onebit_decompress_add(&self, bits: &[u8], s: f32, acc: &mut [f32]);
 
     /// [`Kernels::onebit_compress_with_feedback`] in one pass, the error kept unsettled
-    /// between calls (issue 19, [`crate::onebit::compress_deferred`]): `e` holds last call's
+    /// between calls (docs/MEMORY.md, [`crate::onebit::compress_deferred`]): `e` holds last call's
     /// `c'`, whose feedback `− due·sign(c')` is applied while reading it (`due = 0.0`: a
     /// settled error); leaves `c` in `e` and returns its scale, the next call's `due`.
     fn onebit_compress_deferred(&self, x: &[f32], e: &mut [f32], bits: &mut [u8], due: f32) -> f32 {

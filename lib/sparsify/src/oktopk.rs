@@ -20,7 +20,7 @@
 //!   counts are this rank's own (no message); the collective applies the same rule to the
 //!   global threshold with the counts summed by one integer allreduce.
 //!
-//! A reuse step reads the accumulator once in the common case (issue 19): one streaming pass
+//! A reuse step reads the accumulator once in the common case (docs/MEMORY.md): one streaming pass
 //! ([`Scratch::scan_above`]) keeps the entries above the lowest threshold the policy could
 //! take, in buffers kept across steps, and counts every candidate threshold on them (a
 //! histogram over the sorted rungs); the selection is then filtered from those candidates.

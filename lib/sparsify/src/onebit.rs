@@ -14,7 +14,7 @@
 //! * a decompressed value is `±s` built from the bits of `s` (sign bit flipped where the
 //!   packed bit is 0), i.e. exactly `s·(2·bit − 1)`.
 //!
-//! Speed (issue 19): every pass runs over blocks of [`WORD`] = 32 lanes, i.e. one
+//! Speed (docs/MEMORY.md): every pass runs over blocks of [`WORD`] = 32 lanes, i.e. one
 //! little-endian `u32` of packed bits (four MSB-first bytes). Lane `i` of a block owns the bit
 //! [`LANE_BIT`]`[i]` of that word, so packing is "compare, AND with a constant, OR" and
 //! unpacking is "AND with a constant, compare with 0, flip the sign bit" on whole vectors of
@@ -221,7 +221,7 @@ fn settle(c: f32, due_bits: u32) -> f32 {
 }
 
 /// The worker's compressor in **one pass**, with the error kept *unsettled* between calls
-/// (issue 19): on entry `e` holds the compressed input `c'` of the previous call, whose
+/// (docs/MEMORY.md): on entry `e` holds the compressed input `c'` of the previous call, whose
 /// feedback `e = c' − due·sign(c')` is applied here while reading it (`due = 0.0` for an
 /// error that is already settled: the identity). With `c = e + x` (padding `+ 0.0`), writes
 /// `c` into `e` and its sign bits MSB-first into `bits`, and returns `s = ‖c‖₂/√len(e)` —
@@ -372,7 +372,7 @@ fn server_sum_deferred_body(
 /// The two one-pass kernels compiled for AVX2, chosen at run time on x86-64 CPUs that have
 /// it. Same f32/f64 operations in the same order as the baseline (SSE2) build — Rust never
 /// fuses or reassociates floating point — so both give the same bits; AVX2 halves the
-/// instructions per byte, which counts when ranks share cores (issue 19: 4 ranks on 2
+/// instructions per byte, which counts when ranks share cores (docs/MEMORY.md: 4 ranks on 2
 /// cores). Measured on the development machine, one thread, 64 MiB: the one-pass compress
 /// 9.9–11.3 ms vs 14.3–17.9 ms, the server stage 3.6–3.8 vs 5.5–5.6 ms
 /// (docs/results/onebit-embrace.md).

@@ -1,4 +1,4 @@
-//! Ok-Topk's one-pass local selection (issue 19; Ok-Topk §3.1.3 reuse steps) against brute
+//! Ok-Topk's one-pass local selection (docs/MEMORY.md; Ok-Topk §3.1.3 reuse steps) against brute
 //! force written here: every count is a full scan of the accumulator per threshold, every
 //! selection a full filter `|acc| > th`, the ladder's and the reference loop's rules re-derived
 //! from docs/ALGORITHMS.md ("Ok-Topk threshold reuse") and the authors' code. Inputs have

@@ -1,4 +1,4 @@
-//! The 32-lane 1-bit kernels of `gradkit_sparsify::onebit` (issue 19) against scalar
+//! The 32-lane 1-bit kernels of `gradkit_sparsify::onebit` (docs/MEMORY.md) against scalar
 //! references written here, one element at a time (onebit-lamb.md §2: `c = x + e`,
 //! `s = ‖c‖₂/√len`, bit 1 where `c ≥ 0` packed MSB-first, `e' = c − s·sign(c)`; the server
 //! sums `(0 + Σ_m s_m·sign_m) + err`). Signs, packed bytes and error values must match bit

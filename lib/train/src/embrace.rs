@@ -9,7 +9,7 @@
 //! `allgather-raw` sends each token's own output gradient row (the model returns per-token
 //! row gradients, see below), tokens·(1 + d) words per rank, as Horovod does.
 //!
-//! ## How the model sees a sharded table (issue 17: shard only)
+//! ## How the model sees a sharded table (docs/gradtrain.md: shard only)
 //! Under these exchanges the candle model is built **without** its token embedding
 //! ([`Model::new_sharded`]): no rank allocates the V × d table, a V × d lookup buffer or a
 //! V × d gradient. The forward AlltoAll returns the rows this rank's batch reads (`E[X_r]`,
@@ -21,7 +21,7 @@
 //! Evaluation looks up rank 0's evaluation tokens through the same AlltoAll; only the final
 //! report gathers the whole table, on rank 0, after the last step.
 //!
-//! ## Forward lookup (`--lookup`, issue 17)
+//! ## Forward lookup (`--lookup`, docs/gradtrain.md)
 //! `per-token` (the paper's): the owner sends one row slice per token;
 //! `unique`: one per distinct token of the receiving rank, expanded by the receiver
 //! ([`embedding_forward_unique`]; no index map travels).

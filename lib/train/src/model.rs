@@ -140,7 +140,7 @@ fn ln_params(vb: &VarBuilder, d: usize) -> candle_core::Result<(Tensor, Tensor)>
     ))
 }
 
-/// A token embedding the model does not hold (EmbRace's sharded table, issue 17): its name
+/// A token embedding the model does not hold (EmbRace's sharded table, docs/gradtrain.md): its name
 /// and shape, and where it sits in the full model's layout.
 #[derive(Clone, Debug)]
 pub struct ExternalEmbedding {

@@ -671,7 +671,7 @@ fn rank_main(
     data: &Dataset,
     resume: Option<&Resume>,
 ) -> Result<Option<TrainReport>> {
-    // EmbRace's exchanges hold the token embedding outside the model (sharded, issue 17).
+    // EmbRace's exchanges hold the token embedding outside the model (sharded, docs/gradtrain.md).
     let model = if crate::embrace::handles(&cfg.exchange) {
         Model::new_sharded(&cfg.model, data, cfg.seed)?
     } else {
@@ -822,7 +822,7 @@ impl<'a> Run<'a> {
         for (k, v) in &io.extra {
             self.sink.push(step, r, k, *v);
         }
-        // Peak RSS of this process so far (per rank under mpirun; issue 17).
+        // Peak RSS of this process so far (per rank under mpirun; docs/gradtrain.md).
         if let Some(rss) = cfg
             .record_rss
             .then(crate::embrace::peak_rss_bytes)

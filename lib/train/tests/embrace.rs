@@ -317,7 +317,7 @@ fn bad_combinations_are_refused() {
         .contains("--schedule"));
 }
 
-/// Issue 17, shard only: the sharded model holds no V × d tensor; its parameters and every
+/// docs/gradtrain.md: the sharded model holds no V × d tensor; its parameters and every
 /// column slice of its embedding's initial values are those of the full model.
 #[test]
 fn sharded_model_holds_no_table_and_draws_the_same_initial_values() {

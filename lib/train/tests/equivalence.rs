@@ -1,4 +1,4 @@
-//! gradtrain's sparse exchanges are gradallreduce's reducers (issue 14 §1): for every sparse
+//! gradtrain's sparse exchanges are gradallreduce's reducers (docs/ALGORITHMS.md): for every sparse
 //! exchange and P = 1..5, replaying the gradients a `gradtrain` run recorded through
 //! `make_reducer` (the path `gradallreduce --algo X` takes on dense input, with its own error
 //! feedback) and applying Ok-Topk Algorithm 2 by hand — `acc = ε + lr·G`, `u = Σ acc(sel)`,

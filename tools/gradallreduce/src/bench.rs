@@ -4,7 +4,7 @@
 //! as the [`Reducer`] a training run uses, one per (algorithm, size) kept across the
 //! iterations, on one input buffer kept across them, so the timed steady state allocates
 //! what the algorithm allocates and nothing else; the page faults of each call
-//! (`getrusage`) are printed beside its time, with the spread of the times (issue 19).
+//! (`getrusage`) are printed beside its time, with the spread of the times (docs/MEMORY.md).
 //!
 //! The sparse algorithms (Ok-Topk Table 1, DEFT, CLT-k) run on a gradient each rank makes for
 //! itself, step after step (`gradtrace synthetic`'s model, one layer of the row's size,
@@ -13,7 +13,7 @@
 //! (it selects, with its own error feedback, inside the timed call); `--input topk` gives it
 //! each rank's exact local top-k of `g + residual`, selected before the clock starts, as
 //! `gradselect topk | gradallreduce` does. Both run in the same step, one after the other, on
-//! the same gradient: their ratio is the cost of the algorithm's own selection (issue 19).
+//! the same gradient: their ratio is the cost of the algorithm's own selection (docs/MEMORY.md).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

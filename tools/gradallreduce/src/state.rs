@@ -6,7 +6,7 @@
 //! buffer at a time as the feed's first round hands each rank its buffers (`dist::Feed`, the
 //! `io` phase; [`StateReader::piece`]), and after the last step every rank's buffers go to
 //! the I/O rank, which writes the file atomically as they arrive ([`save_gathered`]). The I/O
-//! rank never holds every rank's buffers (docs/MEMORY.md, issue 19).
+//! rank never holds every rank's buffers (docs/MEMORY.md).
 
 use std::io::Read;
 use std::path::Path;

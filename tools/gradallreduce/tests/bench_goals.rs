@@ -1,4 +1,4 @@
-//! `pipelines/bench/goals.py` (the verdicts `make bench` prints for issue 19's goals) on
+//! `pipelines/bench/goals.py` (the verdicts `make bench` prints for docs/MEMORY.md's goals) on
 //! tables written here in the formats the benches print, with every ratio worked out by hand
 //! below: each goal's value and verdict, tables that follow each other without a blank line,
 //! a missing file ("not measured"), and the P = 2 and cluster rows shown for comparison only.

@@ -1,4 +1,4 @@
-//! Issue 19 under mpirun: the MPI backend receives large messages into buffers it kept from
+//! docs/MEMORY.md under mpirun: the MPI backend receives large messages into buffers it kept from
 //! earlier sends, and each dense reducer keeps its message buffer across calls. `bench`
 //! checks every element of every iteration against the exact sum of its inputs (small
 //! integers, so any summation order gives the same f32: an independent formula); here its

@@ -1,4 +1,4 @@
-//! Issue 19: `gradallreduce bench` runs the sparse algorithms on a gradient each rank makes
+//! docs/MEMORY.md: `gradallreduce bench` runs the sparse algorithms on a gradient each rank makes
 //! for itself, given either dense (the algorithm selects) or as its exact top-k (selected
 //! before the clock starts). Checked here against Ok-Topk Table 1's TopkA volume, exactly
 //! 2k(P−1) words per rank whichever input (both are an exact top-k of k entries), with

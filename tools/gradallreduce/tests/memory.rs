@@ -1,4 +1,4 @@
-//! Bounded memory on any input (issue 13, item 6): a tiny trace or flag that names a huge
+//! Bounded memory on any input (docs/RELIABILITY.md): a tiny trace or flag that names a huge
 //! size stops with one `error:` line naming the column or flag, the bytes and the override,
 //! before anything is allocated, instead of aborting (exit 134) or growing without bound.
 

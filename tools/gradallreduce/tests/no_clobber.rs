@@ -1,5 +1,5 @@
 //! Never destroy data: gradallreduce refuses an output that names an input or another
-//! output, before reading anything (issue 13, item 4). `--state` is read and written back.
+//! output, before reading anything (docs/RELIABILITY.md). `--state` is read and written back.
 
 use std::path::Path;
 use std::process::Command;

@@ -1,5 +1,5 @@
 //! Under mpirun rank 0 reads each step one rank's rows at a time and sends them in pieces
-//! before reading on (docs/MEMORY.md, issue 19); in-process ranks get the step's rows at once.
+//! before reading on (docs/MEMORY.md); in-process ranks get the step's rows at once.
 //! The result must not depend on how a step's rows are ordered in the file: grouped by rank
 //! (gradkit's order), ranks interleaved layer by layer, or a rank appearing twice in a step
 //! all give the sum computed here (in f64: exact, the values are small integers). A rank whose

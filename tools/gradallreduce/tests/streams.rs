@@ -1,5 +1,5 @@
 //! gradallreduce with closed, full, `head -1` and broken stdout/stderr: no panic, the reduced
-//! trace and metrics written whole, and `bench`'s table never a panic (issue 13, item 7).
+//! trace and metrics written whole, and `bench`'s table never a panic (docs/RELIABILITY.md).
 
 #[path = "../../gradtrace/tests/streams/harness.rs"]
 mod harness;

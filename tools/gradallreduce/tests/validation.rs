@@ -1,4 +1,4 @@
-//! Validation that agrees across tools (issue 13, items 8 and 10), as gradallreduce sees it:
+//! Validation that agrees across tools (docs/RELIABILITY.md), as gradallreduce sees it:
 //! `--plan` is checked for deft and oktopk with the validator gradselect uses (the same cases
 //! and expected words as gradselect's tests/validation.rs), before any rank starts; flags
 //! that the algorithm would ignore, and values with nothing to do, are usage errors.

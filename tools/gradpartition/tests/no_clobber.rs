@@ -1,5 +1,5 @@
 //! Never destroy data: gradpartition refuses an output that names its input or another
-//! output, before reading anything (issue 13, item 4).
+//! output, before reading anything (docs/RELIABILITY.md).
 
 use std::path::Path;
 

@@ -1,5 +1,5 @@
 //! gradpartition with closed, full, `head -1` and broken stdout/stderr: no panic, and the
-//! plan written whole even when its stderr tables cannot be (issue 13, item 7).
+//! plan written whole even when its stderr tables cannot be (docs/RELIABILITY.md).
 
 #[path = "../../gradtrace/tests/streams/harness.rs"]
 mod harness;

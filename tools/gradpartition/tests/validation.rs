@@ -1,4 +1,4 @@
-//! Validation that agrees across tools (issue 13, items 8 and 10), as gradpartition sees it:
+//! Validation that agrees across tools (docs/RELIABILITY.md), as gradpartition sees it:
 //! a flag of the other method is a usage error (its default never trips the check), and the
 //! plans gradpartition writes pass the validator every plan consumer shares.
 

@@ -1,5 +1,5 @@
 //! Never destroy data: `gradreport plot -o` refuses to write its SVG over one of the metrics
-//! files it reads (issue 13, item 4).
+//! files it reads (docs/RELIABILITY.md).
 
 use std::path::Path;
 use std::process::Command;

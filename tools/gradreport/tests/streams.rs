@@ -1,6 +1,6 @@
 //! gradreport with closed, full, `head -1` and broken stdout/stderr: its tables on stdout
 //! are an error line or quiet success, never a panic, and a figure given with `-o` is
-//! written whole (issue 13, item 7).
+//! written whole (docs/RELIABILITY.md).
 
 #[path = "../../gradtrace/tests/streams/harness.rs"]
 mod harness;

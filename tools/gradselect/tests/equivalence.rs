@@ -1,4 +1,4 @@
-//! Issue 14 §1 at the tool level: `gradselect` then `gradallreduce` on its sparse output, and
+//! docs/ALGORITHMS.md at the tool level: `gradselect` then `gradallreduce` on its sparse output, and
 //! `gradallreduce` on the dense trace itself (the algorithm's own selection with error
 //! feedback, what gradtrain's sparse exchange runs), give the same reduced tensor, row by row
 //! and bit for bit. The trace is written here: heavy-tailed, mostly-zero values over three

@@ -1,5 +1,5 @@
 //! Never destroy data: an output that names an input (or another output), by any path, is
-//! refused before anything is read or written (issue 13, item 4).
+//! refused before anything is read or written (docs/RELIABILITY.md).
 
 use std::path::Path;
 use std::process::Command;

@@ -1,5 +1,5 @@
 //! gradselect with closed, full, `head -1` and broken stdout/stderr: no panic, and the `-o`,
-//! `--metrics` and `--residual-out` files written whole (issue 13, item 7).
+//! `--metrics` and `--residual-out` files written whole (docs/RELIABILITY.md).
 
 #[path = "../../gradtrace/tests/streams/harness.rs"]
 mod harness;

@@ -1,4 +1,4 @@
-//! Validation that agrees across tools (issue 13, items 8 and 10), as gradselect sees it:
+//! Validation that agrees across tools (docs/RELIABILITY.md), as gradselect sees it:
 //! every plan/1 that does not fit the trace is refused with the shared validator's message
 //! (gradallreduce's tests/validation.rs holds the same cases and the same expected words),
 //! and a flag for another method is a usage error, while its default never trips the check.

@@ -1,4 +1,4 @@
-//! Tables written by pandas, polars and pyarrow themselves (issue 13, items 12 and 13):
+//! Tables written by pandas, polars and pyarrow themselves (docs/RELIABILITY.md):
 //! large and Null types, Int64 where the format says UInt32, a Float64 `k`, the schema key
 //! dropped, the gzip/LZ4/Brotli codecs. Each file must read as the rows it was made from (an
 //! independent fixture, `common::good_rows`), and `gradtrace cat` must rewrite it in the

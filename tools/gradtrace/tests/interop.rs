@@ -1,5 +1,5 @@
 //! Interoperability with the Python ecosystem through the project's venv (`make deps`):
-//! pyarrow reads gradtrace files and sees the DESIGN §2 schema; gradtrace reads what pyarrow
+//! pyarrow reads gradtrace files and sees the docs/FORMAT.md schema; gradtrace reads what pyarrow
 //! writes; `gradtrace import` of numpy/hand-built dumps equals numpy's float32 bit for bit.
 
 #[path = "../../../lib/core/tests/common/mod.rs"]

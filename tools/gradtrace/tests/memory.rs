@@ -1,4 +1,4 @@
-//! Bounded memory (issue 13, item 6): `gradtrace synthetic` checks the model its flags
+//! Bounded memory (docs/RELIABILITY.md): `gradtrace synthetic` checks the model its flags
 //! describe against the memory budget before generating anything.
 
 use std::process::Command;

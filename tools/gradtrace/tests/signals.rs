@@ -1,6 +1,6 @@
 //! An interrupted write leaves nothing behind: SIGINT, SIGTERM or SIGHUP during
 //! `gradtrace synthetic -o FILE` removes `FILE.tmp-<pid>` and exits with 128 + the signal
-//! number (issue 13, item 5); even `kill -9` leaves nothing where the output is written to an
+//! number (docs/RELIABILITY.md); even `kill -9` leaves nothing where the output is written to an
 //! unnamed file until it is complete (Linux `O_TMPFILE`), and never a half-written FILE.
 
 use std::path::Path;

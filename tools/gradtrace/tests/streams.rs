@@ -1,5 +1,5 @@
 //! gradtrace with closed, full, `head -1` and broken stdout/stderr: no panic, a clean error
-//! or quiet success, and `-o` files written whole (issue 13, item 7).
+//! or quiet success, and `-o` files written whole (docs/RELIABILITY.md).
 
 #[path = "streams/harness.rs"]
 mod harness;

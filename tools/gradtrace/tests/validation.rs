@@ -1,4 +1,4 @@
-//! Validation that agrees across tools (issue 13, items 9 and 11), as gradtrace sees it:
+//! Validation that agrees across tools (docs/RELIABILITY.md), as gradtrace sees it:
 //! `cat` refuses a (step, rank, layer) that two inputs both hold, naming the key and both
 //! files, and `inspect`'s Markdown table stays one row per layer whatever the layer's name.
 

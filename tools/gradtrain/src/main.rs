@@ -588,7 +588,7 @@ fn main() -> std::process::ExitCode {
         let world = World::init(args.ranks)?;
         // `--device cuda` without CUDA (or without CUDA kernels) stops here, an agreement
         // point before any file is touched. The exchange still runs the CPU kernels: the
-        // device is not yet passed to gradkit-train (issue 18 part 2).
+        // device is not yet passed to gradkit-train (docs/GPU.md).
         world.agree(
             gradkit_cuda::kernels_for(args.device)
                 .map(|_| ())

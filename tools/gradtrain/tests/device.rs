@@ -1,4 +1,4 @@
-//! `--device cpu|cuda[:N]` (issue 18 part 1): cpu is the default; a typo is a usage error
+//! `--device cpu|cuda[:N]` (docs/GPU.md): cpu is the default; a typo is a usage error
 //! listing the values; `cuda` on a build or a machine that cannot run it stops with exit 1 and
 //! one `error:` line, no panic, no metrics written. With the `cuda` feature the GPU outcomes
 //! are staged with stand-in driver libraries (lib/cuda/tests/support).

@@ -1,5 +1,5 @@
 //! `gradtrain --data` reads the digits after a pandas or a polars round trip (LargeList
-//! `features`, LargeUtf8 `split`) and trains exactly as on the shipped file (issue 13, item 12).
+//! `features`, LargeUtf8 `split`) and trains exactly as on the shipped file (docs/RELIABILITY.md).
 //! The round trips run in the project's venv (`make deps-py`); without it the test says so and
 //! skips.
 

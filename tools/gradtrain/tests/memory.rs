@@ -1,4 +1,4 @@
-//! Bounded memory on any input (issue 13, item 6): a model size from the flags or a label or
+//! Bounded memory on any input (docs/RELIABILITY.md): a model size from the flags or a label or
 //! token id from a data file that would need more memory than the run may use stops with one
 //! `error:` line (naming the flag, or the column, row and id) instead of aborting (exit 134).
 //! Data files are written with pyarrow from the project's venv (`make deps`).
@@ -216,7 +216,7 @@ fn model_sizes_from_flags_are_checked_before_allocating() {
 #[test]
 fn embrace_counts_only_its_shard_of_the_embedding() {
     // lstm-lm with V = 2000, d = 8192 and hidden 8: the 16.4 M-float token embedding is nearly
-    // the whole model. Replicated on 8 ranks (10 copies each, issue 13's estimate) it needs
+    // the whole model. Replicated on 8 ranks (10 copies each, docs/RELIABILITY.md's estimate) it needs
     // about 5 GiB; under embrace each rank holds 1/8 of it (table + 2 moments), well below 1 GiB.
     let args = |ex: &'static str| {
         vec![

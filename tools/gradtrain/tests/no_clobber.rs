@@ -1,5 +1,5 @@
 //! Never destroy data: gradtrain refuses `--metrics` or `--checkpoint` naming its `--data` file
-//! or each other (issue 13, item 4).
+//! or each other (docs/RELIABILITY.md).
 
 use std::path::Path;
 

@@ -1,4 +1,4 @@
-//! Training metrics survive an interruption (issue 13, item 5): each checkpoint carries the
+//! Training metrics survive an interruption (docs/RELIABILITY.md): each checkpoint carries the
 //! metric rows so far, so a resumed run's `--metrics` covers the whole run; without
 //! checkpoints `--metrics` is appended to every `--metrics-every` steps, so a killed run keeps
 //! its finished steps. The reference is always an uninterrupted run of the same flags.

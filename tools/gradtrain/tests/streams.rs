@@ -1,5 +1,5 @@
 //! gradtrain with closed, full, `head -1` and broken stdout/stderr: no panic, and the
-//! metrics written whole even when the summary on stderr cannot be (issue 13, item 7).
+//! metrics written whole even when the summary on stderr cannot be (docs/RELIABILITY.md).
 
 #[path = "../../gradtrace/tests/streams/harness.rs"]
 mod harness;

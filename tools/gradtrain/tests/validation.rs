@@ -1,4 +1,4 @@
-//! Validation that agrees across tools (issue 13, items 10 and 11), as gradtrain sees it:
+//! Validation that agrees across tools (docs/RELIABILITY.md), as gradtrain sees it:
 //! every numeric flag out of its range, and a flag that cannot apply, is a usage error
 //! (exit 2, one `error:` naming the flag, before any rank starts, no file written); resuming
 //! a finished run says so and leaves --metrics alone; a damaged checkpoint reads as corrupt,

@@ -62,7 +62,7 @@ use super::{
     allgatherv_sparse, allreduce_sum_u64, check_plan_workers, concat, exact_threshold,
     exchange_sparse, flat_range, k_of, output, plan_at, topk_sparse, Feedback,
 };
-use crate::registry::{Balance, ReevalStepD};
+use crate::params::{Balance, ReevalStepD};
 use crate::{Flat, Params, Reducer, StepOutput};
 
 /// Step B: region boundaries (P−1 of them, region i = `[b[i−1], b[i])`) from every rank's

@@ -302,7 +302,7 @@ impl TensorStream {
                     Some(o) => o.into_iter().map(|g| (Some(vec![g]), starts[g])).collect(),
                 };
                 let mut reg = LayerRegistry::default();
-                // `values` decoded into reused buffers where its layout allows (issue 19).
+                // `values` decoded into reused buffers where its layout allows (docs/MEMORY.md).
                 let layout = crate::read_values::ValuesLayout::of(&metadata);
                 for (groups, mut first_row) in parts {
                     let mut builder = ParquetRecordBatchReaderBuilder::new_with_metadata(

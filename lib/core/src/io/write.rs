@@ -70,7 +70,7 @@ pub(super) type FileWriter = SerializedFileWriter<Box<dyn Write + Send>>;
 
 /// The file being written, shared with the row-group encoders: each appends its own row group
 /// when `next` is its index, so row groups land in order while the calling thread goes on
-/// encoding (issue 19: the appends were a serial step of the calling thread).
+/// encoding (docs/MEMORY.md: the appends were a serial step of the calling thread).
 pub(super) struct Splice {
     state: std::sync::Mutex<SpliceState>,
     turn: std::sync::Condvar,
@@ -163,7 +163,7 @@ pub(crate) fn writer_properties(kind: SchemaKind) -> WriterProperties {
         b = b.set_column_dictionary_enabled(ColumnPath::from(c), true);
     }
     if kind == SchemaKind::Tensor {
-        // Measured 1.5x smaller and no slower (DESIGN §2b).
+        // Measured 1.5x smaller and no slower (docs/FORMAT.md).
         b = b
             .set_column_encoding(path("values"), Encoding::BYTE_STREAM_SPLIT)
             .set_column_encoding(path("indices"), Encoding::DELTA_BINARY_PACKED)

@@ -2,7 +2,7 @@
 //! its stdout and stderr closed, full (/dev/full), piped into a reader that goes away after
 //! one line (`| head -1`), and broken, and checks that no panic or abort reaches the user
 //! and that an output file given with `-o` is written whole whatever happens to the streams
-//! (issue 13, item 7).
+//! (docs/RELIABILITY.md).
 #![allow(dead_code)]
 
 use std::fs::File;

@@ -1,4 +1,4 @@
-//! Issue 19, helper D: the dense allreduces that give back the pages of dead chunks
+//! The dense allreduces that give back the pages of dead chunks
 //! (ring, ring-fp16, Rabenseifner) and the tree that moves its vectors
 //! (`DenseReducer` → `tree_owned`) still produce, bit for bit, the sums their messages
 //! define. The references are written here by brute force from each algorithm's

@@ -1,4 +1,4 @@
-//! Issue 19, helper D: the Local native allreduce sums in place from the ranks' own buffers
+//! The Local native allreduce sums in place from the ranks' own buffers
 //! (no deposited copies), and `release` / `release_into` / `copy_release` give dead pages
 //! back without changing what is copied. Checked against references written here: the
 //! rank-order f32 sum the native allreduce documents, computed by brute force, and an f64 sum.

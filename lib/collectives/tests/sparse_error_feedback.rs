@@ -1,5 +1,5 @@
 //! Error feedback of the sparse reducers on dense input after the accumulator moved into the
-//! residual's buffer (issue 19, `Residual::absorb`): over several steps of data whose f32
+//! residual's buffer (docs/MEMORY.md, `Residual::absorb`): over several steps of data whose f32
 //! sums round, every rank's residual is, entry by entry, either 0 or exactly `g + residual`
 //! of the previous step as computed here (Ok-Topk Algorithm 2: `ε = acc − acc(sent ∩ kept)`);
 //! TopkA's result and residual equal Algorithm 2 written out with a brute-force top-k; and a

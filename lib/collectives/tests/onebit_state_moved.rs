@@ -1,4 +1,4 @@
-//! The 1-bit reducers' state moved instead of copied (issue 19): `Reducer::take_state` gives
+//! The 1-bit reducers' state moved instead of copied (docs/MEMORY.md): `Reducer::take_state` gives
 //! the settled worker and server errors that `Reducer::state` copies, and leaves the reducer
 //! without state; `Reducer::load_state_owned` keeps the given buffers and continues the run as
 //! `load_state` does. Checked against an uninterrupted run and, for the worker error of

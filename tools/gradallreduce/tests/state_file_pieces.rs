@@ -1,4 +1,4 @@
-//! `--state FILE` read one piece at a time (issue 19): the I/O rank checks the saved file
+//! `--state FILE` read one piece at a time (docs/MEMORY.md): the I/O rank checks the saved file
 //! before any rank starts and hands each rank its buffers in pieces of at most 2 MiB in the
 //! feed's first round. A worker error larger than one piece (here 600,048 values, two pieces)
 //! must reach its rank whole and in order: a run cut in two and resumed under mpirun gives the

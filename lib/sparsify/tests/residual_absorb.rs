@@ -1,10 +1,10 @@
-//! `Residual::absorb` (issue 19: the accumulator is built in the residual's buffer and the
+//! `Residual::absorb` (docs/MEMORY.md: the accumulator is built in the residual's buffer and the
 //! gradient freed at once) against error feedback written out here: over several steps of
 //! different data, `acc = g + residual` entry by entry (the same bits as a plain f32 loop),
 //! the residual empty until it is settled, and the settled residual equal to `acc` with a
 //! brute-force top-k zeroed (Alistarh et al. 2018; Ok-Topk Algorithm 2).
 //!
-//! `Residual::settle_norm` (issue 19, fifth round: the residual's norm from the accumulation's
+//! `Residual::settle_norm` (docs/MEMORY.md, fifth round: the residual's norm from the accumulation's
 //! `Σ acc²` less the squares of the entries that leave, instead of a pass over the residual)
 //! against the norm summed here over a residual settled by hand, for every `Leaves` rule, for
 //! selections that take little, most, or all of the accumulator's energy, and for values that
