@@ -123,4 +123,3 @@ pub trait Reducer: Send {
         self.state()
     }
 }
-

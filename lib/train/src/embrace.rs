@@ -76,33 +76,13 @@ use gradkit_collectives::alltoall::{
 use gradkit_collectives::{dense, Op};
 use gradkit_comm::{Comm, CommExt};
 
+use crate::config::{Exchange as ExchangeName, Lookup, Schedule};
 use crate::data::{Batch, Dataset, Shard};
 use crate::exchange::{Exchange, StepIo};
 use crate::model::{Eval, Model};
 use crate::optim::Opt;
 use crate::schedule::{fp_groups, key, Class, PriorityQueue, Ready};
 use crate::train::TrainConfig;
-
-/// `--schedule` values.
-pub const SCHEDULES: &[(&str, &str)] = &[
-    (
-        "fifo",
-        "gradient-generation order; the next forward waits for every exchange",
-    ),
-    (
-        "embrace",
-        "vertical split only (embrace.md Algorithm 1): prior embedding rows first, dense next, delayed rows overlapped with the next step's compute",
-    ),
-    (
-        "2d",
-        "vertical + horizontal (embrace.md §2.1): `embrace`'s rows, and each dense block allreduced and updated while the next forward runs, which waits per block",
-    ),
-];
-
-/// The exchanges this module runs.
-pub fn handles(exchange: &str) -> bool {
-    matches!(exchange, "embrace" | "allgather" | "allgather-raw")
-}
 
 /// Flag checks for `--exchange embrace|allgather|allgather-raw`.
 pub fn check_config(cfg: &TrainConfig) -> Result<()> {
@@ -111,13 +91,6 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
             "--exchange {} shards the token embedding of a language model; use --model transformer-lm or lstm-lm, not `{}` (flag --model)",
             cfg.exchange,
             cfg.model.name
-        );
-    }
-    if !SCHEDULES.iter().any(|s| s.0 == cfg.schedule) {
-        bail!(
-            "unknown --schedule `{}` (known: {}) (flag --schedule)",
-            cfg.schedule,
-            SCHEDULES.iter().map(|s| s.0).collect::<Vec<_>>().join(", ")
         );
     }
     match cfg.opt.name.as_str() {
@@ -147,27 +120,9 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
     Ok(())
 }
 
-/// `--lookup` values.
-pub const LOOKUPS: &[(&str, &str)] = &[
-    (
-        "per-token",
-        "the paper's forward AlltoAll: one row slice per token",
-    ),
-    (
-        "unique",
-        "one row slice per distinct token of the receiving rank, expanded by the receiver",
-    ),
-];
-
-/// `--lookup`: known, and other than `per-token` only with `--exchange embrace`.
+/// `--lookup` other than `per-token` only with `--exchange embrace`.
 pub fn check_lookup(cfg: &TrainConfig) -> Result<()> {
-    if !LOOKUPS.iter().any(|l| l.0 == cfg.lookup) {
-        bail!(
-            "unknown --lookup `{}` (known: per-token, unique) (flag --lookup)",
-            cfg.lookup
-        );
-    }
-    if cfg.lookup != "per-token" && cfg.exchange != "embrace" {
+    if cfg.lookup != Lookup::PerToken && cfg.exchange != ExchangeName::Embrace {
         bail!(
             "--lookup {} applies to --exchange embrace only, not `{}` (flag --lookup)",
             cfg.lookup,
@@ -418,7 +373,10 @@ impl Embrace {
     ) -> Result<Self> {
         check_config(cfg)?;
         check_lookup(cfg)?;
-        let allgather = cfg.exchange.starts_with("allgather");
+        let allgather = matches!(
+            cfg.exchange,
+            ExchangeName::AllGather | ExchangeName::AllGatherRaw
+        );
         let ext = model.external_embedding().context(
             "--exchange embrace needs the model built without its token embedding (Model::new_sharded)",
         )?;
@@ -435,19 +393,23 @@ impl Embrace {
         let adam = (cfg.opt.name == "adam").then_some((cfg.opt.beta1, cfg.opt.beta2, cfg.opt.eps));
         let mut ex = Embrace {
             allgather,
-            raw: cfg.exchange == "allgather-raw",
-            embrace_sched: !allgather && cfg.schedule == "embrace",
+            raw: cfg.exchange == ExchangeName::AllGatherRaw,
+            embrace_sched: !allgather && cfg.schedule == Schedule::Embrace,
             method: format!(
                 "{}-{}",
                 cfg.exchange,
-                if allgather { "fifo" } else { &cfg.schedule }
+                if allgather {
+                    "fifo"
+                } else {
+                    cfg.schedule.name()
+                }
             ),
             rank,
             p,
             eoff,
             v,
             d,
-            lookup_unique: cfg.lookup == "unique",
+            lookup_unique: cfg.lookup == Lookup::Unique,
             head: lm_head_range(model),
             shards,
             seed: cfg.seed,
@@ -462,7 +424,7 @@ impl Embrace {
             dense_algo: crate::exchange::dense_algo(cfg),
             ids_now: Vec::new(),
             ids_next: None,
-            two_d: (!allgather && cfg.schedule == "2d")
+            two_d: (!allgather && cfg.schedule == Schedule::TwoD)
                 .then(|| TwoD::new(cfg, model, usize::MAX))
                 .transpose()?,
             t_step: None,

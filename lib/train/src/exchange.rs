@@ -20,10 +20,11 @@ use gradkit_collectives::{dense, make_reducer, Flat, Op, Params, Reducer};
 use gradkit_comm::Comm;
 use gradkit_core::trace::Layout;
 
+use crate::config::Exchange as ExchangeName;
 use crate::data::{Batch, Dataset};
 use crate::model::Model;
 use crate::optim::{Opt, Sgd};
-use crate::train::{TrainConfig, EXCHANGES};
+use crate::train::TrainConfig;
 
 /// What one step measured, filled by the exchange and written by the loop as metrics.
 #[derive(Debug, Default)]
@@ -119,18 +120,14 @@ pub fn make(
     model: &Model,
     data: &Dataset,
 ) -> Result<Box<dyn Exchange>> {
-    if crate::embrace::handles(&cfg.exchange) {
+    if cfg.exchange.is_embedding() {
         let (rank, p) = (comm.rank(), comm.size());
         return Ok(Box::new(crate::embrace::Embrace::new(
             cfg, rank, p, model, data,
         )?));
     }
     let rep = Replica::new(cfg, model)?;
-    let algo = EXCHANGES
-        .iter()
-        .find(|e| e.0 == cfg.exchange)
-        .with_context(|| format!("unknown --exchange `{}`", cfg.exchange))?
-        .1;
+    let algo = cfg.exchange.algo();
     let params = Params {
         op: Op::Sum,
         density: cfg.density,
@@ -144,9 +141,9 @@ pub fn make(
     };
     let reducer =
         make_reducer(algo, &params).with_context(|| format!("--exchange {}", cfg.exchange))?;
-    Ok(match cfg.exchange.as_str() {
-        "dense" => Box::new(Dense { rep }),
-        "onebit" => {
+    Ok(match cfg.exchange {
+        ExchangeName::Dense => Box::new(Dense { rep }),
+        ExchangeName::OneBit => {
             let n = rep.params.len() as u64;
             let layout = Layout::new(vec![(0, "momentum".into(), n, None)]);
             Box::new(OneBit {
@@ -308,7 +305,7 @@ impl Sparse {
             rep,
             reducer,
             layout,
-            name: cfg.exchange.clone(),
+            name: cfg.exchange.to_string(),
             fold_lr,
             weight_decay: cfg.opt.weight_decay,
             dense_warmup: cfg.dense_warmup,

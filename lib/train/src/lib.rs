@@ -17,6 +17,7 @@
 //! Not here: the collectives themselves (gradkit-collectives), file formats (gradkit-core).
 
 pub mod checkpoint;
+pub mod config;
 pub mod data;
 pub mod embrace;
 pub mod exchange;
@@ -26,4 +27,5 @@ pub mod optim;
 pub mod schedule;
 pub mod train;
 
-pub use train::{dump_gradients, train, TrainConfig, TrainReport, EXCHANGES};
+pub use config::{Exchange, Lookup, Schedule};
+pub use train::{dump_gradients, train, TrainConfig, TrainReport};

@@ -15,101 +15,19 @@ use gradkit_core::trace::{unflatten_dense, MetricSink};
 use gradkit_core::{MetricRow, TensorRow};
 
 use crate::checkpoint::{self, RankState};
+use crate::config::{Exchange as ExchangeName, Lookup, Schedule};
 use crate::data::{self, DataSpec, Dataset, Shard};
 use crate::exchange::{Exchange, StepIo};
 use crate::metrics_log::{MetricsLog, Summary};
 use crate::model::{Model, ModelSpec};
 use crate::optim::{lr_at, Decay, OptConfig};
 
-/// `--exchange` values: (name, the `make_reducer` algorithm, description).
-pub const EXCHANGES: &[(&str, &str, &str)] = &[
-    ("dense", "ring", "ring allreduce of the gradients, mean"),
-    (
-        "topk",
-        "topka",
-        "local top-k of residual+gradient, allgatherv (TopkA)",
-    ),
-    (
-        "gaussiank",
-        "gaussiank",
-        "Gaussian-threshold selection, TopkA communication",
-    ),
-    (
-        "topkdsa",
-        "topkdsa",
-        "SparCML's static regions, sparse/dense allgatherv (TopkDSA)",
-    ),
-    (
-        "gtopk",
-        "gtopk",
-        "gTop-k reduction tree keeping top-k per level",
-    ),
-    (
-        "oktopk",
-        "oktopk",
-        "Ok-Topk: split_and_reduce + balance_and_allgatherv (Algorithm 2)",
-    ),
-    (
-        "deft",
-        "deft",
-        "DEFT: disjoint per-worker partitions, no build-up",
-    ),
-    (
-        "cltk",
-        "cltk",
-        "CLT-k: cyclic leader's top-k indices, every rank's values there allreduced",
-    ),
-    (
-        "topk-union",
-        "topk-union",
-        "Top-k (union): every rank's top-k indices allgathered, all ranks' values at the union allreduced, the union zeroed in every residual",
-    ),
-    (
-        "onebit",
-        "onebit",
-        "1-bit compressed allreduce of the momentum (with --optimizer onebit-lamb/onebit-adam)",
-    ),
-    (
-        "embrace",
-        "alltoall",
-        "EmbRace: token embedding sharded by columns, AlltoAll lookups and row gradients, ring for the rest (--schedule)",
-    ),
-    (
-        "allgather",
-        "alltoall",
-        "sparse baseline: row-sparse embedding gradients (duplicate rows coalesced first) allgathered onto full replicas, ring for the rest",
-    ),
-    (
-        "allgather-raw",
-        "alltoall",
-        "Horovod/DDP sparse baseline: one embedding-gradient row per token (uncoalesced) allgathered onto full replicas, ring for the rest",
-    ),
-];
-
-/// The sparse exchanges (error feedback, `--density`, `--dense-warmup`): every `--exchange`
-/// but dense, onebit and EmbRace's.
-pub fn is_sparse(exchange: &str) -> bool {
-    EXCHANGES.iter().any(|e| e.0 == exchange)
-        && !matches!(exchange, "dense" | "onebit")
-        && !crate::embrace::handles(exchange)
-}
-
-/// The names of the sparse exchanges, for messages.
-pub fn sparse_names() -> String {
-    EXCHANGES
-        .iter()
-        .map(|e| e.0)
-        .filter(|e| is_sparse(e))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 /// Everything a run needs.
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
     pub model: ModelSpec,
     pub data: DataSpec,
-    pub exchange: String,
+    pub exchange: ExchangeName,
     pub density: f64,
     /// Sparse exchanges: the first `dense_warmup` steps exchange densely (ring allreduce,
     /// mean, the optimiser on it exactly as `--exchange dense`), then the sparse exchange
@@ -151,10 +69,10 @@ pub struct TrainConfig {
     pub corrupt_at: Option<u32>,
     /// `--exchange embrace`: communication schedule, `fifo`, `embrace` (vertical) or `2d`
     /// (vertical + horizontal) (crate::embrace, crate::schedule).
-    pub schedule: String,
+    pub schedule: Schedule,
     /// `--exchange embrace`: the forward lookup, `per-token` (the paper's) or `unique`
-    /// (deduplicated, [`crate::embrace::LOOKUPS`]).
-    pub lookup: String,
+    /// (deduplicated, [`Lookup::Unique`]).
+    pub lookup: Lookup,
     /// Record `peak_rss_bytes` (this process's peak RSS so far) per step and rank (`--rss`;
     /// off by default: it differs from run to run).
     pub record_rss: bool,
@@ -180,7 +98,7 @@ impl Default for TrainConfig {
         TrainConfig {
             model: ModelSpec::default(),
             data: DataSpec::default(),
-            exchange: "dense".into(),
+            exchange: ExchangeName::Dense,
             density: 0.01,
             dense_warmup: 0,
             period: 64,
@@ -205,8 +123,8 @@ impl Default for TrainConfig {
             run_name: "run".into(),
             record_gradients: false,
             corrupt_at: None,
-            schedule: "embrace".into(),
-            lookup: "per-token".into(),
+            schedule: Schedule::Embrace,
+            lookup: Lookup::PerToken,
             record_rss: false,
             fp16_wire: false,
             metrics_path: None,
@@ -249,14 +167,6 @@ pub struct TrainReport {
 /// Validates the combination of flags before any work.
 pub fn check_config(cfg: &TrainConfig) -> Result<()> {
     crate::model::check_name(&cfg.model.name)?;
-    let Some(_) = EXCHANGES.iter().find(|e| e.0 == cfg.exchange) else {
-        let names: Vec<&str> = EXCHANGES.iter().map(|e| e.0).collect();
-        bail!(
-            "unknown --exchange `{}` (known: {})",
-            cfg.exchange,
-            names.join(", ")
-        );
-    };
     if !crate::optim::OPTIMIZERS.iter().any(|o| o.0 == cfg.opt.name) {
         let names: Vec<&str> = crate::optim::OPTIMIZERS.iter().map(|o| o.0).collect();
         bail!(
@@ -266,13 +176,13 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
         );
     }
     let onebit_opt = matches!(cfg.opt.name.as_str(), "onebit-lamb" | "onebit-adam");
-    if cfg.exchange == "onebit" && !onebit_opt {
+    if cfg.exchange == ExchangeName::OneBit && !onebit_opt {
         bail!(
             "--exchange onebit compresses the momentum of a 1-bit optimiser; it needs --optimizer onebit-lamb or onebit-adam, not `{}` (flag --optimizer)",
             cfg.opt.name
         );
     }
-    if onebit_opt && cfg.exchange != "onebit" {
+    if onebit_opt && cfg.exchange != ExchangeName::OneBit {
         bail!(
             "--optimizer {} needs --exchange onebit, not `{}` (flag --exchange)",
             cfg.opt.name,
@@ -298,12 +208,12 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
         bail!("--checkpoint-every needs --checkpoint DIR to write into (flag --checkpoint-every)");
     }
     check_ranges(cfg)?;
-    if cfg.dense_warmup > 0 && !is_sparse(&cfg.exchange) {
+    if cfg.dense_warmup > 0 && !cfg.exchange.is_sparse() {
         bail!(
             "--dense-warmup applies to the sparse exchanges ({}) only, not `{}`{} (flag --dense-warmup)",
-            sparse_names(),
+            ExchangeName::sparse_names(),
             cfg.exchange,
-            if cfg.exchange == "onebit" {
+            if cfg.exchange == ExchangeName::OneBit {
                 "; 1-bit optimisers warm up with --freeze-step"
             } else {
                 " (it would be ignored)"
@@ -311,11 +221,11 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
         );
     }
     crate::embrace::check_lookup(cfg)?;
-    if crate::embrace::handles(&cfg.exchange) {
+    if cfg.exchange.is_embedding() {
         crate::embrace::check_config(cfg)?;
     }
-    let dense_part = matches!(cfg.exchange.as_str(), "dense" | "onebit")
-        || crate::embrace::handles(&cfg.exchange)
+    let dense_part = matches!(cfg.exchange, ExchangeName::Dense | ExchangeName::OneBit)
+        || cfg.exchange.is_embedding()
         || cfg.dense_warmup > 0;
     if cfg.fp16_wire && !dense_part {
         bail!(
@@ -431,7 +341,7 @@ fn run_meta(cfg: &TrainConfig, p: usize, n: usize) -> Vec<(String, String)> {
     let mut meta = vec![
         ("model".into(), cfg.model.name.clone()),
         ("data".into(), cfg.data.name.clone()),
-        ("exchange".into(), cfg.exchange.clone()),
+        ("exchange".into(), cfg.exchange.to_string()),
         ("optimizer".into(), cfg.opt.name.clone()),
         ("ranks".into(), p.to_string()),
         ("n_params".into(), n.to_string()),
@@ -467,7 +377,7 @@ pub fn train(world: &World, cfg: &TrainConfig) -> Result<Option<TrainReport>> {
 /// run starts that count afresh at its first step, so it matches the uninterrupted run only
 /// when that step is on both schedules; otherwise this warning says so.
 pub fn oktopk_resume_warning(cfg: &TrainConfig, first: u32) -> Option<String> {
-    if cfg.exchange != "oktopk" || first <= cfg.dense_warmup {
+    if cfg.exchange != ExchangeName::OkTopk || first <= cfg.dense_warmup {
         return None;
     }
     let since = first - cfg.dense_warmup;
@@ -515,8 +425,14 @@ fn prepare(world: &World, cfg: &TrainConfig) -> Result<Dataset> {
     let ranks_here = world.ranks_here().len();
     // EmbRace's exchanges hold the token embedding outside the model: 1/P of it (embrace) or
     // a replica (the AllGather baselines).
-    let table_ranks = crate::embrace::handles(&cfg.exchange)
-        .then_some(if cfg.exchange == "embrace" { p } else { 1 });
+    let table_ranks =
+        cfg.exchange
+            .is_embedding()
+            .then_some(if cfg.exchange == ExchangeName::Embrace {
+                p
+            } else {
+                1
+            });
     crate::model::check_memory(&cfg.model, &data, cfg.batch, ranks_here, table_ranks)?;
     // Fail early (before threads start) on a shard that cannot hold a batch.
     for r in 0..p {
@@ -672,7 +588,7 @@ fn rank_main(
     resume: Option<&Resume>,
 ) -> Result<Option<TrainReport>> {
     // EmbRace's exchanges hold the token embedding outside the model (sharded, docs/gradtrain.md).
-    let model = if crate::embrace::handles(&cfg.exchange) {
+    let model = if cfg.exchange.is_embedding() {
         Model::new_sharded(&cfg.model, data, cfg.seed)?
     } else {
         Model::new(&cfg.model, data, cfg.seed)?

@@ -121,7 +121,7 @@ fn tiny(exchange: &str) -> TrainConfig {
             tokens: 20_000,
             ..DataSpec::default()
         },
-        exchange: exchange.into(),
+        exchange: exchange.parse().unwrap(),
         opt: OptConfig {
             name: "sgd".into(),
             ..OptConfig::default()

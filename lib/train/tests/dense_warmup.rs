@@ -14,7 +14,7 @@ fn tiny(exchange: &str, opt: &str) -> TrainConfig {
             hidden: 16,
             ..ModelSpec::default()
         },
-        exchange: exchange.into(),
+        exchange: exchange.parse().unwrap(),
         density: 0.05,
         opt: OptConfig {
             name: opt.into(),

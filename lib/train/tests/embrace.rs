@@ -30,7 +30,7 @@ fn tiny(exchange: &str, opt: &str, d_model: usize) -> TrainConfig {
             tokens: 20_000,
             ..DataSpec::default()
         },
-        exchange: exchange.into(),
+        exchange: exchange.parse().unwrap(),
         // ε = 1e-4: the gradient of the attention key bias is zero up to rounding (softmax is
         // shift-invariant), and with ε = 1e-8 Adam turns that rounding noise into lr-sized
         // steps that differ with summation order.
@@ -138,7 +138,7 @@ fn sgd_embrace_and_allgather_equal_dense_for_p_1_to_4() {
             ("embrace", "embrace"),
         ] {
             let mut c = tiny(ex, "sgd", 8);
-            c.schedule = sched.into();
+            c.schedule = sched.parse().unwrap();
             let (got, _) = run(p, &c);
             let e = worst(&got, &dense);
             assert!(e < 1e-5, "P={p} {ex}/{sched}: max |Δ| vs dense = {e}");
@@ -169,9 +169,9 @@ fn fifo_and_embrace_schedules_are_bit_identical_and_fresh() {
     let p = 3;
     let mut a = tiny("embrace", "adam", 8);
     a.steps = 6;
-    a.schedule = "fifo".into();
+    a.schedule = "fifo".parse().unwrap();
     let mut b = a.clone();
-    b.schedule = "embrace".into();
+    b.schedule = "embrace".parse().unwrap();
     let (pa, ma) = run(p, &a);
     let (pb, mb) = run(p, &b);
     assert_eq!(pa, pb, "schedules changed the parameters");
@@ -223,7 +223,7 @@ fn bytes_per_rank_match_the_formulas_and_columns_are_balanced() {
     let d = 8;
     for p in [2usize, 3, 4] {
         let mut c = tiny("embrace", "sgd", d);
-        c.schedule = "fifo".into();
+        c.schedule = "fifo".parse().unwrap();
         c.steps = 2;
         let (_, m) = run(p, &c);
         let ds = load(&c.data).unwrap();
@@ -288,7 +288,7 @@ fn lstm_lm_embrace_equals_dense() {
     let mut c = tiny("dense", "sgd", 8);
     c.model.name = "lstm-lm".into();
     let (dense, _) = run(2, &c);
-    c.exchange = "embrace".into();
+    c.exchange = "embrace".parse().unwrap();
     let (em, _) = run(2, &c);
     assert!(worst(&dense, &em) < 1e-5);
 }
@@ -310,7 +310,7 @@ fn bad_combinations_are_refused() {
         .to_string()
         .contains("--model"));
     c = tiny("embrace", "sgd", 8);
-    c.schedule = "lifo".into();
+    c.schedule = "lifo".parse().unwrap();
     assert!(check_config(&c)
         .unwrap_err()
         .to_string()
@@ -365,7 +365,7 @@ fn unique_lookup_trains_identically_and_sends_distinct_rows() {
         let mut per_token = tiny("embrace", "adam", d);
         per_token.steps = 3;
         let mut uniq = per_token.clone();
-        uniq.lookup = "unique".into();
+        uniq.lookup = "unique".parse().unwrap();
         let (a, ma) = run(p, &per_token);
         let (b, mb) = run(p, &uniq);
         assert_eq!(a, b, "P={p}: unique lookup changes the parameters");
@@ -424,7 +424,7 @@ fn lm_head_bytes_are_reported_apart_and_evaluation_matches_dense() {
             }
         }
         let mut dn = c.clone();
-        dn.exchange = "dense".into();
+        dn.exchange = "dense".parse().unwrap();
         let want = run_report(p, &dn);
         assert!(rep.eval_loss.is_finite() && rep.eval_loss > 0.0);
         assert!(
@@ -440,13 +440,13 @@ fn lm_head_bytes_are_reported_apart_and_evaluation_matches_dense() {
 #[test]
 fn lookup_flag_is_checked() {
     let mut c = tiny("allgather", "sgd", 8);
-    c.lookup = "unique".into();
+    c.lookup = "unique".parse().unwrap();
     let e = check_config(&c).unwrap_err().to_string();
     assert!(e.contains("--lookup"), "{e}");
     c = tiny("embrace", "sgd", 8);
-    c.lookup = "sorted".into();
-    let e = check_config(&c).unwrap_err().to_string();
+    // An unknown name is refused where it is parsed, naming the known ones.
+    let e = "sorted".parse::<gradkit_train::Lookup>().unwrap_err();
     assert!(e.contains("--lookup") && e.contains("per-token"), "{e}");
-    c.lookup = "unique".into();
+    c.lookup = "unique".parse().unwrap();
     assert!(check_config(&c).is_ok());
 }

@@ -11,7 +11,7 @@ use gradkit_core::trace::{flatten_dense, Layout};
 use gradkit_core::TensorRow;
 use gradkit_train::model::{Model, ModelSpec};
 use gradkit_train::optim::OptConfig;
-use gradkit_train::{checkpoint, data, train, TrainConfig, EXCHANGES};
+use gradkit_train::{checkpoint, data, train, Exchange, TrainConfig};
 
 const STEPS: u32 = 5;
 const LR: f32 = 0.05;
@@ -24,7 +24,7 @@ fn config(exchange: &str) -> TrainConfig {
             hidden: 16,
             ..ModelSpec::default()
         },
-        exchange: exchange.into(),
+        exchange: exchange.parse().unwrap(),
         density: 0.03,
         period: 2,
         reeval: 2,
@@ -127,8 +127,9 @@ fn replay(
 
 #[test]
 fn gradtrain_sparse_exchanges_are_gradallreduce_reducers() {
-    let sparse: Vec<(&str, &str)> = EXCHANGES
+    let sparse: Vec<(&str, &str)> = Exchange::ALL
         .iter()
+        .map(|e| (e.name(), e.algo()))
         .filter(|e| {
             [
                 "topka",

@@ -21,7 +21,7 @@ fn config(basic: bool) -> TrainConfig {
             hidden: 16,
             ..ModelSpec::default()
         },
-        exchange: "onebit".into(),
+        exchange: "onebit".parse().unwrap(),
         opt: OptConfig {
             name: "onebit-lamb".into(),
             freeze_step: FREEZE,

@@ -107,7 +107,7 @@ fn onebit_optimisers_on_digits_stay_finite_with_the_default_eps() {
                 name: "mlp".into(),
                 ..ModelSpec::default()
             },
-            exchange: "onebit".into(),
+            exchange: "onebit".parse().unwrap(),
             opt: OptConfig {
                 name: opt.into(),
                 freeze_step: 80,

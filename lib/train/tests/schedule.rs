@@ -33,8 +33,8 @@ fn tiny(schedule: &str, opt: &str) -> TrainConfig {
             tokens: 20_000,
             ..DataSpec::default()
         },
-        exchange: "embrace".into(),
-        schedule: schedule.into(),
+        exchange: "embrace".parse().unwrap(),
+        schedule: schedule.parse().unwrap(),
         // ε = 1e-4 as in tests/embrace.rs: Adam must not turn rounding noise into steps.
         opt: OptConfig {
             name: opt.into(),
@@ -194,7 +194,7 @@ fn two_d_reports_per_block_waits_and_the_row_split() {
 fn schedules_are_checked() {
     let mut c = tiny("2d", "adam");
     assert!(check_config(&c).is_ok());
-    c.schedule = "horizontal".into();
+    c.schedule = "horizontal".parse().unwrap();
     let e = check_config(&c).unwrap_err().to_string();
     assert!(
         e.contains("--schedule") && e.contains("fifo, embrace, 2d"),
@@ -213,7 +213,7 @@ fn lstm_lm_two_d_equals_fifo() {
     let mut c = tiny("fifo", "sgd");
     c.model.name = "lstm-lm".into();
     let (fifo, mf) = run(2, &c);
-    c.schedule = "2d".into();
+    c.schedule = "2d".parse().unwrap();
     let (two, m2) = run(2, &c);
     assert_eq!(worst(&fifo, &two), 0.0);
     assert_eq!(series(&mf, "loss"), series(&m2, "loss"));

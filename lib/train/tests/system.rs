@@ -14,7 +14,7 @@ fn tiny_mlp(exchange: &str, opt: &str) -> TrainConfig {
             hidden: 16,
             ..ModelSpec::default()
         },
-        exchange: exchange.into(),
+        exchange: exchange.parse().unwrap(),
         opt: OptConfig {
             name: opt.into(),
             ..OptConfig::default()
@@ -64,7 +64,7 @@ fn one_rank_density_one_equals_plain_training() {
         "deft",
         "gaussiank",
     ] {
-        base.exchange = ex.into();
+        base.exchange = ex.parse().unwrap();
         base.density = 1.0;
         let got = params(&w1, &base);
         let worst = got
@@ -85,7 +85,7 @@ fn onebit_lamb_without_compression_equals_lamb() {
     let mut lamb = tiny_mlp("dense", "lamb");
     lamb.lr = 0.01;
     let mut ob = lamb.clone();
-    ob.exchange = "onebit".into();
+    ob.exchange = "onebit".parse().unwrap();
     ob.opt.name = "onebit-lamb".into();
     ob.opt.freeze_step = lamb.steps; // freeze-step ≥ steps: never compresses
     assert_eq!(params(&w, &ob), params(&w, &lamb), "bit-identical to LAMB");
@@ -161,7 +161,7 @@ fn resume_refuses_other_settings() {
     cfg.checkpoint = Some(dir.path().to_path_buf());
     train(&w, &cfg).unwrap();
     cfg.resume = true;
-    cfg.exchange = "topk".into();
+    cfg.exchange = "topk".parse().unwrap();
     let e = train(&w, &cfg).unwrap_err().to_string();
     assert!(e.contains("exchange"), "{e}");
 }

@@ -64,11 +64,12 @@ pub struct ModelArgs {
 
 /// The flags' combination, checked before any rank starts (a usage error, exit 2).
 pub fn check_flags(a: &ModelArgs) -> Result<()> {
-    gradkit_train::train::check_config(&config(a))
+    gradkit_train::train::check_config(&config(a)?)
 }
 
-fn config(a: &ModelArgs) -> TrainConfig {
-    TrainConfig {
+/// The run's configuration (--exchange parsed here).
+fn config(a: &ModelArgs) -> Result<TrainConfig> {
+    Ok(TrainConfig {
         model: ModelSpec {
             name: a.model.clone(),
             ..ModelSpec::default()
@@ -81,12 +82,12 @@ fn config(a: &ModelArgs) -> TrainConfig {
         batch: a.batch,
         lr: a.lr,
         seed: a.seed,
-        exchange: a.exchange.clone(),
+        exchange: a.exchange.parse().map_err(anyhow::Error::msg)?,
         density: a.density,
         quiet: true,
         run_name: "gradtrace-model".into(),
         ..TrainConfig::default()
-    }
+    })
 }
 
 pub fn run(a: &ModelArgs) -> Result<()> {
@@ -101,7 +102,7 @@ pub fn run(a: &ModelArgs) -> Result<()> {
     } else {
         Ok(None)
     })?;
-    let cfg = config(a);
+    let cfg = config(a)?;
     let rows = gradkit_train::dump_gradients(&world, &cfg)?;
     // The last agreement point: the other ranks wait while rank 0 writes.
     world.agree(write_rows(a, &world, out, &rows))

@@ -13,7 +13,7 @@ use gradkit_core::io::{write_table, Meta, Output};
 use gradkit_train::data::DataSpec;
 use gradkit_train::model::ModelSpec;
 use gradkit_train::optim::{Decay, OptConfig};
-use gradkit_train::{TrainConfig, TrainReport};
+use gradkit_train::{Exchange, TrainConfig, TrainReport};
 
 const ABOUT: &str =
     "Train a model data-parallel on P ranks, exchanging gradients through gradkit's collectives.
@@ -271,7 +271,8 @@ fn device(s: &str) -> Result<gradkit_cuda::Device, String> {
     s.parse()
 }
 
-fn config(a: &Cli) -> TrainConfig {
+/// The run's configuration; the names (--exchange, --schedule, --lookup) parsed here, once.
+fn config(a: &Cli) -> anyhow::Result<TrainConfig> {
     let mut cfg = TrainConfig {
         model: ModelSpec {
             name: a.model.clone(),
@@ -288,7 +289,7 @@ fn config(a: &Cli) -> TrainConfig {
             corpus_seed: a.corpus_seed,
             tokens: a.tokens,
         },
-        exchange: a.exchange.clone(),
+        exchange: a.exchange.parse().map_err(anyhow::Error::msg)?,
         density: a.density,
         dense_warmup: a.dense_warmup,
         period: a.period,
@@ -337,8 +338,8 @@ fn config(a: &Cli) -> TrainConfig {
         overwrite_checkpoint: a.overwrite_checkpoint,
         quiet: a.quiet,
         run_name: a.run.clone(),
-        schedule: a.schedule.clone(),
-        lookup: a.lookup.clone(),
+        schedule: a.schedule.parse().map_err(anyhow::Error::msg)?,
+        lookup: a.lookup.parse().map_err(anyhow::Error::msg)?,
         record_rss: a.rss,
         fp16_wire: a.wire == "fp16",
         metrics_path: a.metrics.clone(),
@@ -348,7 +349,7 @@ fn config(a: &Cli) -> TrainConfig {
         ..TrainConfig::default()
     };
     cfg.metrics_meta = metrics_meta(&cfg);
-    cfg
+    Ok(cfg)
 }
 
 fn summary(cfg: &TrainConfig, r: &TrainReport, p: usize) {
@@ -416,7 +417,7 @@ fn limit_threads(ranks: Option<usize>) {
 /// The library's configuration check, and the flags the tool refuses rather than ignores.
 fn check_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
     gradkit_comm::launch::check_ranks_flag(a.ranks)?;
-    gradkit_train::train::check_config(&config(a))?;
+    gradkit_train::train::check_config(&config(a)?)?;
     ignored_flags(a, given)?;
     if a.adjust.is_some() && a.exchange != "oktopk" {
         anyhow::bail!(
@@ -464,25 +465,24 @@ fn check_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
 /// reads is refused, as `--lookup unique`, `--adjust` and `--wire fp16` are, rather than
 /// silently ignored (also when it is given its default value: it still does nothing).
 fn ignored_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
-    let ex = a.exchange.as_str();
-    let sparse = gradkit_train::train::is_sparse(ex);
-    let sparse_list = format!(
-        "the sparse exchanges ({})",
-        gradkit_train::train::sparse_names()
-    );
-    let emb = matches!(ex, "embrace" | "allgather" | "allgather-raw");
-    let dense_part = matches!(ex, "dense" | "onebit") || emb || a.dense_warmup > 0;
+    let exchange: Exchange = a.exchange.parse().map_err(anyhow::Error::msg)?;
+    let ex = exchange.name();
+    let sparse = exchange.is_sparse();
+    let sparse_list = format!("the sparse exchanges ({})", Exchange::sparse_names());
+    let emb = exchange.is_embedding();
+    let dense_part =
+        matches!(exchange, Exchange::Dense | Exchange::OneBit) || emb || a.dense_warmup > 0;
     let opt = a.optimizer.as_str();
     let model = a.model.as_str();
     let lm = matches!(model, "transformer-lm" | "lstm-lm");
     // (argument id, whether it has an effect, what it applies to, the value it lacks)
     let rules: [(&str, bool, &str, &str); 20] = [
-        ("schedule", ex == "embrace", "--exchange embrace", ex),
-        ("lookup", ex == "embrace", "--exchange embrace", ex),
+        ("schedule", exchange == Exchange::Embrace, "--exchange embrace", ex),
+        ("lookup", exchange == Exchange::Embrace, "--exchange embrace", ex),
         ("density", sparse, &sparse_list, ex),
         ("dense_warmup", sparse, &sparse_list, ex),
-        ("period", ex == "oktopk", "--exchange oktopk", ex),
-        ("reeval", ex == "oktopk", "--exchange oktopk", ex),
+        ("period", exchange == Exchange::OkTopk, "--exchange oktopk", ex),
+        ("reeval", exchange == Exchange::OkTopk, "--exchange oktopk", ex),
         (
             "wire",
             dense_part,
@@ -594,7 +594,7 @@ fn main() -> std::process::ExitCode {
                 .map(|_| ())
                 .map_err(Into::into),
         )?;
-        let cfg = config(&args);
+        let cfg = config(&args)?;
         world.agree(gradkit_train::train::check_paths(&cfg))?;
         // Resuming a run that already reached --steps: nothing to train, nothing overwritten.
         if let Some(at) = world.agree(gradkit_train::train::resume_finished(&cfg))? {

@@ -1,0 +1,253 @@
+//! The names gradtrain's configuration is made of, typed: `--exchange`, `--schedule`,
+//! `--lookup`, each parsed once at the edge (the tool's flags) into an enum with its name, the
+//! reducer it runs and its `--help` line, so the training loop branches on variants, not on
+//! strings. A leaf module: the loop, the exchanges and EmbRace's module all use it.
+
+use std::fmt;
+
+/// `FromStr` (exact name; the error lists the known names and the flag) and `Display` (the
+/// name) for an enum with `ALL` and `name()`.
+macro_rules! named {
+    ($t:ty, $flag:literal, $suffix:literal) => {
+        impl std::str::FromStr for $t {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                <$t>::ALL
+                    .iter()
+                    .copied()
+                    .find(|v| v.name() == s)
+                    .ok_or_else(|| {
+                        let known: Vec<&str> = <$t>::ALL.iter().map(|v| v.name()).collect();
+                        format!(
+                            "unknown {} `{s}` (known: {}){}",
+                            $flag,
+                            known.join(", "),
+                            $suffix
+                        )
+                    })
+            }
+        }
+
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+    };
+}
+
+/// How a run exchanges its gradients (`--exchange`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exchange {
+    Dense,
+    Topk,
+    GaussianK,
+    TopkDsa,
+    GTopk,
+    OkTopk,
+    Deft,
+    Cltk,
+    TopkUnion,
+    OneBit,
+    Embrace,
+    AllGather,
+    AllGatherRaw,
+}
+
+impl Exchange {
+    /// Every exchange, in the order `--help` lists them.
+    pub const ALL: &'static [Exchange] = &[
+        Exchange::Dense,
+        Exchange::Topk,
+        Exchange::GaussianK,
+        Exchange::TopkDsa,
+        Exchange::GTopk,
+        Exchange::OkTopk,
+        Exchange::Deft,
+        Exchange::Cltk,
+        Exchange::TopkUnion,
+        Exchange::OneBit,
+        Exchange::Embrace,
+        Exchange::AllGather,
+        Exchange::AllGatherRaw,
+    ];
+
+    /// The `--exchange` name.
+    pub const fn name(self) -> &'static str {
+        self.entry().0
+    }
+
+    /// The gradkit-collectives reducer it runs (`make_reducer`'s name).
+    pub const fn algo(self) -> &'static str {
+        self.entry().1
+    }
+
+    /// One line for `--help`.
+    pub const fn description(self) -> &'static str {
+        self.entry().2
+    }
+
+    const fn entry(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Exchange::Dense => ("dense", "ring", "ring allreduce of the gradients, mean"),
+            Exchange::Topk => (
+                "topk",
+                "topka",
+                "local top-k of residual+gradient, allgatherv (TopkA)",
+            ),
+            Exchange::GaussianK => (
+                "gaussiank",
+                "gaussiank",
+                "Gaussian-threshold selection, TopkA communication",
+            ),
+            Exchange::TopkDsa => (
+                "topkdsa",
+                "topkdsa",
+                "SparCML's static regions, sparse/dense allgatherv (TopkDSA)",
+            ),
+            Exchange::GTopk => (
+                "gtopk",
+                "gtopk",
+                "gTop-k reduction tree keeping top-k per level",
+            ),
+            Exchange::OkTopk => (
+                "oktopk",
+                "oktopk",
+                "Ok-Topk: split_and_reduce + balance_and_allgatherv (Algorithm 2)",
+            ),
+            Exchange::Deft => (
+                "deft",
+                "deft",
+                "DEFT: disjoint per-worker partitions, no build-up",
+            ),
+            Exchange::Cltk => (
+                "cltk",
+                "cltk",
+                "CLT-k: cyclic leader's top-k indices, every rank's values there allreduced",
+            ),
+            Exchange::TopkUnion => (
+                "topk-union",
+                "topk-union",
+                "Top-k (union): every rank's top-k indices allgathered, all ranks' values at the union allreduced, the union zeroed in every residual",
+            ),
+            Exchange::OneBit => (
+                "onebit",
+                "onebit",
+                "1-bit compressed allreduce of the momentum (with --optimizer onebit-lamb/onebit-adam)",
+            ),
+            Exchange::Embrace => (
+                "embrace",
+                "alltoall",
+                "EmbRace: token embedding sharded by columns, AlltoAll lookups and row gradients, ring for the rest (--schedule)",
+            ),
+            Exchange::AllGather => (
+                "allgather",
+                "alltoall",
+                "sparse baseline: row-sparse embedding gradients (duplicate rows coalesced first) allgathered onto full replicas, ring for the rest",
+            ),
+            Exchange::AllGatherRaw => (
+                "allgather-raw",
+                "alltoall",
+                "Horovod/DDP sparse baseline: one embedding-gradient row per token (uncoalesced) allgathered onto full replicas, ring for the rest",
+            ),
+        }
+    }
+
+    /// The exchanges of EmbRace's module (the token embedding outside the model's replica).
+    pub const fn is_embedding(self) -> bool {
+        matches!(
+            self,
+            Exchange::Embrace | Exchange::AllGather | Exchange::AllGatherRaw
+        )
+    }
+
+    /// The sparse exchanges (error feedback, `--density`, `--dense-warmup`): every exchange
+    /// but dense, onebit and EmbRace's.
+    pub const fn is_sparse(self) -> bool {
+        !matches!(self, Exchange::Dense | Exchange::OneBit) && !self.is_embedding()
+    }
+
+    /// The names of the sparse exchanges, for messages.
+    pub fn sparse_names() -> String {
+        let names: Vec<&str> = Exchange::ALL
+            .iter()
+            .filter(|e| e.is_sparse())
+            .map(|e| e.name())
+            .collect();
+        names.join(", ")
+    }
+}
+
+named!(Exchange, "--exchange", "");
+
+/// The order EmbRace's exchanges run in (`--schedule`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Schedule {
+    /// Gradient-generation order; the next forward waits for every exchange.
+    #[default]
+    Fifo,
+    /// Vertical split only (embrace.md Algorithm 1).
+    Embrace,
+    /// Vertical + horizontal (embrace.md §2.1).
+    TwoD,
+}
+
+impl Schedule {
+    /// Every schedule, in the order `--help` lists them.
+    pub const ALL: &'static [Schedule] = &[Schedule::Fifo, Schedule::Embrace, Schedule::TwoD];
+
+    /// The `--schedule` name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Schedule::Fifo => "fifo",
+            Schedule::Embrace => "embrace",
+            Schedule::TwoD => "2d",
+        }
+    }
+
+    /// One line for `--help`.
+    pub const fn description(self) -> &'static str {
+        match self {
+            Schedule::Fifo => "gradient-generation order; the next forward waits for every exchange",
+            Schedule::Embrace => "vertical split only (embrace.md Algorithm 1): prior embedding rows first, dense next, delayed rows overlapped with the next step's compute",
+            Schedule::TwoD => "vertical + horizontal (embrace.md §2.1): `embrace`'s rows, and each dense block allreduced and updated while the next forward runs, which waits per block",
+        }
+    }
+}
+
+named!(Schedule, "--schedule", " (flag --schedule)");
+
+/// How EmbRace's forward lookup sends rows (`--lookup`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Lookup {
+    /// The paper's forward AlltoAll: one row slice per token.
+    #[default]
+    PerToken,
+    /// One row slice per distinct token of the receiving rank, expanded by the receiver.
+    Unique,
+}
+
+impl Lookup {
+    /// Every lookup, in the order `--help` lists them.
+    pub const ALL: &'static [Lookup] = &[Lookup::PerToken, Lookup::Unique];
+
+    /// The `--lookup` name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Lookup::PerToken => "per-token",
+            Lookup::Unique => "unique",
+        }
+    }
+
+    /// One line for `--help`.
+    pub const fn description(self) -> &'static str {
+        match self {
+            Lookup::PerToken => "the paper's forward AlltoAll: one row slice per token",
+            Lookup::Unique => {
+                "one row slice per distinct token of the receiving rank, expanded by the receiver"
+            }
+        }
+    }
+}
+
+named!(Lookup, "--lookup", " (flag --lookup)");
