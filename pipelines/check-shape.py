@@ -16,33 +16,67 @@ MAX = 80
 FN = re.compile(r'^\s*(pub(\([^)]*\))?\s+)?(const\s+)?(async\s+)?(unsafe\s+)?(extern\s+"C"\s+)?fn\s+(\w+)')
 
 
+def blank(text):
+    """The text with string, char and comment contents blanked (newlines kept), so that the
+    braces left are the code's."""
+    out = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith('//', i):
+            j = text.find('\n', i)
+            j = n if j < 0 else j
+            out.append(' ' * (j - i))
+            i = j
+        elif text.startswith('/*', i):
+            j = text.find('*/', i + 2)
+            j = n if j < 0 else j + 2
+            out.append(re.sub(r'[^\n]', ' ', text[i:j]))
+            i = j
+        elif c == 'r' and re.match(r'r#*"', text[i:i + 8]) and not (i and (text[i - 1].isalnum() or text[i - 1] == '_')):
+            m = re.match(r'r(#*)"', text[i:])
+            end = text.find('"' + m.group(1), i + len(m.group(0)))
+            j = n if end < 0 else end + 1 + len(m.group(1))
+            out.append(re.sub(r'[^\n]', ' ', text[i:j]))
+            i = j
+        elif c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == '\\' else 1
+            j += 1
+            out.append(re.sub(r'[^\n]', ' ', text[i:j]))
+            i = j
+        elif c == "'":
+            m = re.match(r"'(\\.|\\u\{[0-9a-fA-F]+\}|[^\\'])'", text[i:])
+            if m:
+                out.append(' ' * len(m.group(0)))
+                i += len(m.group(0))
+            else:
+                out.append(c)
+                i += 1
+        else:
+            out.append(c)
+            i += 1
+    return ''.join(out)
+
+
 def strip(line):
-    line = re.sub(r'"(\\.|[^"\\])*"', '""', line)
-    line = re.sub(r"'(\\.|[^'\\])'", "''", line)
-    return line.split('//')[0]
+    return line
 
 
 def functions(path):
     """(name, first line, length) of every function with a body in a Rust file."""
-    lines = open(path, encoding='utf-8').read().split('\n')
-    raw = False
+    text = open(path, encoding='utf-8').read()
+    lines = text.split('\n')
+    code = blank(text).split('\n')
     out = []
     for i, line in enumerate(lines):
-        m = FN.match(line)
-        if not m or line.rstrip().endswith(';'):
+        m = FN.match(code[i])
+        if not m or code[i].rstrip().endswith(';'):
             continue
         depth, started, j = 0, False, i
-        while j < len(lines):
-            s = strip(lines[j])
-            # raw strings (help text) hold braces: skip to their end
-            if 'r#"' in lines[j] and '"#' not in lines[j].split('r#"', 1)[1]:
-                raw = True
-            if raw:
-                if '"#' in lines[j] and 'r#"' not in lines[j].split('"#')[-2:][0]:
-                    raw = False
-                j += 1
-                continue
-            for ch in s:
+        while j < len(code):
+            for ch in code[j]:
                 if ch == '{':
                     depth += 1
                     started = True
@@ -50,7 +84,7 @@ def functions(path):
                     depth -= 1
             if started and depth <= 0:
                 break
-            if not started and s.rstrip().endswith(';'):
+            if not started and code[j].rstrip().endswith(';'):
                 break
             j += 1
         if started:
@@ -86,7 +120,7 @@ def cycles(crate_src):
         if not m:
             continue
         src = m.split('::')[0]
-        code = '\n'.join(strip(l) for l in text.split('\n') if not l.strip().startswith('//'))
+        code = blank(text)
         used = set(re.findall(r'crate::(\w+)', code))
         for grp in re.findall(r'crate::\{([^}]*)\}', code):
             used |= set(re.findall(r'(\w+)', grp))

@@ -485,25 +485,7 @@ impl Reducer for AllToAllReducer {
             }
             Flat::Sparse(s) => s,
         };
-        // Entries of each layer (relative indices), in input order.
-        let nl = layout.layers.len();
-        let mut per: Vec<(Vec<u32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); nl];
-        for (&i, &x) in s.indices.iter().zip(&s.values) {
-            if i as u64 >= layout.total() {
-                bail!(
-                    "flat index {i} is outside the layout's {} elements",
-                    layout.total()
-                );
-            }
-            let l = layout.layer_of(i as u64);
-            per[l].0.push(i - layout.layers[l].offset as u32);
-            per[l].1.push(x);
-        }
-        let is_emb: Vec<bool> = layout
-            .layers
-            .iter()
-            .map(|l| l.shape.as_ref().is_some_and(|s| s.len() == 2))
-            .collect();
+        let (per, is_emb) = split_by_layer(&s, layout)?;
         // Parse every embedding layer before any communication, so bad input fails early.
         let mut tables = Vec::new();
         for (l, info) in layout.layers.iter().enumerate() {
@@ -515,16 +497,7 @@ impl Reducer for AllToAllReducer {
             }
         }
         // Dense layers: fused, ring-allreduced once.
-        let mut fused = Vec::new();
-        for (l, info) in layout.layers.iter().enumerate() {
-            if !is_emb[l] {
-                let at = fused.len();
-                fused.resize(at + info.numel as usize, 0.0);
-                for (&i, &x) in per[l].0.iter().zip(&per[l].1) {
-                    fused[at + i as usize] += x;
-                }
-            }
-        }
+        let mut fused = fuse_dense(layout, &per, &is_emb);
         if !fused.is_empty() {
             crate::dense::ring(comm, &mut fused)?;
             scale(&mut fused);
@@ -542,30 +515,80 @@ impl Reducer for AllToAllReducer {
         }
         metrics.push(("emb_rows_local".into(), local_rows as f64));
         metrics.push(("emb_values_owned".into(), owned_values as f64));
-        // Assemble the flat sparse result in layer order.
-        let mut out = Sparse::default();
-        let mut fpos = 0usize;
-        let mut red = reduced.into_iter().peekable();
-        for (l, info) in layout.layers.iter().enumerate() {
-            let off = info.offset as u32;
-            if is_emb[l] {
-                let (_, d, full) = red.next().expect("one result per table");
-                for (k, &id) in full.ids.iter().enumerate() {
-                    let base = off + id * d as u32;
-                    out.indices.extend((0..d as u32).map(|j| base + j));
-                    out.values.extend_from_slice(full.row(k));
-                }
-            } else {
-                let n = info.numel as usize;
-                out.indices.extend((0..n as u32).map(|j| off + j));
-                out.values.extend_from_slice(&fused[fpos..fpos + n]);
-                fpos += n;
-            }
-        }
+        let out = assemble(layout, &is_emb, &fused, reduced);
         Ok(StepOutput {
             result: Flat::Sparse(out),
             metrics,
             contributed: None,
         })
     }
+}
+
+/// Each layer's entries (indices relative to the layer, in input order), and which layers are
+/// embedding tables (a 2-D shape).
+#[allow(clippy::type_complexity)]
+fn split_by_layer(s: &Sparse, layout: &Layout) -> Result<(Vec<(Vec<u32>, Vec<f32>)>, Vec<bool>)> {
+    let nl = layout.layers.len();
+    let mut per: Vec<(Vec<u32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); nl];
+    for (&i, &x) in s.indices.iter().zip(&s.values) {
+        if i as u64 >= layout.total() {
+            bail!(
+                "flat index {i} is outside the layout's {} elements",
+                layout.total()
+            );
+        }
+        let l = layout.layer_of(i as u64);
+        per[l].0.push(i - layout.layers[l].offset as u32);
+        per[l].1.push(x);
+    }
+    let is_emb = layout
+        .layers
+        .iter()
+        .map(|l| l.shape.as_ref().is_some_and(|s| s.len() == 2))
+        .collect();
+    Ok((per, is_emb))
+}
+
+/// The dense layers' entries, one fused vector in layer order.
+fn fuse_dense(layout: &Layout, per: &[(Vec<u32>, Vec<f32>)], is_emb: &[bool]) -> Vec<f32> {
+    let mut fused = Vec::new();
+    for (l, info) in layout.layers.iter().enumerate() {
+        if !is_emb[l] {
+            let at = fused.len();
+            fused.resize(at + info.numel as usize, 0.0);
+            for (&i, &x) in per[l].0.iter().zip(&per[l].1) {
+                fused[at + i as usize] += x;
+            }
+        }
+    }
+    fused
+}
+
+/// The flat sparse result in layer order: each table's reduced rows, each dense layer whole.
+fn assemble(
+    layout: &Layout,
+    is_emb: &[bool],
+    fused: &[f32],
+    reduced: Vec<(usize, usize, Rows)>,
+) -> Sparse {
+    let mut out = Sparse::default();
+    let mut fpos = 0usize;
+    let mut red = reduced.into_iter();
+    for (l, info) in layout.layers.iter().enumerate() {
+        let off = info.offset as u32;
+        if is_emb[l] {
+            let (_, d, full) = red.next().expect("one result per table");
+            for (k, &id) in full.ids.iter().enumerate() {
+                let base = off + id * d as u32;
+                out.indices.extend((0..d as u32).map(|j| base + j));
+                out.values.extend_from_slice(full.row(k));
+            }
+        } else {
+            let n = info.numel as usize;
+            out.indices.extend((0..n as u32).map(|j| off + j));
+            out.values.extend_from_slice(&fused[fpos..fpos + n]);
+            fpos += n;
+        }
+    }
+    out
 }

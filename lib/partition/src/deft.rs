@@ -392,8 +392,6 @@ impl DeftPlanner {
         let mut loads = vec![0.0; p];
         let mut worker_k = vec![0u64; p];
         let mut worker_elements = vec![0u64; p];
-        let mut worker_selected = vec![0u64; p];
-        let mut worker_select_s = vec![0.0f64; p];
         let mut mine: Vec<Vec<usize>> = vec![Vec::new(); p];
         for (x, pc) in self.pieces.iter().enumerate() {
             let w = worker_of_bin(bins[x], step, p);
@@ -402,41 +400,15 @@ impl DeftPlanner {
             worker_elements[w] += pc.size();
             mine[w].push(x);
         }
-        let mut chosen: Vec<u32> = Vec::new();
-        for (w, xs) in mine.iter().enumerate() {
-            let acc = &accs[w % r];
-            let own = &rank_ks[w % r];
-            let t = std::time::Instant::now();
-            let before = chosen.len();
-            for &x in xs {
-                let range = self.pieces[x].flat_range(&self.layout);
-                let base = range.start as u32;
-                chosen.extend(
-                    select(&acc[range], own[x] as usize)
-                        .into_iter()
-                        .map(|i| i + base),
-                );
-            }
-            worker_select_s[w] = t.elapsed().as_secs_f64();
-            worker_selected[w] = (chosen.len() - before) as u64;
-        }
-        chosen.sort_unstable();
-        chosen.dedup();
+        let (chosen, worker_selected, worker_select_s) =
+            self.select_assigned(&mine, &accs, &rank_ks, select);
         let union_deft = chosen.len() as u64;
-        let (union_topk, topk_select_s) = if buildup && !accs.is_empty() {
-            let mut all: Vec<u32> = Vec::new();
-            let mut secs = 0.0;
-            for a in &accs {
-                let t = std::time::Instant::now();
-                let s = select(a, self.k as usize);
-                secs += t.elapsed().as_secs_f64();
-                all.extend(s);
+        let (union_topk, topk_select_s) = match buildup && !accs.is_empty() {
+            true => {
+                let (u, t) = topk_union(&accs, self.k as usize, select);
+                (Some(u), Some(t))
             }
-            all.sort_unstable();
-            all.dedup();
-            (Some(all.len() as u64), Some(secs / accs.len() as f64))
-        } else {
-            (None, None)
+            false => (None, None),
         };
         if self.residual {
             // DEFT Algorithm 1: every worker sends its values at the union, so all of it
@@ -461,6 +433,60 @@ impl DeftPlanner {
             topk_select_s,
         }
     }
+}
+
+impl DeftPlanner {
+    /// Each worker's top-k in the pieces assigned to it (`mine[w]`), on its accumulator with
+    /// its own allocation: the union of the selections (sorted, deduplicated), and per worker
+    /// the entries it selected and the seconds it took.
+    fn select_assigned(
+        &self,
+        mine: &[Vec<usize>],
+        accs: &[Vec<f32>],
+        rank_ks: &[Vec<u64>],
+        select: Select,
+    ) -> (Vec<u32>, Vec<u64>, Vec<f64>) {
+        let r = accs.len().max(1);
+        let mut selected = vec![0u64; mine.len()];
+        let mut secs = vec![0.0f64; mine.len()];
+        let mut chosen: Vec<u32> = Vec::new();
+        for (w, xs) in mine.iter().enumerate() {
+            let acc = &accs[w % r];
+            let own = &rank_ks[w % r];
+            let t = std::time::Instant::now();
+            let before = chosen.len();
+            for &x in xs {
+                let range = self.pieces[x].flat_range(&self.layout);
+                let base = range.start as u32;
+                chosen.extend(
+                    select(&acc[range], own[x] as usize)
+                        .into_iter()
+                        .map(|i| i + base),
+                );
+            }
+            secs[w] = t.elapsed().as_secs_f64();
+            selected[w] = (chosen.len() - before) as u64;
+        }
+        chosen.sort_unstable();
+        chosen.dedup();
+        (chosen, selected, secs)
+    }
+}
+
+/// Plain Top-k's build-up: the size of the union of every rank's top-k, and the mean seconds
+/// one rank's top-k took.
+fn topk_union(accs: &[Vec<f32>], k: usize, select: Select) -> (u64, f64) {
+    let mut all: Vec<u32> = Vec::new();
+    let mut secs = 0.0;
+    for a in accs {
+        let t = std::time::Instant::now();
+        let s = select(a, k);
+        secs += t.elapsed().as_secs_f64();
+        all.extend(s);
+    }
+    all.sort_unstable();
+    all.dedup();
+    (all.len() as u64, secs / accs.len() as f64)
 }
 
 /// Plain Top-k's selection cost on the whole model, `n_g·log2 k` (deft.md §3).

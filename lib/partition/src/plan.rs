@@ -121,9 +121,23 @@ pub fn check_step<R: Borrow<PlanRow>>(
     if workers != world {
         bail!("plan step {step} has {workers} workers but the trace has {world} ranks (column `worker`)");
     }
-    // (flat start, flat end, worker, layer name) of every non-empty range.
+    let tiles = tiles(layout, step, &rows)?;
+    check_tiling(layout, step, &tiles)?;
+    if kind == PlanKind::Oktopk && !tiles.windows(2).all(|t| t[0].2 <= t[1].2) {
+        bail!("plan step {step}: the Ok-Topk regions are not contiguous in worker order (column `worker`)");
+    }
+    Ok(())
+}
+
+/// (flat start, flat end, worker, layer name) of every non-empty range, sorted; each row's
+/// layer and range checked against the trace's layout.
+fn tiles<'a>(
+    layout: &'a Layout,
+    step: u32,
+    rows: &[&PlanRow],
+) -> Result<Vec<(u64, u64, u32, &'a str)>> {
     let mut tiles: Vec<(u64, u64, u32, &str)> = Vec::with_capacity(rows.len());
-    for r in &rows {
+    for r in rows {
         let Some(l) = layout.by_id(r.layer_id) else {
             bail!(
                 "plan step {step}: layer_id {} (`{}`) is not in the trace (column `layer_id`)",
@@ -153,8 +167,13 @@ pub fn check_step<R: Borrow<PlanRow>>(
         }
     }
     tiles.sort_unstable();
+    Ok(tiles)
+}
+
+/// The sorted ranges tile the model: each flat position covered exactly once.
+fn check_tiling(layout: &Layout, step: u32, tiles: &[(u64, u64, u32, &str)]) -> Result<()> {
     let mut pos = 0u64;
-    for &(s, e, _, name) in &tiles {
+    for &(s, e, _, name) in tiles {
         if s != pos {
             let (what, at) = if s > pos {
                 ("is not covered", pos)
@@ -174,9 +193,6 @@ pub fn check_step<R: Borrow<PlanRow>>(
             "plan step {step}: the ranges do not tile the model: flat position {pos} is not covered (layer `{}`; columns `start`, `end`)",
             layer_name(layout, pos)
         );
-    }
-    if kind == PlanKind::Oktopk && !tiles.windows(2).all(|t| t[0].2 <= t[1].2) {
-        bail!("plan step {step}: the Ok-Topk regions are not contiguous in worker order (column `worker`)");
     }
     Ok(())
 }

@@ -212,7 +212,7 @@ fn candidate_floor(x: &[f32], v_low: f32, need: usize, density: f64) -> f32 {
     let std = (s2 / m as f64 - mean * mean).max(0.0).sqrt();
     let fit = fit_from(mean, std, density);
     // The sample's own estimate of the ⌈3k/4⌉-th largest |x| (central, not lowered).
-    let mut keys: Vec<u32> = sample.iter().map(|v| crate::topk::key(*v)).collect();
+    let mut keys: Vec<u32> = sample.iter().map(|v| crate::threshold::key(*v)).collect();
     let r = ((need as f64 * m as f64 / n as f64).round() as usize).clamp(1, m);
     let pos = m - r;
     let v_est = f32::from_bits(*keys.select_nth_unstable(pos).1);

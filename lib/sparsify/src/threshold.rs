@@ -110,13 +110,20 @@ impl Lanes for AbsGt {
     }
 }
 
+/// The magnitude key every selection orders by: `|v|`'s bits, so that the integer order is the
+/// order of |v| (NaN above +inf).
+#[inline]
+pub(crate) fn key(v: f32) -> u32 {
+    v.to_bits() & 0x7fff_ffff
+}
+
 /// `key(v) >= lo` with `key = bits & 0x7fff_ffff` (orders every |v|; NaN above +inf).
 pub(crate) struct KeyGe(pub u32);
 
 impl Lanes for KeyGe {
     #[inline(always)]
     fn test(&self, v: f32) -> bool {
-        crate::topk::key(v) >= self.0
+        key(v) >= self.0
     }
     #[inline(always)]
     fn mask32(&self, b: &[f32]) -> u32 {

@@ -21,10 +21,7 @@ const SAMPLE: usize = 1 << 15;
 /// Contiguous entries per sample block.
 const BLOCK: usize = 32;
 
-#[inline]
-pub(crate) fn key(v: f32) -> u32 {
-    v.to_bits() & 0x7fff_ffff
-}
+pub(crate) use crate::threshold::key;
 
 /// Exactly k indices of largest |x|, ties to the lower index; returned ascending.
 ///

@@ -283,28 +283,7 @@ impl RawTable {
         if classes < 2 {
             bail!("{src}: needs at least 2 classes (column `label`)");
         }
-        let is_test: Vec<bool> = if self.has("split") {
-            let mut vals: Vec<Option<String>> = Vec::with_capacity(n);
-            for a in self.col("split", src)? {
-                let s = a.as_any().downcast_ref::<StringArray>().with_context(|| {
-                    format!("{src}: column `split` must be Utf8 (`train`/`test`)")
-                })?;
-                vals.extend((0..s.len()).map(|i| s.is_valid(i).then(|| s.value(i).to_string())));
-            }
-            (0..n)
-                .map(|i| match vals[i].as_deref() {
-                    Some("train") => Ok(false),
-                    Some("test") => Ok(true),
-                    other => bail!(
-                        "{src}: row {i}: split `{}` is neither `train` nor `test` (column `split`)",
-                        other.unwrap_or("null")
-                    ),
-                })
-                .collect::<Result<_>>()?
-        } else {
-            let cut = n - n / 5;
-            (0..n).map(|i| i >= cut).collect()
-        };
+        let is_test = self.test_rows(src, n)?;
         let mut c = Classification {
             dim,
             classes,
@@ -326,6 +305,33 @@ impl RawTable {
             bail!("{src}: the train or the test split is empty (column `split`)");
         }
         Ok(c)
+    }
+
+    /// Which rows are test examples: column `split` (`train`/`test`) where the file has it,
+    /// else the last fifth.
+    fn test_rows(&self, src: &str, n: usize) -> Result<Vec<bool>> {
+        if !self.has("split") {
+            let cut = n - n / 5;
+            return Ok((0..n).map(|i| i >= cut).collect());
+        }
+        let mut vals: Vec<Option<String>> = Vec::with_capacity(n);
+        for a in self.col("split", src)? {
+            let s = a
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .with_context(|| format!("{src}: column `split` must be Utf8 (`train`/`test`)"))?;
+            vals.extend((0..s.len()).map(|i| s.is_valid(i).then(|| s.value(i).to_string())));
+        }
+        (0..n)
+            .map(|i| match vals[i].as_deref() {
+                Some("train") => Ok(false),
+                Some("test") => Ok(true),
+                other => bail!(
+                    "{src}: row {i}: split `{}` is neither `train` nor `test` (column `split`)",
+                    other.unwrap_or("null")
+                ),
+            })
+            .collect()
     }
 
     fn into_lm(self, src: &str, declared: &Declared) -> Result<LanguageModel> {

@@ -76,13 +76,13 @@ use gradkit_collectives::alltoall::{
 use gradkit_collectives::{dense, Op};
 use gradkit_comm::{Comm, CommExt};
 
+use crate::config::TrainConfig;
 use crate::config::{Exchange as ExchangeName, Lookup, Schedule};
 use crate::data::{Batch, Dataset, Shard};
 use crate::exchange::{Exchange, StepIo};
 use crate::model::{Eval, Model};
 use crate::optim::Opt;
 use crate::schedule::{fp_groups, key, Class, PriorityQueue, Ready};
-use crate::train::TrainConfig;
 
 /// Flag checks for `--exchange embrace|allgather|allgather-raw`.
 pub fn check_config(cfg: &TrainConfig) -> Result<()> {

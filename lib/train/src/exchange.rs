@@ -21,10 +21,10 @@ use gradkit_comm::Comm;
 use gradkit_core::trace::Layout;
 
 use crate::config::Exchange as ExchangeName;
-use crate::data::{Batch, Dataset};
+use crate::config::TrainConfig;
+use crate::data::Batch;
 use crate::model::Model;
 use crate::optim::{Opt, Sgd};
-use crate::train::TrainConfig;
 
 /// What one step measured, filled by the exchange and written by the loop as metrics.
 #[derive(Debug, Default)]
@@ -113,19 +113,9 @@ pub fn timed_loss_and_grad(
     r
 }
 
-/// The exchange `cfg.exchange` names, for `model` on this rank of `comm`.
-pub fn make(
-    cfg: &TrainConfig,
-    comm: &dyn Comm,
-    model: &Model,
-    data: &Dataset,
-) -> Result<Box<dyn Exchange>> {
-    if cfg.exchange.is_embedding() {
-        let (rank, p) = (comm.rank(), comm.size());
-        return Ok(Box::new(crate::embrace::Embrace::new(
-            cfg, rank, p, model, data,
-        )?));
-    }
+/// The exchange `cfg.exchange` names, for `model` (every exchange but EmbRace's, which
+/// [`crate::embrace::Embrace`] runs).
+pub fn make(cfg: &TrainConfig, model: &Model) -> Result<Box<dyn Exchange>> {
     let rep = Replica::new(cfg, model)?;
     let algo = cfg.exchange.algo();
     let params = Params {

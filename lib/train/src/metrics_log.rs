@@ -10,7 +10,7 @@
 //!   (without `--metrics`, the table lives in an unnamed temporary file for this), and a
 //!   resumed run starts from those rows, so its `--metrics` covers the whole run;
 //! - folds them into the run's summary ([`Summary`]); the rows themselves are kept only where
-//!   the caller asked for them ([`crate::train::TrainConfig::keep_metrics`]).
+//!   the caller asked for them ([`crate::config::TrainConfig::keep_metrics`]).
 
 use std::path::{Path, PathBuf};
 
@@ -21,8 +21,8 @@ use gradkit_core::live::LiveTable;
 use gradkit_core::trace::MetricSink;
 use gradkit_core::MetricRow;
 
+use crate::config::TrainConfig;
 use crate::data::Dataset;
-use crate::train::TrainConfig;
 
 /// The metrics file inside a checkpoint directory.
 pub const CHECKPOINT_METRICS: &str = "metrics.parquet";

@@ -174,66 +174,7 @@ impl Model {
         let device = device()?;
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
-        let net = match (spec.name.as_str(), data) {
-            ("mlp", Dataset::Class(c)) => {
-                let h = spec.hidden;
-                Net::Mlp(vec![
-                    candle_nn::linear(c.dim, h, vb.pp("fc1"))?,
-                    candle_nn::linear(h, h, vb.pp("fc2"))?,
-                    candle_nn::linear(h, c.classes, vb.pp("fc3"))?,
-                ])
-            }
-            ("cnn", Dataset::Class(c)) => {
-                let side = (c.dim as f64).sqrt() as usize;
-                if side * side != c.dim || !side.is_multiple_of(4) {
-                    bail!(
-                        "--model cnn needs square images whose side is a multiple of 4; the data has {} features (flag --model)",
-                        c.dim
-                    );
-                }
-                let cfg = Conv2dConfig {
-                    padding: 1,
-                    ..Default::default()
-                };
-                let convs = vec![
-                    candle_nn::conv2d(1, 16, 3, cfg, vb.pp("conv1"))?,
-                    candle_nn::conv2d(16, 16, 3, cfg, vb.pp("conv2"))?,
-                    candle_nn::conv2d(16, 32, 3, cfg, vb.pp("conv3"))?,
-                    candle_nn::conv2d(32, 32, 3, cfg, vb.pp("conv4"))?,
-                ];
-                let flat = 32 * (side / 4) * (side / 4);
-                let fcs = vec![
-                    candle_nn::linear(flat, 64, vb.pp("fc1"))?,
-                    candle_nn::linear(64, c.classes, vb.pp("fc2"))?,
-                ];
-                Net::Cnn { convs, fcs, side }
-            }
-            ("transformer-lm", Dataset::Lm(l)) => transformer(spec, l.vocab, &vb, shard)?,
-            ("lstm-lm", Dataset::Lm(l)) => Net::Lstm {
-                emb: (!shard)
-                    .then(|| candle_nn::embedding(l.vocab, spec.d_model, vb.pp("emb")))
-                    .transpose()?,
-                lstm: candle_nn::lstm(
-                    spec.d_model,
-                    spec.hidden,
-                    candle_nn::LSTMConfig::default(),
-                    vb.pp("lstm"),
-                )?,
-                head: candle_nn::linear(spec.hidden, l.vocab, vb.pp("lm_head"))?,
-            },
-            ("mlp" | "cnn", Dataset::Lm(_)) => bail!(
-                "--model {} is a classifier but the data is a token stream; use --data digits or a file with `features`/`label` (flag --model)",
-                spec.name
-            ),
-            ("transformer-lm" | "lstm-lm", Dataset::Class(_)) => bail!(
-                "--model {} is a language model but the data is a classification set; use --data synthetic-lm or a file with `tokens` (flag --model)",
-                spec.name
-            ),
-            (other, _) => {
-                let names: Vec<&str> = MODELS.iter().map(|m| m.0).collect();
-                bail!("unknown --model `{other}` (known: {})", names.join(", "))
-            }
-        };
+        let net = build_net(spec, data, &vb, shard)?;
         let mut vars: Vec<(String, Var)> = varmap
             .data()
             .lock()
@@ -463,34 +404,10 @@ impl Model {
                 before(0)?;
                 let e = self.embed(wte.as_ref(), rows, x, (b, t))?;
                 let mut h = e.broadcast_add(&wpe.i(0..t)?)?;
-                let d = h.dim(2)?;
-                let dh = d / heads;
-                let mask: Vec<f32> = (0..t * t)
-                    .map(|k| if k % t > k / t { -1e9 } else { 0.0 })
-                    .collect();
-                let mask = Tensor::from_slice(&mask, (t, t), dev)?;
+                let mask = causal_mask(t, dev)?;
                 for (i, bl) in blocks.iter().enumerate() {
                     before(1 + i)?;
-                    let a = layer_norm(&h, &bl.ln1)?;
-                    let qkv = bl
-                        .qkv
-                        .forward(&a)?
-                        .reshape((b, t, 3, *heads, dh))?
-                        .permute((2, 0, 3, 1, 4))?;
-                    let q = qkv.i(0)?.contiguous()?;
-                    let k = qkv.i(1)?.contiguous()?;
-                    let v = qkv.i(2)?.contiguous()?;
-                    let att = (q.matmul(&k.t()?.contiguous()?)? * (1.0 / (dh as f64).sqrt()))?;
-                    let att = candle_nn::ops::softmax(&att.broadcast_add(&mask)?, D::Minus1)?;
-                    let o = att
-                        .matmul(&v)?
-                        .transpose(1, 2)?
-                        .contiguous()?
-                        .reshape((b, t, d))?;
-                    h = (h + bl.proj.forward(&o)?)?;
-                    let m = layer_norm(&h, &bl.ln2)?;
-                    let m = bl.out.forward(&bl.fc.forward(&m)?.gelu_erf()?)?;
-                    h = (h + m)?;
+                    h = block_forward(bl, h, &mask, *heads)?;
                 }
                 before(1 + blocks.len())?;
                 let h = layer_norm(&h, lnf)?;
@@ -906,4 +823,104 @@ pub fn check_memory(
         ),
         bytes,
     )
+}
+
+/// One pre-norm transformer block on `h` ([b, t, d]): causal multi-head self-attention with
+/// `heads` heads, then the MLP, each added to the residual stream.
+fn block_forward(bl: &Block, h: Tensor, mask: &Tensor, heads: usize) -> Result<Tensor> {
+    let (b, t, d) = h.dims3()?;
+    let dh = d / heads;
+    let a = layer_norm(&h, &bl.ln1)?;
+    let qkv = bl
+        .qkv
+        .forward(&a)?
+        .reshape((b, t, 3, heads, dh))?
+        .permute((2, 0, 3, 1, 4))?;
+    let q = qkv.i(0)?.contiguous()?;
+    let k = qkv.i(1)?.contiguous()?;
+    let v = qkv.i(2)?.contiguous()?;
+    let att = (q.matmul(&k.t()?.contiguous()?)? * (1.0 / (dh as f64).sqrt()))?;
+    let att = candle_nn::ops::softmax(&att.broadcast_add(mask)?, D::Minus1)?;
+    let o = att
+        .matmul(&v)?
+        .transpose(1, 2)?
+        .contiguous()?
+        .reshape((b, t, d))?;
+    let h = (h + bl.proj.forward(&o)?)?;
+    let m = layer_norm(&h, &bl.ln2)?;
+    let m = bl.out.forward(&bl.fc.forward(&m)?.gelu_erf()?)?;
+    Ok((h + m)?)
+}
+
+/// The network `spec` names for `data` (the weights drawn by `vb`; EmbRace's `shard` leaves
+/// the token embedding out).
+fn build_net(spec: &ModelSpec, data: &Dataset, vb: &VarBuilder, shard: bool) -> Result<Net> {
+    Ok(match (spec.name.as_str(), data) {
+        ("mlp", Dataset::Class(c)) => {
+            let h = spec.hidden;
+            Net::Mlp(vec![
+                candle_nn::linear(c.dim, h, vb.pp("fc1"))?,
+                candle_nn::linear(h, h, vb.pp("fc2"))?,
+                candle_nn::linear(h, c.classes, vb.pp("fc3"))?,
+            ])
+        }
+        ("cnn", Dataset::Class(c)) => {
+            let side = (c.dim as f64).sqrt() as usize;
+            if side * side != c.dim || !side.is_multiple_of(4) {
+                bail!(
+                    "--model cnn needs square images whose side is a multiple of 4; the data has {} features (flag --model)",
+                    c.dim
+                );
+            }
+            let cfg = Conv2dConfig {
+                padding: 1,
+                ..Default::default()
+            };
+            let convs = vec![
+                candle_nn::conv2d(1, 16, 3, cfg, vb.pp("conv1"))?,
+                candle_nn::conv2d(16, 16, 3, cfg, vb.pp("conv2"))?,
+                candle_nn::conv2d(16, 32, 3, cfg, vb.pp("conv3"))?,
+                candle_nn::conv2d(32, 32, 3, cfg, vb.pp("conv4"))?,
+            ];
+            let flat = 32 * (side / 4) * (side / 4);
+            let fcs = vec![
+                candle_nn::linear(flat, 64, vb.pp("fc1"))?,
+                candle_nn::linear(64, c.classes, vb.pp("fc2"))?,
+            ];
+            Net::Cnn { convs, fcs, side }
+        }
+        ("transformer-lm", Dataset::Lm(l)) => transformer(spec, l.vocab, &vb, shard)?,
+        ("lstm-lm", Dataset::Lm(l)) => Net::Lstm {
+            emb: (!shard)
+                .then(|| candle_nn::embedding(l.vocab, spec.d_model, vb.pp("emb")))
+                .transpose()?,
+            lstm: candle_nn::lstm(
+                spec.d_model,
+                spec.hidden,
+                candle_nn::LSTMConfig::default(),
+                vb.pp("lstm"),
+            )?,
+            head: candle_nn::linear(spec.hidden, l.vocab, vb.pp("lm_head"))?,
+        },
+        ("mlp" | "cnn", Dataset::Lm(_)) => bail!(
+            "--model {} is a classifier but the data is a token stream; use --data digits or a file with `features`/`label` (flag --model)",
+            spec.name
+        ),
+        ("transformer-lm" | "lstm-lm", Dataset::Class(_)) => bail!(
+            "--model {} is a language model but the data is a classification set; use --data synthetic-lm or a file with `tokens` (flag --model)",
+            spec.name
+        ),
+        (other, _) => {
+            let names: Vec<&str> = MODELS.iter().map(|m| m.0).collect();
+            bail!("unknown --model `{other}` (known: {})", names.join(", "))
+        }
+    })
+}
+
+/// The additive causal mask of `t` positions: 0 where a position may attend, -1e9 after it.
+fn causal_mask(t: usize, dev: &Device) -> Result<Tensor> {
+    let mask: Vec<f32> = (0..t * t)
+        .map(|k| if k % t > k / t { -1e9 } else { 0.0 })
+        .collect();
+    Ok(Tensor::from_slice(&mask, (t, t), dev)?)
 }

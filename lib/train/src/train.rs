@@ -5,135 +5,20 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+pub use crate::config::{Adjust, ReevalStepD};
 use anyhow::{bail, Context, Result};
-/// Ok-Topk's threshold-reuse policy (`gradtrain --adjust`).
-pub use gradkit_collectives::registry::Adjust;
-/// Ok-Topk's Step D on re-evaluation steps (`gradtrain --reeval-step-d`).
-pub use gradkit_collectives::registry::ReevalStepD;
 use gradkit_comm::{dist, Comm, CommExt, World};
 use gradkit_core::trace::{unflatten_dense, MetricSink};
 use gradkit_core::{MetricRow, TensorRow};
 
 use crate::checkpoint::{self, RankState};
-use crate::config::{Exchange as ExchangeName, Lookup, Schedule};
-use crate::data::{self, DataSpec, Dataset, Shard};
+use crate::config::Exchange as ExchangeName;
+pub use crate::config::TrainConfig;
+use crate::data::{self, Dataset, Shard};
 use crate::exchange::{Exchange, StepIo};
 use crate::metrics_log::{MetricsLog, Summary};
-use crate::model::{Model, ModelSpec};
-use crate::optim::{lr_at, Decay, OptConfig};
-
-/// Everything a run needs.
-#[derive(Clone, Debug)]
-pub struct TrainConfig {
-    pub model: ModelSpec,
-    pub data: DataSpec,
-    pub exchange: ExchangeName,
-    pub density: f64,
-    /// Sparse exchanges: the first `dense_warmup` steps exchange densely (ring allreduce,
-    /// mean, the optimiser on it exactly as `--exchange dense`), then the sparse exchange
-    /// starts with zero residuals. The Ok-Topk reference code uses 512 (VGG), 128 (LSTM).
-    pub dense_warmup: u32,
-    /// Ok-Topk τ and τ'.
-    pub period: u32,
-    pub reeval: u32,
-    /// Ok-Topk: the threshold-reuse policy (`--adjust`; default ladder).
-    pub adjust: Adjust,
-    /// Ok-Topk: Step D on re-evaluation steps (`--reeval-step-d`; default skip).
-    pub reeval_step_d: ReevalStepD,
-    pub opt: OptConfig,
-    pub lr: f32,
-    pub warmup: u32,
-    pub decay: Decay,
-    pub steps: u32,
-    /// Examples (sequences) per rank per step.
-    pub batch: usize,
-    pub seed: u64,
-    /// 0: evaluate only at the end.
-    pub eval_every: u32,
-    /// 0: check parameters only at the end.
-    pub check_every: u32,
-    pub checkpoint: Option<PathBuf>,
-    pub checkpoint_every: u32,
-    pub resume: bool,
-    /// A fresh run may use a `checkpoint` directory that holds another run's checkpoints:
-    /// they are removed at this run's first checkpoint (until then they stay, so a run that
-    /// fails early loses nothing). Without it such a directory is refused.
-    pub overwrite_checkpoint: bool,
-    /// Stop (as if interrupted) after this many steps; for tests of `--resume`.
-    pub stop_after: Option<u32>,
-    pub quiet: bool,
-    pub run_name: String,
-    /// Keep every rank's local gradient of every step ([`dump_gradients`]).
-    pub record_gradients: bool,
-    /// Test hook: perturb rank 1's parameters after this step (checks the checksum).
-    pub corrupt_at: Option<u32>,
-    /// `--exchange embrace`: communication schedule, `fifo`, `embrace` (vertical) or `2d`
-    /// (vertical + horizontal) (crate::embrace, crate::schedule).
-    pub schedule: Schedule,
-    /// `--exchange embrace`: the forward lookup, `per-token` (the paper's) or `unique`
-    /// (deduplicated, [`Lookup::Unique`]).
-    pub lookup: Lookup,
-    /// Record `peak_rss_bytes` (this process's peak RSS so far) per step and rank (`--rss`;
-    /// off by default: it differs from run to run).
-    pub record_rss: bool,
-    /// Dense allreduces (`--exchange dense`, warm-ups, EmbRace's dense part) send fp16 values
-    /// (`--wire fp16`, [`gradkit_collectives::dense::ring_fp16`]) instead of f32.
-    pub fp16_wire: bool,
-    /// The `--metrics` file: rank 0 appends the rows gathered every `metrics_every` steps (0:
-    /// never) and at each checkpoint, so a killed run keeps its finished steps, and completes
-    /// it at the end. Stdout or a device is not written by the run: the caller writes the
-    /// final table from [`TrainReport::metrics`].
-    pub metrics_path: Option<PathBuf>,
-    pub metrics_every: u32,
-    /// Whether [`TrainReport::metrics`] holds every row of the run (memory that grows with
-    /// the run: a library caller's choice; `gradtrain` keeps them only for a `--metrics` that
-    /// goes to stdout or a device). The summary's means never need them.
-    pub keep_metrics: bool,
-    /// Key-value metadata of the `--metrics` file and of a checkpoint's `metrics.parquet`.
-    pub metrics_meta: gradkit_core::Meta,
-}
-
-impl Default for TrainConfig {
-    fn default() -> Self {
-        TrainConfig {
-            model: ModelSpec::default(),
-            data: DataSpec::default(),
-            exchange: ExchangeName::Dense,
-            density: 0.01,
-            dense_warmup: 0,
-            period: 64,
-            reeval: 32,
-            adjust: Default::default(),
-            reeval_step_d: Default::default(),
-            opt: OptConfig::default(),
-            lr: 0.1,
-            warmup: 0,
-            decay: Decay::None,
-            steps: 100,
-            batch: 32,
-            seed: 0,
-            eval_every: 0,
-            check_every: 50,
-            checkpoint: None,
-            checkpoint_every: 0,
-            resume: false,
-            overwrite_checkpoint: false,
-            stop_after: None,
-            quiet: true,
-            run_name: "run".into(),
-            record_gradients: false,
-            corrupt_at: None,
-            schedule: Schedule::Embrace,
-            lookup: Lookup::PerToken,
-            record_rss: false,
-            fp16_wire: false,
-            metrics_path: None,
-            metrics_every: 0,
-            keep_metrics: true,
-            metrics_meta: gradkit_core::Meta::default(),
-        }
-    }
-}
+use crate::model::Model;
+use crate::optim::lr_at;
 
 /// What a run returns on the I/O rank.
 #[derive(Clone, Debug, Default)]
@@ -643,7 +528,10 @@ impl<'a> Run<'a> {
         resume: Option<&Resume>,
     ) -> Result<Self> {
         let (rank, p) = (comm.rank(), comm.size());
-        let mut ex = crate::exchange::make(cfg, comm, &model, data)?;
+        let mut ex: Box<dyn Exchange> = match cfg.exchange.is_embedding() {
+            true => Box::new(crate::embrace::Embrace::new(cfg, rank, p, &model, data)?),
+            false => crate::exchange::make(cfg, &model)?,
+        };
         let meta = run_meta(cfg, p, model.n_params_full());
         let last = cfg.stop_after.map_or(cfg.steps, |s| s.min(cfg.steps));
         let mut first = 0u32;

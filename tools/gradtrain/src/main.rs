@@ -473,10 +473,8 @@ fn ignored_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
     let dense_part =
         matches!(exchange, Exchange::Dense | Exchange::OneBit) || emb || a.dense_warmup > 0;
     let opt = a.optimizer.as_str();
-    let model = a.model.as_str();
-    let lm = matches!(model, "transformer-lm" | "lstm-lm");
     // (argument id, whether it has an effect, what it applies to, the value it lacks)
-    let rules: [(&str, bool, &str, &str); 20] = [
+    let rules: [(&str, bool, &str, &str); 13] = [
         ("schedule", exchange == Exchange::Embrace, "--exchange embrace", ex),
         ("lookup", exchange == Exchange::Embrace, "--exchange embrace", ex),
         ("density", sparse, &sparse_list, ex),
@@ -525,6 +523,29 @@ fn ignored_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
             "--optimizer lamb or onebit-lamb",
             opt,
         ),
+    ];
+    for (id, applies, to, have) in rules.into_iter().chain(model_rules(a)) {
+        if !applies && given.value_source(id) == Some(clap::parser::ValueSource::CommandLine) {
+            let flag = format!("--{}", id.replace('_', "-"));
+            anyhow::bail!(
+                "{flag} applies to {to} only, not `{have}` (it would be ignored) (flag {flag})"
+            );
+        }
+    }
+    if a.data == "digits" && a.vocab.is_some() {
+        anyhow::bail!(
+            "--vocab applies to --data synthetic-lm or a token file only, not `digits` (it would be ignored) (flag --vocab)"
+        );
+    }
+    Ok(())
+}
+
+/// [`ignored_flags`]' rules for the model's and the data's flags: (argument id, whether it has
+/// an effect, what it applies to, the value it lacks).
+fn model_rules(a: &Cli) -> [(&'static str, bool, &'static str, &str); 7] {
+    let model = a.model.as_str();
+    let lm = matches!(model, "transformer-lm" | "lstm-lm");
+    [
         (
             "hidden",
             matches!(model, "mlp" | "lstm-lm"),
@@ -557,21 +578,7 @@ fn ignored_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
             "--data synthetic-lm",
             &a.data,
         ),
-    ];
-    for (id, applies, to, have) in rules {
-        if !applies && given.value_source(id) == Some(clap::parser::ValueSource::CommandLine) {
-            let flag = format!("--{}", id.replace('_', "-"));
-            anyhow::bail!(
-                "{flag} applies to {to} only, not `{have}` (it would be ignored) (flag {flag})"
-            );
-        }
-    }
-    if a.data == "digits" && a.vocab.is_some() {
-        anyhow::bail!(
-            "--vocab applies to --data synthetic-lm or a token file only, not `digits` (it would be ignored) (flag --vocab)"
-        );
-    }
-    Ok(())
+    ]
 }
 
 fn main() -> std::process::ExitCode {

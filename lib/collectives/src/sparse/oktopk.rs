@@ -516,6 +516,65 @@ impl OkTopk {
     }
 }
 
+impl OkTopk {
+    /// Step 1: this rank's selection (given sparse, or selected from the error-compensated
+    /// accumulator with the threshold reused between re-evaluations), and the accumulator
+    /// when this rank compensated one.
+    fn local_selection(
+        &mut self,
+        input: Flat,
+        reeval: bool,
+        k: usize,
+        metrics: &mut Vec<(String, f64)>,
+    ) -> (Sparse, Option<Vec<f32>>) {
+        let t = Instant::now();
+        let (sel, acc) = match input {
+            Flat::Sparse(s) => (s, None),
+            Flat::Dense(g) => {
+                let acc = self.fb.accumulate(g);
+                let (st, values) = self.local.select_values_at(reeval, &acc, k);
+                self.local_th = st.threshold;
+                // Passes over acc beyond the one streaming pass (0 in the common case).
+                metrics.push(("local_rescans".into(), f64::from(st.rescans)));
+                let sel = Sparse {
+                    indices: st.indices,
+                    values,
+                };
+                (sel, Some(acc))
+            }
+        };
+        metrics.push(("time_select_s".into(), super::secs(t)));
+        metrics.push(("local_nnz".into(), sel.len() as f64));
+        if let Some(th) = self.local_th {
+            metrics.push(("threshold".into(), th as f64));
+        }
+        (sel, acc)
+    }
+
+    /// Step 2: the regions of this step: the plan's, or repartitioned every τ calls from the
+    /// selections (space_repartition). Whether they changed.
+    fn regions(
+        &mut self,
+        comm: &dyn Comm,
+        plan_b: Option<Vec<u64>>,
+        sel: &Sparse,
+        n: u64,
+        calls: u64,
+    ) -> Result<bool> {
+        if let Some(b) = plan_b {
+            let changed = self.bounds.as_ref() != Some(&b);
+            self.bounds = Some(b);
+            return Ok(changed);
+        }
+        if self.bounds.is_none() || calls.is_multiple_of(self.params.period as u64) {
+            let _ph = comm.phase("space_repartition");
+            self.bounds = Some(space_repartition(comm, &sel.indices, n)?);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+}
+
 impl Reducer for OkTopk {
     fn name(&self) -> &'static str {
         "oktopk"
@@ -546,38 +605,9 @@ impl Reducer for OkTopk {
         self.calls += 1;
 
         // 1. local selection
-        let t = Instant::now();
-        let (sel, acc) = match input {
-            Flat::Sparse(s) => (s, None),
-            Flat::Dense(g) => {
-                let acc = self.fb.accumulate(g);
-                let (st, values) = self.local.select_values_at(reeval, &acc, k);
-                self.local_th = st.threshold;
-                // Passes over acc beyond the one streaming pass (0 in the common case).
-                metrics.push(("local_rescans".into(), f64::from(st.rescans)));
-                let sel = Sparse {
-                    indices: st.indices,
-                    values,
-                };
-                (sel, Some(acc))
-            }
-        };
-        metrics.push(("time_select_s".into(), super::secs(t)));
-        metrics.push(("local_nnz".into(), sel.len() as f64));
-        if let Some(th) = self.local_th {
-            metrics.push(("threshold".into(), th as f64));
-        }
-
+        let (sel, acc) = self.local_selection(input, reeval, k, &mut metrics);
         // 2. regions
-        let mut repartitioned = false;
-        if let Some(b) = plan_b {
-            repartitioned = self.bounds.as_ref() != Some(&b);
-            self.bounds = Some(b);
-        } else if self.bounds.is_none() || c.is_multiple_of(self.params.period as u64) {
-            let _ph = comm.phase("space_repartition");
-            self.bounds = Some(space_repartition(comm, &sel.indices, n as u64)?);
-            repartitioned = true;
-        }
+        let repartitioned = self.regions(comm, plan_b, &sel, n as u64, c)?;
         let bounds = self.bounds.as_ref().expect("regions");
         let (lo, hi) = region(bounds, comm.rank(), n as u64);
 

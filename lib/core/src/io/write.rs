@@ -376,35 +376,41 @@ pub(super) fn encode_row_group(
     Ok(out)
 }
 
+/// Where a table's bytes go: stdout; a device, FIFO or `/dev/stdout` in place (renaming a
+/// temporary file over it would replace the device node); or a temporary file beside the path,
+/// renamed when the table is complete.
+#[allow(clippy::type_complexity)]
+fn open_sink(out: &Output) -> Result<(Box<dyn Write + Send>, Option<crate::paths::TempFile>)> {
+    Ok(match out {
+        Output::Stdout => (Box::new(std::io::stdout()), None),
+        Output::Path(p) if std::fs::metadata(p).is_ok_and(|m| !m.is_file()) => {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(p)
+                .with_context(|| format!("cannot open {}", p.display()))?;
+            (
+                Box::new(std::io::BufWriter::with_capacity(1 << 20, f)),
+                None,
+            )
+        }
+        Output::Path(p) => {
+            let tmp = crate::paths::TempFile::create(p)?;
+            let f = tmp
+                .file()
+                .try_clone()
+                .with_context(|| format!("cannot write {}", p.display()))?;
+            (
+                Box::new(std::io::BufWriter::with_capacity(1 << 20, f)),
+                Some(tmp),
+            )
+        }
+    })
+}
+
 impl<T: Table> TableWriter<T> {
     /// Opens `out` for a table of type `T` with `meta` (the schema key is added here).
     pub fn create(out: &Output, meta: &Meta) -> Result<Self> {
-        let (sink, tmp): (Box<dyn Write + Send>, Option<crate::paths::TempFile>) = match out {
-            Output::Stdout => (Box::new(std::io::stdout()), None),
-            // A device, FIFO or `/dev/stdout` is written in place: renaming a temporary
-            // file over it would replace the device node.
-            Output::Path(p) if std::fs::metadata(p).is_ok_and(|m| !m.is_file()) => {
-                let f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(p)
-                    .with_context(|| format!("cannot open {}", p.display()))?;
-                (
-                    Box::new(std::io::BufWriter::with_capacity(1 << 20, f)),
-                    None,
-                )
-            }
-            Output::Path(p) => {
-                let tmp = crate::paths::TempFile::create(p)?;
-                let f = tmp
-                    .file()
-                    .try_clone()
-                    .with_context(|| format!("cannot write {}", p.display()))?;
-                (
-                    Box::new(std::io::BufWriter::with_capacity(1 << 20, f)),
-                    Some(tmp),
-                )
-            }
-        };
+        let (sink, tmp) = open_sink(out)?;
         // The metadata also goes into the Arrow schema stored in the file, so that pyarrow's
         // `read_table(...).schema.metadata` (and pandas, polars) show it, not only the footer.
         let mut schema_meta: std::collections::HashMap<String, String> =
