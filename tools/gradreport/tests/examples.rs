@@ -15,8 +15,9 @@
 //! PATH, and `$B` names their directory (README's `B=target/release` is not run).
 //!
 //! A command is skipped when it needs what a test machine may lack or must not do: `mpirun`,
-//! `make`, the namespace cluster, Python — or when its line carries the marker comment
-//! `# untested: <why>`. Every other command must exit 0 (with `pipefail`, so every stage of a
+//! `make`, the namespace cluster, `torchrun` (PyTorch), Python where the project's venv
+//! (`make deps`) is missing — or when its line carries the marker comment `# untested: <why>`.
+//! `python` runs the venv's, with the repository's package (python/) on PYTHONPATH. Every other command must exit 0 (with `pipefail`, so every stage of a
 //! pipeline counts) and must not write Parquet to stdout (`PAR1` at the start of stdout: a
 //! user's terminal would have refused it).
 //!
@@ -240,8 +241,11 @@ fn skip_reason(cmd: &str) -> Option<&'static str> {
     if cmd.contains("cluster") {
         return Some("needs the namespace cluster (root)");
     }
-    if cmd.contains("python") {
-        return Some("needs Python");
+    if words.contains(&"torchrun") {
+        return Some("needs PyTorch");
+    }
+    if cmd.contains("python") && venv_bin().is_none() {
+        return Some("needs Python: the project's venv (make deps)");
     }
     // `B=target/release`: $B is set to the binaries' directory instead.
     let t = cmd.trim();
@@ -249,6 +253,13 @@ fn skip_reason(cmd: &str) -> Option<&'static str> {
         return Some("sets $B (set by the test)");
     }
     None
+}
+
+/// The project's venv (`make deps`): `python` in a documented command runs there, with the
+/// repository's Python package (python/) importable.
+fn venv_bin() -> Option<PathBuf> {
+    let bin = repo_root().join(".venv/bin");
+    bin.join("python").is_file().then_some(bin)
 }
 
 /// `--steps N` past 3 becomes 3 + N/100: small, and a larger N stays larger (a run resumed
@@ -465,9 +476,11 @@ fn fixtures(dir: &Path) {
 /// keeps Parquet off stdout.
 fn run_example(dir: &Path, ex: &Example, cmd: &str) -> Result<Duration, String> {
     let bin = bin_dir();
+    let venv = venv_bin().map(|v| format!("{}:", v.display()));
     let path = format!(
-        "{}:{}",
+        "{}:{}{}",
         bin.display(),
+        venv.unwrap_or_default(),
         std::env::var("PATH").unwrap_or_default()
     );
     let stdout_file = dir.join(".example-stdout");
@@ -479,6 +492,7 @@ fn run_example(dir: &Path, ex: &Example, cmd: &str) -> Result<Duration, String> 
             .current_dir(dir)
             .env("PATH", path)
             .env("B", &bin)
+            .env("PYTHONPATH", repo_root().join("python"))
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&stdout_file).unwrap())
             .stderr(std::fs::File::create(&stderr_file).unwrap())
@@ -683,6 +697,10 @@ fn extraction_rules() {
         vec!["a \\\nb", "c", "d \\\ne"]
     );
     assert_eq!(skip_reason("mpirun -np 4 gradtrain"), Some("needs mpirun"));
+    assert_eq!(
+        skip_reason("torchrun --nproc-per-node 2 -m gradkit.ddp_example"),
+        Some("needs PyTorch")
+    );
     assert_eq!(
         skip_reason("B=target/release"),
         Some("sets $B (set by the test)")
