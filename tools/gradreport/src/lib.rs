@@ -11,6 +11,8 @@
 //! write next to their measurements; [`model`] computes them with `gradkit_cost`
 //! when the input lacks them and the gradient size is given. Not here: running algorithms.
 
+pub mod export;
+pub mod figdata;
 pub mod metrics;
 pub mod model;
 pub mod plot;
