@@ -1,4 +1,6 @@
-//! `gradreport plot`: SVG figures from `metrics/1` rows, drawn with plotters' SVG backend.
+//! `gradreport plot`: figures from `metrics/1` rows, drawn with plotters' SVG backend (PDF
+//! and PNG are made from that SVG in [`crate::export`]; the plotted values and the loss
+//! plot's x positions are in [`crate::figdata`]).
 //!
 //! Text is written as SVG `<text>` elements (plotters without `ttf`: no font library is
 //! needed to build, and any SVG viewer renders the text with its own sans-serif font).
