@@ -703,6 +703,8 @@ fn breakdown(root: &Area, rows: &[MetricRow], opts: &PlotOpts) -> Result<Drawn> 
         drawn.entry(component_name(name), c, Mark::Bar);
     }
     bar_labels(root, &chart, &b)?;
+    // Listed top to bottom as the components stack.
+    drawn.legend.reverse();
     Ok(drawn)
 }
 

@@ -17,7 +17,8 @@
 //! A command is skipped when it needs what a test machine may lack or must not do: `mpirun`,
 //! `make`, the namespace cluster, `torchrun` (PyTorch), Python where the project's venv
 //! (`make deps`) is missing — or when its line carries the marker comment `# untested: <why>`.
-//! `python` runs the venv's, with the repository's package (python/) on PYTHONPATH. Every other command must exit 0 (with `pipefail`, so every stage of a
+//! `python -m …`/`python -c …` run the venv's Python, with the repository's package (python/) on
+//! PYTHONPATH; `python SCRIPT.py` (a script of the user's) is skipped. Every other command must exit 0 (with `pipefail`, so every stage of a
 //! pipeline counts) and must not write Parquet to stdout (`PAR1` at the start of stdout: a
 //! user's terminal would have refused it).
 //!
@@ -244,8 +245,17 @@ fn skip_reason(cmd: &str) -> Option<&'static str> {
     if words.contains(&"torchrun") {
         return Some("needs PyTorch");
     }
-    if cmd.contains("python") && venv_bin().is_none() {
-        return Some("needs Python: the project's venv (make deps)");
+    if cmd.contains("python") {
+        if venv_bin().is_none() {
+            return Some("needs Python: the project's venv (make deps)");
+        }
+        // `python -m MODULE` and `python -c CODE` run; `python SCRIPT.py` is the user's own.
+        let runs_module = words
+            .windows(2)
+            .all(|w| !w[0].starts_with("python") || matches!(w[1], "-m" | "-c"));
+        if !runs_module {
+            return Some("runs a Python script of the user's");
+        }
     }
     // `B=target/release`: $B is set to the binaries' directory instead.
     let t = cmd.trim();
@@ -706,6 +716,13 @@ fn extraction_rules() {
         Some("sets $B (set by the test)")
     );
     assert_eq!(skip_reason("gradtrace inspect t.parquet"), None);
+    if venv_bin().is_some() {
+        assert_eq!(skip_reason("python -m gradkit.demo -o run"), None);
+        assert_eq!(
+            skip_reason("python make_table.py | gradtrace cat - -o t.parquet"),
+            Some("runs a Python script of the user's")
+        );
+    }
     assert_eq!(
         strip_comment("gradtrace synthetic --layers 'a#b' # note"),
         "gradtrace synthetic --layers 'a#b'"
