@@ -612,8 +612,12 @@ pub fn to_png(svg: &str, scale: f64) -> Result<Vec<u8>> {
         (fig.width * scale).round() as usize,
         (fig.height * scale).round() as usize,
     );
-    if w == 0 || h == 0 || w > 20_000 || h > 20_000 {
-        bail!("figure size {w}x{h} pixels is out of range for PNG");
+    // 12 bytes a pixel while drawing: 25 M pixels is 300 MB.
+    if w == 0 || h == 0 || w * h > 25_000_000 {
+        bail!(
+            "a PNG of {w}x{h} pixels is too large to draw (at most 25 M pixels: --size up to \
+             about 3500x3500 gives twice that); write SVG or PDF instead"
+        );
     }
     let mut cv = Canvas::new(w, h);
     for shape in &fig.shapes {
@@ -707,4 +711,83 @@ pub fn targets(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SVG: &str = r##"<svg width="40" height="10" viewBox="0 0 40 10" xmlns="http://www.w3.org/2000/svg">
+<rect x="0" y="0" width="40" height="10" opacity="1" fill="#FFFFFF" stroke="none"/>
+<rect x="2" y="2" width="4" height="4" opacity="1" fill="#FF0000" stroke="none"/>
+<polyline fill="none" opacity="1" stroke="#0000FF" stroke-width="2" points="10,1 10,9 "/>
+<text x="30" y="5" dy="0.5ex" text-anchor="middle" font-family="sans-serif" font-size="10" opacity="0.5" fill="#000000">A(b)</text>
+</svg>"##;
+
+    #[test]
+    fn shapes_parse() {
+        let f = parse(SVG).unwrap();
+        assert_eq!((f.width, f.height, f.shapes.len()), (40.0, 10.0, 4));
+        let Shape::Text {
+            y,
+            anchor,
+            color,
+            text,
+            ..
+        } = &f.shapes[3]
+        else {
+            panic!("not text: {:?}", f.shapes[3]);
+        };
+        // dy 0.5ex of a 10 px font: 2.5 px down; opacity 0.5 over white: grey 128.
+        assert_eq!(
+            (*y, *anchor, *color, text.as_str()),
+            (7.5, 0.5, [128, 128, 128], "A(b)")
+        );
+    }
+
+    /// The pixels of a PNG written by `to_png` (8-bit RGB, filter 0 on every row).
+    fn pixels(png: &[u8]) -> (usize, Vec<u8>) {
+        let w = u32::from_be_bytes(png[16..20].try_into().unwrap()) as usize;
+        let len = u32::from_be_bytes(png[33..37].try_into().unwrap()) as usize;
+        assert_eq!(&png[37..41], b"IDAT");
+        let mut raw = Vec::new();
+        let mut z = flate2::read::ZlibDecoder::new(&png[41..41 + len]);
+        std::io::Read::read_to_end(&mut z, &mut raw).unwrap();
+        let rows: Vec<u8> = raw
+            .chunks(w * 3 + 1)
+            .flat_map(|r| r[1..].to_vec())
+            .collect();
+        (w, rows)
+    }
+
+    #[test]
+    fn png_pixels() {
+        let (w, px) = pixels(&to_png(SVG, 1.0).unwrap());
+        let at = |x: usize, y: usize| px[(y * w + x) * 3..(y * w + x) * 3 + 3].to_vec();
+        assert_eq!(at(3, 3), [255, 0, 0], "inside the red square");
+        assert_eq!(at(0, 0), [255, 255, 255], "background");
+        assert_eq!(at(7, 3), [255, 255, 255], "right of the square");
+        assert_eq!(at(9, 5)[2], 255, "the blue line");
+        assert!(
+            at(9, 5)[0] < 40,
+            "the blue line covers its pixel: {:?}",
+            at(9, 5)
+        );
+    }
+
+    #[test]
+    fn pdf_text_is_escaped_and_anchored() {
+        let pdf = String::from_utf8_lossy(&to_pdf(SVG).unwrap()).into_owned();
+        // "A(b)": A 667 + ( 333 + b 556 + ) 333 = 1.889 em; middle anchor at x = 30, 10 pt;
+        // the baseline 7.5 px down is 2.5 pt up from the bottom of a 10 pt page.
+        let x = 30.0 - 1.889 * 10.0 / 2.0;
+        assert!(
+            pdf.contains(&format!("{x:.2} 2.50 Tm (A\\(b\\)) Tj")),
+            "{pdf}"
+        );
+        assert!(
+            pdf.contains("2.00 4.00 4.00 4.00 re"),
+            "the square, y flipped: {pdf}"
+        );
+    }
 }
