@@ -259,6 +259,14 @@ fn log_range(lo: f64, hi: f64, base: f64) -> std::ops::Range<f64> {
     lo_p..hi_p
 }
 
+/// The P axis: powers of two around the data, or centred on a single P.
+fn p_range(lo: f64, hi: f64) -> std::ops::Range<f64> {
+    if lo == hi {
+        return lo / 1.6..lo * 1.6;
+    }
+    padded_log(log_range(lo, hi, 2.0))
+}
+
 /// A log range widened by 15 % at each end, so points on the first and last tick stand clear
 /// of the axes.
 fn padded_log(r: std::ops::Range<f64>) -> std::ops::Range<f64> {
@@ -809,7 +817,7 @@ fn log_log(root: &Area, ll: LogLog) -> Result<Drawn> {
         .x_label_area_size(48)
         .y_label_area_size(80)
         .build_cartesian_2d(
-            padded_log(log_range(xlo, xhi, 2.0)).log_scale().base(2.0),
+            p_range(xlo, xhi).log_scale().base(2.0),
             log_range(ylo, yhi, 10.0).log_scale(),
         )
         .map_err(draw_err)?;
