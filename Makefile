@@ -16,7 +16,7 @@ BIN := target/release
 FAST ?= 0
 export FAST
 
-.PHONY: all help deps deps-apt deps-rust deps-py deps-bench build demo test test-cuda-feature bench stress-mpi lint fmt clean \
+.PHONY: all help deps deps-apt deps-rust deps-py deps-bench build demo test test-py test-cuda-feature bench stress-mpi lint fmt clean \
         repro repro-oktopk repro-deft repro-onebit-lamb repro-embrace
 
 all: build
@@ -32,12 +32,13 @@ help:
 	@echo "make cluster-up HOSTS=4 RATE=1gbit | cluster-status | cluster-down   (docs/CLUSTER.md)"
 	@echo "make build   release binaries in target/release    make deps   what is missing (apt, rustup, venv)"
 	@echo "make test-cuda-feature   the cuda feature built, clippy-checked and its device tests run"
+	@echo "make test-py   the Python package's tests (python/, docs/PYTORCH.md) against target/release"
 	@echo "make stress-mpi RUNS=200   every mpirun error path under load (docs/RELIABILITY.md)"
 	@echo "make lint    rustfmt check and workspace clippy    make fmt   format    make clean"
 
 ## deps: what is missing, and only that (apt packages as root or with sudo; the Python venv
-## with numpy, pyarrow, pandas and polars used by the interoperability tests). Quick when
-## all is present.
+## with numpy, pyarrow, pandas and polars used by the interoperability tests, and the gradkit
+## Python package of python/, installed editable). Quick when all is present.
 deps: deps-apt deps-rust deps-py
 
 deps-apt:
@@ -58,10 +59,11 @@ deps-rust:
 	    echo "error: rustc $$v is too old; gradkit needs >= 1.88 (rustup update)" >&2; exit 1; fi
 
 # The stamp's name changes when the package list does, so an existing venv gets the new ones.
-deps-py: $(VENV)/.ok-2
-$(VENV)/.ok-2:
+deps-py: $(VENV)/.ok-3
+$(VENV)/.ok-3:
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check numpy pyarrow pandas polars
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e ./python
 	touch $@
 
 ## build: release binaries of the six tools in target/release
@@ -80,8 +82,14 @@ demo: deps build
 test: deps build
 	$(CARGO) fmt --all -- --check
 	$(CARGO) test $(CARGO_FLAGS) --workspace
+	$(MAKE) --no-print-directory test-py
 	$(MAKE) --no-print-directory FAST=1 repro
 	$(MAKE) --no-print-directory test-cuda-feature
+
+## test-py: the Python package's tests (python/tests; torch's only where it is installed),
+## against the release binaries in $(BIN)
+test-py: deps-py
+	GRADKIT_BIN=$(BIN) $(VENV)/bin/python -m unittest discover -s python/tests -t python/tests
 
 # The `cuda` binaries (built for the device tests, which run them) are uplifted to
 # target/release while they are tested; the last line puts the default ones back (fresh, so
@@ -104,7 +112,7 @@ test-cuda-feature:
 ## deps-bench: mpi4py in the venv, the MPI baseline of make bench (built against
 ## libopenmpi-dev, which deps-apt installs). make test does not need it.
 deps-bench: $(VENV)/.ok-bench-1
-$(VENV)/.ok-bench-1: $(VENV)/.ok-2
+$(VENV)/.ok-bench-1: $(VENV)/.ok-3
 	$(VENV)/bin/pip install -q --disable-pip-version-check mpi4py
 	touch $@
 

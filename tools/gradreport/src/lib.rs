@@ -3,7 +3,8 @@
 //!
 //! [`table`] pivots long metric rows into one row per group and one column per metric;
 //! [`volume`] sets measured bytes beside the cost model's formula; [`plot`] draws SVG figures
-//! (loss curves, time breakdowns, log-log volume and scaling); [`tensor`] summarises traces.
+//! (loss curves, time breakdowns, log-log volume and scaling), [`export`] turns them into PDF
+//! and PNG, [`figdata`] holds the values behind them (`--csv`); [`tensor`] summarises traces.
 //! [`metrics`] holds the shared pieces: metric selection (`name`, `name:phase`, `name:*`),
 //! grouping and statistics.
 //!
@@ -11,6 +12,8 @@
 //! write next to their measurements; [`model`] computes them with `gradkit_cost`
 //! when the input lacks them and the gradient size is given. Not here: running algorithms.
 
+pub mod export;
+pub mod figdata;
 pub mod metrics;
 pub mod model;
 pub mod plot;

@@ -13,6 +13,8 @@ use gradkit_core::cli::{self, Format};
 use gradkit_core::io::TensorStream;
 use gradkit_core::MetricRow;
 use gradkit_core::{Input, Output, ReadOptions};
+use gradreport::export::{self, FigFormat};
+use gradreport::figdata::{self, XAxis};
 use gradreport::metrics::{self, Stat};
 use gradreport::model::{self, ModelParams};
 use gradreport::plot::{self, Kind, PlotOpts};
@@ -82,37 +84,21 @@ Example:\n  gradreport table m.parquet --by algo,world_size --metric bytes_sent,
         #[arg(long, value_enum, default_value_t = Format::Md)]
         format: Format,
     },
-    /// Draw an SVG figure: loss, breakdown, volume or scaling
+    /// Draw a figure (SVG, PDF or PNG): loss, breakdown, volume or scaling
     #[command(after_help = "Kinds:\n  \
-loss       loss (and accuracy when present) vs step, median over ranks, one line per run\n  \
+loss       loss (and accuracy with two or more points) vs step, wall time or bytes (--x), median \
+over ranks, one line per run\n  \
 breakdown  stacked time_compute_s / time_select_s / time_comm_s per step (median over steps \
 and ranks), one bar per algorithm and P\n  \
 volume     bytes_sent per rank and step vs P, log-log: measured points (median, min–max \
 whiskers) on the cost model's lines (`model_bytes_sent` rows)\n  \
 scaling    `model_time_s` (the cost model's projected time per step) vs P, log-log\n\n\
-Example:\n  gradreport plot volume m*.parquet --n 669706 --density 0.01 -o volume.svg")]
-    Plot {
-        /// Which figure
-        #[arg(value_enum)]
-        kind: Kind,
-        /// metrics/1 files (stdin when none)
-        #[arg(value_name = "METRICS")]
-        files: Vec<PathBuf>,
-        /// The SVG file to write (`-`: stdout)
-        #[arg(short = 'o', long = "output", value_name = "FIG.svg")]
-        output: PathBuf,
-        /// Metrics instead of the kind's defaults, comma-separated
-        #[arg(long, value_name = "NAMES", value_delimiter = ',')]
-        metric: Option<Vec<String>>,
-        /// Figure title
-        #[arg(long)]
-        title: Option<String>,
-        /// Width and height in pixels
-        #[arg(long, value_name = "WxH", default_value = "900x560")]
-        size: String,
-        #[command(flatten)]
-        model: ModelArgs,
-    },
+Formats: -o's extension picks SVG, PDF (vector, Helvetica) or PNG (twice the pixel size); \
+--also writes others beside it. The legend stands right of the data; --csv writes the \
+plotted values.\n\n\
+Examples:\n  gradreport plot volume m*.parquet --n 669706 --density 0.01 -o volume.svg\n  \
+gradreport plot loss train.parquet --x time --smooth 5 -o loss.pdf --also png --csv loss.csv")]
+    Plot(PlotArgs),
     /// Measured bytes per rank and step next to the cost model's formula, and their ratio
     #[command(
         after_help = "The formula's value comes from `model_<metric>` rows in the input or, with \
@@ -218,6 +204,45 @@ fn with_model(mut rows: Vec<MetricRow>, a: &ModelArgs, figure: bool) -> Result<V
     Ok(rows)
 }
 
+#[derive(clap::Args)]
+struct PlotArgs {
+    /// Which figure
+    #[arg(value_enum)]
+    kind: Kind,
+    /// metrics/1 files (stdin when none)
+    #[arg(value_name = "METRICS")]
+    files: Vec<PathBuf>,
+    /// The figure to write: FIG.svg, FIG.pdf or FIG.png, by its extension (`-`: SVG on
+    /// stdout)
+    #[arg(short = 'o', long = "output", value_name = "FIG")]
+    output: PathBuf,
+    /// Also write these formats beside -o (its name, their extension): svg, pdf, png
+    #[arg(long, value_enum, value_name = "FORMATS", value_delimiter = ',')]
+    also: Vec<FigFormat>,
+    /// Write the plotted values as CSV (panel, series, x, y, y_min, y_max, y_smooth)
+    #[arg(long, value_name = "FILE")]
+    csv: Option<PathBuf>,
+    /// plot loss: the x axis (step; time: wall time; bytes: bytes sent per rank, both
+    /// summed over the steps)
+    #[arg(long = "x", value_enum, default_value_t = XAxis::Step)]
+    x: XAxis,
+    /// plot loss: draw the trailing mean over N points (the raw line faint beneath)
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=100000))]
+    smooth: u32,
+    /// Metrics instead of the kind's defaults, comma-separated
+    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    metric: Option<Vec<String>>,
+    /// Figure title
+    #[arg(long)]
+    title: Option<String>,
+    /// Width and height in pixels
+    #[arg(long, value_name = "WxH", default_value = "900x560")]
+    size: String,
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
 fn parse_size(s: &str) -> Result<(u32, u32)> {
     let bad = || anyhow::anyhow!("size `{s}` is not WIDTHxHEIGHT, e.g. 900x560 (--size)");
     let (w, h) = s.split_once('x').ok_or_else(bad)?;
@@ -226,6 +251,106 @@ fn parse_size(s: &str) -> Result<(u32, u32)> {
         anyhow::bail!("size `{s}` out of range 100..10000 pixels (--size)");
     }
     Ok((w, h))
+}
+
+/// The files `gradreport plot` writes, each with its format (usage errors for a format the
+/// extension does not name, and for flags that do not apply).
+fn plot_targets(
+    kind: Kind,
+    x: XAxis,
+    smooth: u32,
+    output: &std::path::Path,
+    also: &[FigFormat],
+) -> Vec<(PathBuf, FigFormat)> {
+    let to_stdout = output.as_os_str() == "-";
+    let format = match FigFormat::of_path(output) {
+        Some(f) => f,
+        None if to_stdout => FigFormat::Svg,
+        None => cli::usage_error::<Args>(format!(
+            "-o {}: the extension picks the format: .svg, .pdf or .png",
+            output.display()
+        )),
+    };
+    if kind != Kind::Loss && (x != XAxis::Step || smooth > 1) {
+        cli::usage_error::<Args>("--x and --smooth apply to `plot loss` only");
+    }
+    if to_stdout && (!also.is_empty() || format != FigFormat::Svg) {
+        cli::usage_error::<Args>("-o - writes SVG to stdout; --also needs -o FIG.svg");
+    }
+    export::targets(output, format, also)
+}
+
+/// `gradreport plot`: draws the figure, writes it in each format asked for, and the
+/// plotted values with --csv.
+fn plot_figure(p: PlotArgs) -> Result<()> {
+    let PlotArgs {
+        kind,
+        files,
+        output,
+        also,
+        csv,
+        x,
+        smooth,
+        metric,
+        title,
+        size,
+        model,
+    } = p;
+    let to_stdout = output.as_os_str() == "-";
+    let targets = plot_targets(kind, x, smooth, &output, &also);
+    let inputs: Vec<_> = files
+        .iter()
+        .map(|f| ("METRICS", Some(f.as_path())))
+        .collect();
+    let mut outs: Vec<(&str, Option<&std::path::Path>)> = targets
+        .iter()
+        .map(|(p, _)| ("-o", Some(p.as_path())))
+        .collect();
+    outs.push(("--csv", csv.as_deref()));
+    gradkit_core::paths::check_distinct(&inputs, &outs)?;
+    if to_stdout {
+        if !cli::under_mpi_launcher() && std::io::stdout().is_terminal() {
+            anyhow::bail!("refusing to write an SVG figure to a terminal (-o -): give -o FIG.svg, or pipe stdout into a program");
+        }
+        Output::from_arg(None)?;
+    }
+    let (width, height) = parse_size(&size)?;
+    let opts = PlotOpts {
+        kind,
+        metrics: metric,
+        title,
+        width,
+        height,
+        x,
+        smooth: smooth as usize,
+    };
+    let rows = metrics::load(&files)?;
+    let rows = with_model(rows, &model, matches!(kind, Kind::Volume | Kind::Scaling))?;
+    let (svg, data) = plot::render(&rows, &opts)?;
+    if let (true, Some(path)) = (to_stdout, &csv) {
+        figdata::write_csv(path, &data)?;
+    }
+    if to_stdout {
+        let mut o = std::io::stdout().lock();
+        return o
+            .write_all(svg.as_bytes())
+            .and_then(|()| o.flush())
+            .map_err(|e| anyhow::Error::new(e).context("writing <stdout>"));
+    }
+    // Every file encoded before any is written: a figure that fails leaves none.
+    let files: Vec<(&std::path::PathBuf, Vec<u8>)> = targets
+        .iter()
+        .map(|(p, f)| Ok((p, f.encode(&svg)?)))
+        .collect::<Result<_>>()?;
+    for (path, bytes) in files {
+        gradkit_core::io::write_file_atomic(path, &bytes)?;
+        gradkit_core::noteln!("wrote {}", path.display());
+    }
+    if let Some(path) = &csv {
+        figdata::write_csv(path, &data)?;
+        gradkit_core::noteln!("wrote {}", path.display());
+    }
+    Ok(())
 }
 
 fn body(args: Args) -> Result<()> {
@@ -248,49 +373,7 @@ fn body(args: Args) -> Result<()> {
             let rows = metrics::load(&files)?;
             table::table(&rows, &opts)?.print(format)
         }
-        Cmd::Plot {
-            kind,
-            files,
-            output,
-            metric,
-            title,
-            size,
-            model,
-        } => {
-            let inputs: Vec<_> = files
-                .iter()
-                .map(|f| ("METRICS", Some(f.as_path())))
-                .collect();
-            gradkit_core::paths::check_distinct(&inputs, &[("-o", Some(output.as_path()))])?;
-            let to_stdout = output.as_os_str() == "-";
-            if to_stdout {
-                if !cli::under_mpi_launcher() && std::io::stdout().is_terminal() {
-                    anyhow::bail!("refusing to write an SVG figure to a terminal (-o -): give -o FIG.svg, or pipe stdout into a program");
-                }
-                Output::from_arg(None)?;
-            }
-            let (width, height) = parse_size(&size)?;
-            let opts = PlotOpts {
-                kind,
-                metrics: metric,
-                title,
-                width,
-                height,
-            };
-            let rows = metrics::load(&files)?;
-            let rows = with_model(rows, &model, matches!(kind, Kind::Volume | Kind::Scaling))?;
-            let svg = plot::plot(&rows, &opts)?;
-            if to_stdout {
-                let mut o = std::io::stdout().lock();
-                return o
-                    .write_all(svg.as_bytes())
-                    .and_then(|()| o.flush())
-                    .map_err(|e| anyhow::Error::new(e).context("writing <stdout>"));
-            }
-            plot::write_svg(&output, &svg)?;
-            gradkit_core::noteln!("wrote {}", output.display());
-            Ok(())
-        }
+        Cmd::Plot(p) => plot_figure(p),
         Cmd::Volume {
             files,
             by,

@@ -1,4 +1,6 @@
-//! `gradreport plot`: SVG figures from `metrics/1` rows, drawn with plotters' SVG backend.
+//! `gradreport plot`: figures from `metrics/1` rows, drawn with plotters' SVG backend (PDF
+//! and PNG are made from that SVG in [`crate::export`]; the plotted values and the loss
+//! plot's x positions are in [`crate::figdata`]).
 //!
 //! Text is written as SVG `<text>` elements (plotters without `ttf`: no font library is
 //! needed to build, and any SVG viewer renders the text with its own sans-serif font).
@@ -12,6 +14,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
+use crate::figdata::{self, Datum, XAxis};
 use crate::metrics::{self, Col, Stat};
 
 /// Which figure to draw.
@@ -36,6 +39,10 @@ pub struct PlotOpts {
     pub title: Option<String>,
     pub width: u32,
     pub height: u32,
+    /// The x axis of loss plots.
+    pub x: XAxis,
+    /// Trailing mean over this many points for loss plots (1: none).
+    pub smooth: usize,
 }
 
 impl PlotOpts {
@@ -46,6 +53,8 @@ impl PlotOpts {
             title: None,
             width: 900,
             height: 560,
+            x: XAxis::Step,
+            smooth: 1,
         }
     }
 }
@@ -53,21 +62,125 @@ impl PlotOpts {
 /// The default metrics of the breakdown figure, bottom to top of each bar.
 pub const BREAKDOWN: &[&str] = &["time_compute_s", "time_select_s", "time_comm_s"];
 
+/// How a series is drawn, as its legend entry shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mark {
+    Line,
+    Dot,
+    Ring,
+    Bar,
+}
+
+/// A legend entry: only series that were drawn get one.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    pub label: String,
+    pub color: RGBColor,
+    pub mark: Mark,
+}
+
+/// What a kind's drawing produced: its legend and the values behind it.
+#[derive(Default)]
+pub struct Drawn {
+    pub legend: Vec<Entry>,
+    pub data: Vec<Datum>,
+}
+
+impl Drawn {
+    fn entry(&mut self, label: impl Into<String>, color: RGBColor, mark: Mark) {
+        self.legend.push(Entry {
+            label: label.into(),
+            color,
+            mark,
+        });
+    }
+}
+
+type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
+
+thread_local! {
+    /// Set while the figure is drawn a second time (beside its legend): its notes were
+    /// printed the first time.
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn note(msg: String) {
+    if !QUIET.with(|q| q.get()) {
+        gradkit_core::noteln!("{msg}");
+    }
+}
+
 /// Draws the figure and returns the SVG text.
 pub fn plot(rows: &[MetricRow], opts: &PlotOpts) -> Result<String> {
+    Ok(render(rows, opts)?.0)
+}
+
+/// Draws the figure: the SVG text and the plotted values. The legend stands in a column of
+/// its own right of the data (drawn once to learn the labels, then again beside them).
+pub fn render(rows: &[MetricRow], opts: &PlotOpts) -> Result<(String, Vec<Datum>)> {
+    let (svg, drawn) = draw(rows, opts, 0)?;
+    let w = legend_width(&drawn.legend, opts.width);
+    if w == 0 {
+        return Ok((svg, drawn.data));
+    }
+    QUIET.with(|q| q.set(true));
+    let second = draw(rows, opts, w);
+    QUIET.with(|q| q.set(false));
+    let (svg, drawn) = second?;
+    Ok((svg, drawn.data))
+}
+
+fn draw(rows: &[MetricRow], opts: &PlotOpts, legend_w: u32) -> Result<(String, Drawn)> {
     let mut svg = String::new();
+    let drawn;
     {
         let root = SVGBackend::with_string(&mut svg, (opts.width, opts.height)).into_drawing_area();
         root.fill(&WHITE).map_err(draw_err)?;
-        match opts.kind {
-            Kind::Loss => loss(&root, rows, opts)?,
-            Kind::Breakdown => breakdown(&root, rows, opts)?,
-            Kind::Volume => volume(&root, rows, opts)?,
-            Kind::Scaling => scaling(&root, rows, opts)?,
+        let (plot_area, legend_area) = root.split_horizontally(opts.width.saturating_sub(legend_w));
+        drawn = match opts.kind {
+            Kind::Loss => loss(&plot_area, rows, opts)?,
+            Kind::Breakdown => breakdown(&plot_area, rows, opts)?,
+            Kind::Volume => volume(&plot_area, rows, opts)?,
+            Kind::Scaling => scaling(&plot_area, rows, opts)?,
+        };
+        if legend_w > 0 {
+            draw_legend(&legend_area, &drawn.legend)?;
         }
         root.present().map_err(draw_err)?;
     }
-    Ok(svg)
+    Ok((svg, drawn))
+}
+
+/// The legend column's width: its longest label at about 0.6 em per character, plus the
+/// swatch; at most 40 % of the figure.
+fn legend_width(entries: &[Entry], width: u32) -> u32 {
+    let chars = entries
+        .iter()
+        .map(|e| e.label.chars().count())
+        .max()
+        .unwrap_or(0);
+    if chars == 0 {
+        return 0;
+    }
+    ((chars as f64 * 7.6 + 52.0) as u32).min(width * 2 / 5)
+}
+
+fn draw_legend(area: &Area, entries: &[Entry]) -> Result<()> {
+    let text = TextStyle::from((FONT, 13).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
+    for (i, e) in entries.iter().enumerate() {
+        let y = 48 + 22 * i as i32;
+        let c = e.color;
+        match e.mark {
+            Mark::Line => area.draw(&PathElement::new(vec![(6, y), (28, y)], c.stroke_width(2))),
+            Mark::Dot => area.draw(&Circle::new((17, y), 5, c.filled())),
+            Mark::Ring => area.draw(&Circle::new((17, y), 6, c.stroke_width(2))),
+            Mark::Bar => area.draw(&Rectangle::new([(10, y - 6), (24, y + 6)], c.filled())),
+        }
+        .map_err(draw_err)?;
+        area.draw(&Text::new(e.label.clone(), (34, y), text.clone()))
+            .map_err(draw_err)?;
+    }
+    Ok(())
 }
 
 /// Writes `svg` to `path` atomically (see `gradkit_core::io::write_file_atomic`).
@@ -146,6 +259,14 @@ fn log_range(lo: f64, hi: f64, base: f64) -> std::ops::Range<f64> {
     lo_p..hi_p
 }
 
+/// The P axis: powers of two around the data, or centred on a single P.
+fn p_range(lo: f64, hi: f64) -> std::ops::Range<f64> {
+    if lo == hi {
+        return lo / 1.6..lo * 1.6;
+    }
+    padded_log(log_range(lo, hi, 2.0))
+}
+
 /// A log range widened by 15 % at each end, so points on the first and last tick stand clear
 /// of the axes.
 fn padded_log(r: std::ops::Range<f64>) -> std::ops::Range<f64> {
@@ -205,21 +326,76 @@ fn curve_label(
         .unwrap_or_else(|| r.run.clone())
 }
 
-fn loss(root: &DrawingArea<SVGBackend, Shift>, rows: &[MetricRow], opts: &PlotOpts) -> Result<()> {
-    let names = match &opts.metrics {
-        Some(m) => metrics::expand(rows, Some(m))?,
-        None => {
-            let mut v = metrics::expand(rows, Some(&["loss".to_string()]))?;
-            // gradtrain writes the test accuracy as `eval_accuracy`.
-            for acc in ["accuracy", "eval_accuracy"] {
-                if rows.iter().any(|r| r.metric == acc) {
-                    v.push(acc.into());
-                }
-            }
-            v
+/// One line of a loss panel: its label and points (x, median over ranks).
+type Curve = (String, Vec<(f64, f64)>);
+
+/// The loss plot's metrics: `--metric`, or `loss` and the accuracy when some run has two
+/// or more accuracy points (a single evaluation makes no curve: it is left out, with a note).
+fn loss_names(rows: &[MetricRow], opts: &PlotOpts) -> Result<Vec<String>> {
+    if let Some(m) = &opts.metrics {
+        return metrics::expand(rows, Some(m));
+    }
+    let mut v = metrics::expand(rows, Some(&["loss".to_string()]))?;
+    // gradtrain writes the test accuracy as `eval_accuracy`.
+    for acc in ["accuracy", "eval_accuracy"] {
+        let mut steps: BTreeMap<(&str, &str, u32), BTreeSet<u32>> = BTreeMap::new();
+        for r in rows
+            .iter()
+            .filter(|r| r.metric == acc && r.value.is_finite())
+        {
+            steps
+                .entry((&r.run, &r.algo, r.world_size))
+                .or_default()
+                .insert(r.step);
         }
-    };
+        if steps.values().any(|s| s.len() >= 2) {
+            v.push(acc.into());
+        } else if !steps.is_empty() {
+            note(format!(
+                "note: `{acc}` has one point per run: no panel for it (gradreport table --metric {acc} shows it)"
+            ));
+        }
+    }
+    Ok(v)
+}
+
+/// The curves of one metric: median over ranks per step, at the step's x position.
+fn loss_curves(
+    rows: &[MetricRow],
+    name: &str,
+    label: &dyn Fn(&MetricRow) -> String,
+    xs: &Option<std::collections::HashMap<(String, u32), f64>>,
+) -> Result<Vec<Curve>> {
+    let samples = metrics::samples(rows, name);
+    let mut curves: BTreeMap<String, Vec<&MetricRow>> = BTreeMap::new();
+    for r in &samples {
+        curves.entry(label(r)).or_default().push(r);
+    }
+    let curves: Vec<Curve> = curves
+        .into_iter()
+        .map(|(l, v)| {
+            let pts = metrics::per_step_median(&v)
+                .into_iter()
+                .filter_map(|(s, y)| match xs {
+                    None => Some((s as f64, y)),
+                    Some(m) => m.get(&(l.clone(), s)).map(|x| (*x, y)),
+                })
+                .collect();
+            (l, pts)
+        })
+        .filter(|(_, pts): &Curve| !pts.is_empty())
+        .collect();
+    if curves.is_empty() {
+        bail!("metric `{name}` has no finite values to plot");
+    }
+    Ok(curves)
+}
+
+fn loss(root: &Area, rows: &[MetricRow], opts: &PlotOpts) -> Result<Drawn> {
+    let names = loss_names(rows, opts)?;
     let labels = metrics::run_labels(rows);
+    let label = |r: &MetricRow| curve_label(&labels, r);
+    let xs = figdata::x_positions(rows, opts.x, &label)?;
     // One colour per run in every panel.
     let colours: BTreeMap<&String, usize> = labels
         .values()
@@ -228,30 +404,11 @@ fn loss(root: &DrawingArea<SVGBackend, Shift>, rows: &[MetricRow], opts: &PlotOp
         .enumerate()
         .map(|(i, l)| (l, i))
         .collect();
-    let mut panels_data = Vec::new();
-    for name in &names {
-        let samples = metrics::samples(rows, name);
-        let mut curves: BTreeMap<String, Vec<&MetricRow>> = BTreeMap::new();
-        for r in &samples {
-            curves.entry(curve_label(&labels, r)).or_default().push(r);
-        }
-        let curves: Vec<(String, Vec<(f64, f64)>)> = curves
-            .into_iter()
-            .map(|(l, v)| {
-                let pts = metrics::per_step_median(&v)
-                    .into_iter()
-                    .map(|(s, y)| (s as f64, y))
-                    .collect();
-                (l, pts)
-            })
-            .filter(|(_, pts): &(String, Vec<(f64, f64)>)| !pts.is_empty())
-            .collect();
-        if curves.is_empty() {
-            bail!("metric `{name}` has no finite values to plot");
-        }
-        panels_data.push(curves);
-    }
-    // One step axis for every panel.
+    let panels_data = names
+        .iter()
+        .map(|n| loss_curves(rows, n, &label, &xs))
+        .collect::<Result<Vec<_>>>()?;
+    // One x axis for every panel.
     let (xlo, xhi) = min_max(
         panels_data
             .iter()
@@ -260,66 +417,106 @@ fn loss(root: &DrawingArea<SVGBackend, Shift>, rows: &[MetricRow], opts: &PlotOp
     );
     let xr = padded(xlo, xhi);
     let panels = root.split_evenly((names.len(), 1));
-    for (pi, ((name, curves), area)) in names
-        .iter()
-        .zip(&panels_data)
-        .zip(panels.iter())
-        .enumerate()
-    {
-        let ys: Vec<f64> = curves
-            .iter()
-            .flat_map(|c| c.1.iter().map(|p| p.1))
-            .collect();
-        let (ylo, yhi) = min_max(ys.iter().copied());
-        let yr = padded(ylo, yhi);
-        let title = if pi == 0 {
-            opts.title
-                .clone()
-                .unwrap_or_else(|| format!("{} vs step (median over ranks)", names.join(", ")))
-        } else {
-            String::new()
+    let mut drawn = Drawn::default();
+    for (pi, ((name, curves), area)) in names.iter().zip(&panels_data).zip(&panels).enumerate() {
+        let title = match (pi, &opts.title) {
+            (0, Some(t)) => t.clone(),
+            (0, None) => format!(
+                "{} vs {} (median over ranks)",
+                names.join(", "),
+                opts.x.noun()
+            ),
+            _ => String::new(),
         };
-        let mut builder = ChartBuilder::on(area);
-        if !title.is_empty() {
-            builder.caption(title, (FONT, 20));
+        let colour = |l: &String| color(colours.get(l).copied().unwrap_or(0));
+        let d = loss_panel(area, name, curves, &xr, &title, opts, &colour)?;
+        for e in d.legend {
+            if !drawn.legend.iter().any(|x| x.label == e.label) {
+                drawn.legend.push(e);
+            }
         }
-        let mut chart = builder
-            .margin(12)
-            .x_label_area_size(48)
-            .y_label_area_size(80)
-            .build_cartesian_2d(xr.clone(), yr.clone())
-            .map_err(draw_err)?;
-        mesh(&mut chart.configure_mesh())
-            .x_desc("step (iterations)")
-            .y_desc(axis_label(name, &ys))
-            .x_label_formatter(&|v| integer_label(*v))
-            .y_label_formatter(&|v| short(*v))
-            .draw()
-            .map_err(draw_err)?;
-        let mut occupied = Vec::new();
-        for (label, pts) in curves {
-            let c = color(colours.get(label).copied().unwrap_or(0));
+        drawn.data.extend(d.data);
+    }
+    Ok(drawn)
+}
+
+/// One panel of the loss plot: a line per curve (a dot where a curve has one point; with
+/// `--smooth`, the raw line faint under the smoothed one).
+fn loss_panel(
+    area: &Area,
+    name: &str,
+    curves: &[Curve],
+    xr: &std::ops::Range<f64>,
+    title: &str,
+    opts: &PlotOpts,
+    colour: &dyn Fn(&String) -> RGBColor,
+) -> Result<Drawn> {
+    let ys: Vec<f64> = curves
+        .iter()
+        .flat_map(|c| c.1.iter().map(|p| p.1))
+        .collect();
+    let (ylo, yhi) = min_max(ys.iter().copied());
+    let mut builder = ChartBuilder::on(area);
+    if !title.is_empty() {
+        builder.caption(title, (FONT, 20));
+    }
+    let mut chart = builder
+        .margin(12)
+        .x_label_area_size(48)
+        .y_label_area_size(80)
+        .build_cartesian_2d(xr.clone(), padded(ylo, yhi))
+        .map_err(draw_err)?;
+    let xfmt = |v: &f64| match opts.x {
+        XAxis::Step => integer_label(*v),
+        XAxis::Time => short(*v),
+        XAxis::Bytes => si(*v, "B"),
+    };
+    mesh(&mut chart.configure_mesh())
+        .x_desc(opts.x.label())
+        .y_desc(axis_label(name, &ys))
+        .x_label_formatter(&xfmt)
+        .y_label_formatter(&|v| short(*v))
+        .draw()
+        .map_err(draw_err)?;
+    let mut drawn = Drawn::default();
+    for (label, pts) in curves {
+        let c = colour(label);
+        let sm = figdata::smooth(&pts.iter().map(|p| p.1).collect::<Vec<_>>(), opts.smooth);
+        let smoothed = opts.smooth > 1 && pts.len() > 1;
+        let faint = if smoothed { c.mix(0.35) } else { c.mix(1.0) };
+        let width = if smoothed { 1 } else { 2 };
+        if pts.len() == 1 {
             chart
-                .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
-                .map_err(draw_err)?
-                .label(label.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
-                });
-            if pts.len() == 1 {
+                .draw_series(pts.iter().map(|p| Circle::new(*p, 4, c.filled())))
+                .map_err(draw_err)?;
+            drawn.entry(label, c, Mark::Dot);
+        } else {
+            chart
+                .draw_series(LineSeries::new(
+                    pts.iter().copied(),
+                    faint.stroke_width(width),
+                ))
+                .map_err(draw_err)?;
+            if smoothed {
+                let line = pts.iter().zip(&sm).map(|(p, y)| (p.0, *y));
                 chart
-                    .draw_series(pts.iter().map(|p| Circle::new(*p, 4, c.filled())))
+                    .draw_series(LineSeries::new(line, c.stroke_width(2)))
                     .map_err(draw_err)?;
             }
-            let norm: Vec<(f64, f64)> = pts
-                .iter()
-                .map(|p| (unit(p.0, &xr), unit(p.1, &yr)))
-                .collect();
-            occupied.extend(densify(&norm));
+            drawn.entry(label, c, Mark::Line);
         }
-        legend(&mut chart, free_corner(&occupied))?;
+        for (p, y) in pts.iter().zip(&sm) {
+            drawn.data.push(Datum {
+                panel: name.to_string(),
+                series: label.clone(),
+                x: format!("{}", p.0),
+                y: p.1,
+                y_smooth: (opts.smooth > 1).then_some(*y),
+                ..Datum::default()
+            });
+        }
     }
-    Ok(())
+    Ok(drawn)
 }
 
 /// The mesh style every figure shares: readable tick labels, faint minor grid lines.
@@ -335,68 +532,6 @@ where
         .axis_desc_style((FONT, 15))
         .light_line_style(RGBColor(238, 238, 238))
         .bold_line_style(RGBColor(200, 200, 200))
-}
-
-/// `v` on `r` mapped to 0..1.
-fn unit(v: f64, r: &std::ops::Range<f64>) -> f64 {
-    (v - r.start) / (r.end - r.start)
-}
-
-/// Points along a polyline (in unit coordinates), so a line counts where it passes.
-fn densify(pts: &[(f64, f64)]) -> Vec<(f64, f64)> {
-    let mut out: Vec<(f64, f64)> = pts.to_vec();
-    for w in pts.windows(2) {
-        for i in 1..16 {
-            let t = i as f64 / 16.0;
-            out.push((
-                w[0].0 + t * (w[1].0 - w[0].0),
-                w[0].1 + t * (w[1].1 - w[0].1),
-            ));
-        }
-    }
-    out
-}
-
-/// The corner of the plot (unit coordinates, y up) whose box holds the fewest data points.
-fn free_corner(pts: &[(f64, f64)]) -> SeriesLabelPosition {
-    let (bw, bh) = (0.4, 0.4);
-    let corners = [
-        (SeriesLabelPosition::UpperRight, 1.0 - bw, 1.0 - bh),
-        (SeriesLabelPosition::UpperLeft, 0.0, 1.0 - bh),
-        (SeriesLabelPosition::LowerRight, 1.0 - bw, 0.0),
-        (SeriesLabelPosition::LowerLeft, 0.0, 0.0),
-    ];
-    let count = |x0: f64, y0: f64| {
-        pts.iter()
-            .filter(|p| p.0 >= x0 && p.0 <= x0 + bw && p.1 >= y0 && p.1 <= y0 + bh)
-            .count()
-    };
-    let mut best = (usize::MAX, SeriesLabelPosition::UpperRight);
-    for (pos, x0, y0) in corners {
-        let c = count(x0, y0);
-        if c < best.0 {
-            best = (c, pos);
-        }
-    }
-    best.1
-}
-
-fn legend<'a, DB: DrawingBackend + 'a, X, Y>(
-    chart: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
-    pos: SeriesLabelPosition,
-) -> Result<()>
-where
-    X: plotters::coord::ranged1d::Ranged,
-    Y: plotters::coord::ranged1d::Ranged,
-{
-    chart
-        .configure_series_labels()
-        .position(pos)
-        .label_font((FONT, 13))
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()
-        .map_err(draw_err)
 }
 
 fn min_max(v: impl Iterator<Item = f64>) -> (f64, f64) {
@@ -432,57 +567,101 @@ fn time_unit(max_s: f64) -> (f64, &'static str) {
     }
 }
 
-fn breakdown(
-    root: &DrawingArea<SVGBackend, Shift>,
-    rows: &[MetricRow],
-    opts: &PlotOpts,
-) -> Result<()> {
-    let names: Vec<String> = match &opts.metrics {
-        Some(m) => metrics::expand(rows, Some(m))?,
-        None => {
-            let present: Vec<String> = BREAKDOWN
-                .iter()
-                .filter(|m| rows.iter().any(|r| metrics::base_name(&r.metric) == **m))
-                .map(|m| m.to_string())
-                .collect();
-            if present.is_empty() {
-                bail!(
-                    "no rows for metrics {} (plot breakdown); give --metric NAMES",
-                    BREAKDOWN.join(", ")
-                );
-            }
-            present
-        }
+/// The breakdown's components, bottom to top: `--metric`, or those of [`BREAKDOWN`] present.
+fn breakdown_names(rows: &[MetricRow], opts: &PlotOpts) -> Result<Vec<String>> {
+    if let Some(m) = &opts.metrics {
+        return metrics::expand(rows, Some(m));
+    }
+    let present: Vec<String> = BREAKDOWN
+        .iter()
+        .filter(|m| rows.iter().any(|r| metrics::base_name(&r.metric) == **m))
+        .map(|m| m.to_string())
+        .collect();
+    if present.is_empty() {
+        bail!(
+            "no rows for metrics {} (plot breakdown); give --metric NAMES",
+            BREAKDOWN.join(", ")
+        );
+    }
+    Ok(present)
+}
+
+/// The bars: one per (series, P) group, the median over steps and ranks of each component.
+struct Bars {
+    names: Vec<String>,
+    keys: Vec<(String, u32)>,
+    /// per[component][bar]
+    per: Vec<Vec<f64>>,
+    /// x position of each bar's left edge; a gap between series when P varies
+    slot_of: Vec<f64>,
+    several_p: bool,
+    end: f64,
+}
+
+fn bars(rows: &[MetricRow], opts: &PlotOpts) -> Result<Bars> {
+    let names = breakdown_names(rows, opts)?;
+    let series = figdata::algo_labels(rows);
+    let name_of = |algo: &str| {
+        series
+            .get(algo)
+            .cloned()
+            .unwrap_or_else(|| algo.to_string())
     };
-    let by = [Col::Algo, Col::WorldSize];
-    // per[component][group]: median over steps and ranks.
-    let mut keys: BTreeSet<metrics::Key> = BTreeSet::new();
-    let mut per: Vec<BTreeMap<metrics::Key, f64>> = Vec::new();
+    let mut per_map: Vec<BTreeMap<(String, u32), f64>> = Vec::new();
+    let mut keys: BTreeSet<(String, u32)> = BTreeSet::new();
     for n in &names {
         let s = metrics::samples(rows, n);
-        let g: BTreeMap<metrics::Key, f64> = metrics::group(&s, &by)
+        let mut g: BTreeMap<(String, u32), Vec<MetricRow>> = BTreeMap::new();
+        for r in s {
+            g.entry((name_of(&r.algo), r.world_size))
+                .or_default()
+                .push(r);
+        }
+        let g: BTreeMap<(String, u32), f64> = g
             .into_iter()
-            .map(|(k, v)| (k, metrics::aggregate(&v, Stat::Median).value))
+            .map(|(k, v)| {
+                (
+                    k,
+                    metrics::aggregate(&v.iter().collect::<Vec<_>>(), Stat::Median).value,
+                )
+            })
             .filter(|(_, v)| v.is_finite())
             .collect();
         keys.extend(g.keys().cloned());
-        per.push(g);
+        per_map.push(g);
     }
-    let keys: Vec<metrics::Key> = keys.into_iter().collect();
-    let several_p = keys.iter().map(|k| &k[1]).collect::<BTreeSet<_>>().len() > 1;
-    // Slots on the x axis: one per bar, a gap between algorithms when bars are grouped.
-    let mut slot_of = Vec::with_capacity(keys.len());
-    let mut slot = 0.0f64;
+    let keys: Vec<(String, u32)> = keys.into_iter().collect();
+    let several_p = keys.iter().map(|k| k.1).collect::<BTreeSet<_>>().len() > 1;
+    let (mut slot_of, mut slot) = (Vec::with_capacity(keys.len()), 0.0f64);
     for (i, k) in keys.iter().enumerate() {
-        if several_p && i > 0 && keys[i - 1][0] != k[0] {
+        if several_p && i > 0 && keys[i - 1].0 != k.0 {
             slot += 0.6;
         }
         slot_of.push(slot);
         slot += 1.0;
     }
-    let totals: Vec<f64> = keys
+    let per = per_map
         .iter()
-        .map(|k| per.iter().map(|g| g.get(k).copied().unwrap_or(0.0)).sum())
+        .map(|g| {
+            keys.iter()
+                .map(|k| g.get(k).copied().unwrap_or(0.0))
+                .collect()
+        })
+        .collect();
+    Ok(Bars {
+        names,
+        keys,
+        per,
+        slot_of,
+        several_p,
+        end: slot,
+    })
+}
+
+fn breakdown(root: &Area, rows: &[MetricRow], opts: &PlotOpts) -> Result<Drawn> {
+    let b = bars(rows, opts)?;
+    let totals: Vec<f64> = (0..b.keys.len())
+        .map(|i| b.per.iter().map(|c| c[i]).sum())
         .collect();
     let max = totals.iter().copied().fold(0.0, f64::max);
     let (scale, unit_name) = time_unit(max);
@@ -490,19 +669,18 @@ fn breakdown(
         .title
         .clone()
         .unwrap_or_else(|| "time per step by algorithm (median over steps and ranks)".to_string());
-    let ymax = if max > 0.0 { max * scale * 1.3 } else { 1.0 };
-    let xr = -0.2..slot + 0.2;
+    let ymax = if max > 0.0 { max * scale * 1.1 } else { 1.0 };
     let mut chart = ChartBuilder::on(root)
         .caption(title, (FONT, 20))
         .margin(12)
-        .x_label_area_size(if several_p { 76 } else { 52 })
+        .x_label_area_size(if b.several_p { 76 } else { 52 })
         .y_label_area_size(80)
-        .build_cartesian_2d(xr.clone(), 0f64..ymax)
+        .build_cartesian_2d(-0.2..b.end + 0.2, 0f64..ymax)
         .map_err(draw_err)?;
     mesh(&mut chart.configure_mesh())
         .disable_x_mesh()
         .x_labels(0)
-        .x_desc(if several_p {
+        .x_desc(if b.several_p {
             "ranks P, grouped by algorithm"
         } else {
             "algorithm"
@@ -511,72 +689,81 @@ fn breakdown(
         .y_label_formatter(&|v| short(*v))
         .draw()
         .map_err(draw_err)?;
-    let mut base = vec![0.0f64; keys.len()];
-    let mut occupied = Vec::new();
-    for (ci, (name, g)) in names.iter().zip(&per).enumerate() {
+    let mut drawn = Drawn::default();
+    let mut base = vec![0.0f64; b.keys.len()];
+    for (ci, (name, values)) in b.names.iter().zip(&b.per).enumerate() {
         let c = color(ci);
-        let mut bars = Vec::new();
-        for (i, k) in keys.iter().enumerate() {
-            let v = g.get(k).copied().unwrap_or(0.0) * scale;
-            let x0 = slot_of[i] + 0.1;
-            bars.push(Rectangle::new(
-                [(x0, base[i]), (x0 + 0.8, base[i] + v)],
-                c.filled(),
-            ));
-            base[i] += v;
+        let mut rects = Vec::new();
+        for (i, v) in values.iter().enumerate() {
+            let x0 = b.slot_of[i] + 0.1;
+            let top = base[i] + v * scale;
+            rects.push(Rectangle::new([(x0, base[i]), (x0 + 0.8, top)], c.filled()));
+            base[i] = top;
+            drawn.data.push(Datum {
+                panel: name.clone(),
+                series: component_name(name),
+                x: format!("{} P={}", b.keys[i].0, b.keys[i].1),
+                y: *v,
+                ..Datum::default()
+            });
         }
-        chart
-            .draw_series(bars)
-            .map_err(draw_err)?
-            .label(component_name(name))
-            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], c.filled()));
+        chart.draw_series(rects).map_err(draw_err)?;
+        drawn.entry(component_name(name), c, Mark::Bar);
     }
-    for (i, top) in base.iter().enumerate() {
-        for j in 0..=10 {
-            let y = top * j as f64 / 10.0;
-            occupied.push((unit(slot_of[i] + 0.5, &xr), unit(y, &(0.0..ymax))));
-        }
-    }
-    legend(&mut chart, free_corner(&occupied))?;
-    // Tick labels under the bars (and algorithm names under their group).
+    bar_labels(root, &chart, &b)?;
+    // Listed top to bottom as the components stack.
+    drawn.legend.reverse();
+    Ok(drawn)
+}
+
+/// Tick labels under the bars (P, or the series when P does not vary), and each series'
+/// name under its group.
+fn bar_labels<'a>(
+    root: &Area,
+    chart: &ChartContext<
+        'a,
+        SVGBackend<'a>,
+        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+    >,
+    b: &Bars,
+) -> Result<()> {
     let tick = TextStyle::from((FONT, 13).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
     let group = TextStyle::from((FONT, 14).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
     let (_, y0) = chart.backend_coord(&(0.0, 0.0));
-    for (i, k) in keys.iter().enumerate() {
-        let (x, _) = chart.backend_coord(&(slot_of[i] + 0.5, 0.0));
-        let label = if several_p {
-            format!("P={}", k[1])
+    for (i, k) in b.keys.iter().enumerate() {
+        let (x, _) = chart.backend_coord(&(b.slot_of[i] + 0.5, 0.0));
+        let label = if b.several_p {
+            format!("P={}", k.1)
         } else {
-            k[0].to_string()
+            k.0.clone()
         };
         root.draw(&Text::new(label, (x, y0 + 6), tick.clone()))
             .map_err(draw_err)?;
     }
-    if several_p {
-        let mut i = 0;
-        while i < keys.len() {
-            let mut j = i;
-            while j + 1 < keys.len() && keys[j + 1][0] == keys[i][0] {
-                j += 1;
-            }
-            let mid = (slot_of[i] + slot_of[j]) / 2.0 + 0.5;
-            let (x, _) = chart.backend_coord(&(mid, 0.0));
-            root.draw(&Text::new(
-                keys[i][0].to_string(),
-                (x, y0 + 26),
-                group.clone(),
-            ))
-            .map_err(draw_err)?;
-            i = j + 1;
+    if !b.several_p {
+        return Ok(());
+    }
+    let mut i = 0;
+    while i < b.keys.len() {
+        let mut j = i;
+        while j + 1 < b.keys.len() && b.keys[j + 1].0 == b.keys[i].0 {
+            j += 1;
         }
+        let mid = (b.slot_of[i] + b.slot_of[j]) / 2.0 + 0.5;
+        let (x, _) = chart.backend_coord(&(mid, 0.0));
+        root.draw(&Text::new(b.keys[i].0.clone(), (x, y0 + 26), group.clone()))
+            .map_err(draw_err)?;
+        i = j + 1;
     }
     Ok(())
 }
 
-/// Points of one metric per algorithm: (P, median, min, max) over steps and ranks.
+/// Points of one metric per series (an algorithm, or the run naming it): (P, median, min,
+/// max) over steps and ranks.
 type Curves = BTreeMap<String, Vec<(f64, f64, f64, f64)>>;
 
 fn curves_by_algo(rows: &[MetricRow], metric: &str) -> Curves {
+    let series = figdata::algo_labels(rows);
     let s = metrics::samples(rows, metric);
     let mut out: Curves = BTreeMap::new();
     for (k, v) in metrics::group(&s, &[Col::Algo, Col::WorldSize]) {
@@ -585,30 +772,38 @@ fn curves_by_algo(rows: &[MetricRow], metric: &str) -> Curves {
             metrics::KeyPart::Num(p) => p as f64,
             _ => unreachable!("world_size is numeric"),
         };
-        out.entry(k[0].to_string())
+        let algo = k[0].to_string();
+        let name = series.get(&algo).cloned().unwrap_or(algo);
+        out.entry(name)
             .or_default()
             .push((p, sum.value, sum.min, sum.max));
     }
     out
 }
 
-/// A log-log chart of per-algorithm curves against P: `lines` drawn as lines, `points` as
-/// markers with min–max whiskers.
-fn log_log(
-    root: &DrawingArea<SVGBackend, Shift>,
-    title: &str,
-    y_desc: &str,
-    unit: &str,
-    lines: &Curves,
-    points: &Curves,
-    line_suffix: &str,
-) -> Result<()> {
-    let positive = |c: &Curves| -> Curves {
-        c.iter()
-            .map(|(a, v)| (a.clone(), v.iter().copied().filter(|p| p.1 > 0.0).collect()))
-            .collect()
-    };
-    let (lines, points) = (positive(lines), positive(points));
+/// What a log-log chart shows: lines (`line_suffix` in their labels) and measured points.
+struct LogLog<'a> {
+    title: &'a str,
+    y_desc: &'a str,
+    unit: &'a str,
+    lines: Curves,
+    points: Curves,
+    line_metric: &'a str,
+    point_metric: &'a str,
+    line_suffix: &'a str,
+}
+
+/// Keeps the points a log axis can show.
+fn positive(c: &Curves) -> Curves {
+    c.iter()
+        .map(|(a, v)| (a.clone(), v.iter().copied().filter(|p| p.1 > 0.0).collect()))
+        .collect()
+}
+
+/// A log-log chart of per-series curves against P: lines (a ring where a line has a single
+/// point: nothing else would show), and points with min–max whiskers.
+fn log_log(root: &Area, ll: LogLog) -> Result<Drawn> {
+    let (lines, points) = (positive(&ll.lines), positive(&ll.points));
     let all = lines.values().chain(points.values()).flatten();
     let (xlo, xhi) = min_max(all.clone().map(|p| p.0));
     let (ylo, yhi) = min_max(all.flat_map(|p| [p.1, if p.2 > 0.0 { p.2 } else { p.1 }, p.3]));
@@ -617,37 +812,41 @@ fn log_log(
     }
     let algos: BTreeSet<&String> = lines.keys().chain(points.keys()).collect();
     let mut chart = ChartBuilder::on(root)
-        .caption(title, (FONT, 20))
+        .caption(ll.title, (FONT, 20))
         .margin(12)
         .x_label_area_size(48)
         .y_label_area_size(80)
         .build_cartesian_2d(
-            padded_log(log_range(xlo, xhi, 2.0)).log_scale().base(2.0),
+            p_range(xlo, xhi).log_scale().base(2.0),
             log_range(ylo, yhi, 10.0).log_scale(),
         )
         .map_err(draw_err)?;
     mesh(&mut chart.configure_mesh())
         .x_desc("ranks P (log scale)")
-        .y_desc(y_desc)
+        .y_desc(ll.y_desc)
         .x_label_formatter(&|v| integer_label(*v))
-        .y_label_formatter(&|v| si(*v, unit))
+        .y_label_formatter(&|v| si(*v, ll.unit))
         .draw()
         .map_err(draw_err)?;
+    let mut drawn = Drawn::default();
     for (i, algo) in algos.iter().enumerate() {
         let c = color(i);
-        if let Some(pts) = lines.get(*algo) {
-            chart
-                .draw_series(LineSeries::new(
-                    pts.iter().map(|p| (p.0, p.1)),
-                    c.stroke_width(2),
-                ))
-                .map_err(draw_err)?
-                .label(format!("{algo}{line_suffix}"))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
-                });
+        if let Some(pts) = lines.get(*algo).filter(|p| !p.is_empty()) {
+            let label = format!("{algo}{}", ll.line_suffix);
+            if pts.len() == 1 {
+                let ring = pts
+                    .iter()
+                    .map(|p| Circle::new((p.0, p.1), 8, c.stroke_width(2)));
+                chart.draw_series(ring).map_err(draw_err)?;
+                drawn.entry(label.clone(), c, Mark::Ring);
+            } else {
+                let line = LineSeries::new(pts.iter().map(|p| (p.0, p.1)), c.stroke_width(2));
+                chart.draw_series(line).map_err(draw_err)?;
+                drawn.entry(label.clone(), c, Mark::Line);
+            }
+            push_points(&mut drawn.data, ll.line_metric, &label, pts);
         }
-        if let Some(pts) = points.get(*algo) {
+        if let Some(pts) = points.get(*algo).filter(|p| !p.is_empty()) {
             let whiskers: Vec<_> = pts
                 .iter()
                 .filter(|p| p.2 > 0.0 && p.2 < p.3)
@@ -656,32 +855,30 @@ fn log_log(
             chart.draw_series(whiskers).map_err(draw_err)?;
             chart
                 .draw_series(pts.iter().map(|p| Circle::new((p.0, p.1), 5, c.filled())))
-                .map_err(draw_err)?
-                .label(format!("{algo} (measured)"))
-                .legend(move |(x, y)| Circle::new((x + 10, y), 5, c.filled()));
+                .map_err(draw_err)?;
+            let label = format!("{algo} (measured)");
+            drawn.entry(label.clone(), c, Mark::Dot);
+            push_points(&mut drawn.data, ll.point_metric, &label, pts);
         }
     }
-    let xr = padded_log(log_range(xlo, xhi, 2.0));
-    let yr = log_range(ylo, yhi, 10.0);
-    let logu =
-        |v: f64, r: &std::ops::Range<f64>| (v.ln() - r.start.ln()) / (r.end.ln() - r.start.ln());
-    let mut occupied = Vec::new();
-    for c in lines.values() {
-        let norm: Vec<(f64, f64)> = c.iter().map(|p| (logu(p.0, &xr), logu(p.1, &yr))).collect();
-        occupied.extend(densify(&norm));
-    }
-    for c in points.values() {
-        occupied.extend(c.iter().map(|p| (logu(p.0, &xr), logu(p.1, &yr))));
-    }
-    legend(&mut chart, free_corner(&occupied))?;
-    Ok(())
+    Ok(drawn)
 }
 
-fn volume(
-    root: &DrawingArea<SVGBackend, Shift>,
-    rows: &[MetricRow],
-    opts: &PlotOpts,
-) -> Result<()> {
+fn push_points(data: &mut Vec<Datum>, panel: &str, series: &str, pts: &[(f64, f64, f64, f64)]) {
+    for p in pts {
+        data.push(Datum {
+            panel: panel.to_string(),
+            series: series.to_string(),
+            x: format!("{}", p.0),
+            y: p.1,
+            y_min: Some(p.2),
+            y_max: Some(p.3),
+            y_smooth: None,
+        });
+    }
+}
+
+fn volume(root: &Area, rows: &[MetricRow], opts: &PlotOpts) -> Result<Drawn> {
     let metric = match &opts.metrics {
         Some(m) if m.len() == 1 => m[0].clone(),
         Some(_) => bail!("plot volume takes one measured metric (--metric), e.g. bytes_sent"),
@@ -692,9 +889,9 @@ fn volume(
     let measured = curves_by_algo(rows, &metric);
     let lines = curves_by_algo(rows, &model);
     if lines.is_empty() {
-        gradkit_core::noteln!(
+        note(format!(
             "note: no `{model}` rows in the input: the figure shows measured points only"
-        );
+        ));
     }
     let title = opts
         .title
@@ -702,20 +899,20 @@ fn volume(
         .unwrap_or_else(|| format!("{metric} per rank and step vs P: measured and cost model"));
     log_log(
         root,
-        &title,
-        &format!("{metric} per rank and step (bytes, log scale)"),
-        "B",
-        &lines,
-        &measured,
-        " (model)",
+        LogLog {
+            title: &title,
+            y_desc: &format!("{metric} per rank and step (bytes, log scale)"),
+            unit: "B",
+            lines,
+            points: measured,
+            line_metric: &model,
+            point_metric: &metric,
+            line_suffix: " (model)",
+        },
     )
 }
 
-fn scaling(
-    root: &DrawingArea<SVGBackend, Shift>,
-    rows: &[MetricRow],
-    opts: &PlotOpts,
-) -> Result<()> {
+fn scaling(root: &Area, rows: &[MetricRow], opts: &PlotOpts) -> Result<Drawn> {
     let metric = match &opts.metrics {
         Some(m) if m.len() == 1 => m[0].clone(),
         Some(_) => bail!("plot scaling takes one model metric (--metric), e.g. model_time_s"),
@@ -732,11 +929,15 @@ fn scaling(
         .unwrap_or_else(|| "projected time per step vs P (α-β cost model)".to_string());
     log_log(
         root,
-        &title,
-        &format!("{metric} per step (seconds, log scale)"),
-        "s",
-        &lines,
-        &Curves::new(),
-        "",
+        LogLog {
+            title: &title,
+            y_desc: &format!("{metric} per step (seconds, log scale)"),
+            unit: "s",
+            lines,
+            points: Curves::new(),
+            line_metric: &metric,
+            point_metric: &metric,
+            line_suffix: "",
+        },
     )
 }

@@ -15,8 +15,10 @@
 //! PATH, and `$B` names their directory (README's `B=target/release` is not run).
 //!
 //! A command is skipped when it needs what a test machine may lack or must not do: `mpirun`,
-//! `make`, the namespace cluster, Python — or when its line carries the marker comment
-//! `# untested: <why>`. Every other command must exit 0 (with `pipefail`, so every stage of a
+//! `make`, the namespace cluster, `torchrun` (PyTorch), Python where the project's venv
+//! (`make deps`) is missing — or when its line carries the marker comment `# untested: <why>`.
+//! `python -m …`/`python -c …` run the venv's Python, with the repository's package (python/) on
+//! PYTHONPATH; `python SCRIPT.py` (a script of the user's) is skipped. Every other command must exit 0 (with `pipefail`, so every stage of a
 //! pipeline counts) and must not write Parquet to stdout (`PAR1` at the start of stdout: a
 //! user's terminal would have refused it).
 //!
@@ -240,8 +242,20 @@ fn skip_reason(cmd: &str) -> Option<&'static str> {
     if cmd.contains("cluster") {
         return Some("needs the namespace cluster (root)");
     }
+    if words.contains(&"torchrun") {
+        return Some("needs PyTorch");
+    }
     if cmd.contains("python") {
-        return Some("needs Python");
+        if venv_bin().is_none() {
+            return Some("needs Python: the project's venv (make deps)");
+        }
+        // `python -m MODULE` and `python -c CODE` run; `python SCRIPT.py` is the user's own.
+        let runs_module = words
+            .windows(2)
+            .all(|w| !w[0].starts_with("python") || matches!(w[1], "-m" | "-c"));
+        if !runs_module {
+            return Some("runs a Python script of the user's");
+        }
     }
     // `B=target/release`: $B is set to the binaries' directory instead.
     let t = cmd.trim();
@@ -249,6 +263,13 @@ fn skip_reason(cmd: &str) -> Option<&'static str> {
         return Some("sets $B (set by the test)");
     }
     None
+}
+
+/// The project's venv (`make deps`): `python` in a documented command runs there, with the
+/// repository's Python package (python/) importable.
+fn venv_bin() -> Option<PathBuf> {
+    let bin = repo_root().join(".venv/bin");
+    bin.join("python").is_file().then_some(bin)
 }
 
 /// `--steps N` past 3 becomes 3 + N/100: small, and a larger N stays larger (a run resumed
@@ -465,9 +486,11 @@ fn fixtures(dir: &Path) {
 /// keeps Parquet off stdout.
 fn run_example(dir: &Path, ex: &Example, cmd: &str) -> Result<Duration, String> {
     let bin = bin_dir();
+    let venv = venv_bin().map(|v| format!("{}:", v.display()));
     let path = format!(
-        "{}:{}",
+        "{}:{}{}",
         bin.display(),
+        venv.unwrap_or_default(),
         std::env::var("PATH").unwrap_or_default()
     );
     let stdout_file = dir.join(".example-stdout");
@@ -479,6 +502,7 @@ fn run_example(dir: &Path, ex: &Example, cmd: &str) -> Result<Duration, String> 
             .current_dir(dir)
             .env("PATH", path)
             .env("B", &bin)
+            .env("PYTHONPATH", repo_root().join("python"))
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&stdout_file).unwrap())
             .stderr(std::fs::File::create(&stderr_file).unwrap())
@@ -684,10 +708,21 @@ fn extraction_rules() {
     );
     assert_eq!(skip_reason("mpirun -np 4 gradtrain"), Some("needs mpirun"));
     assert_eq!(
+        skip_reason("torchrun --nproc-per-node 2 -m gradkit.ddp_example"),
+        Some("needs PyTorch")
+    );
+    assert_eq!(
         skip_reason("B=target/release"),
         Some("sets $B (set by the test)")
     );
     assert_eq!(skip_reason("gradtrace inspect t.parquet"), None);
+    if venv_bin().is_some() {
+        assert_eq!(skip_reason("python -m gradkit.demo -o run"), None);
+        assert_eq!(
+            skip_reason("python make_table.py | gradtrace cat - -o t.parquet"),
+            Some("runs a Python script of the user's")
+        );
+    }
     assert_eq!(
         strip_comment("gradtrace synthetic --layers 'a#b' # note"),
         "gradtrace synthetic --layers 'a#b'"

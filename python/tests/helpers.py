@@ -1,0 +1,41 @@
+"""Shared by the tests: where the gradkit binaries are, and running them."""
+
+import os
+import subprocess
+import unittest
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def bin_dir():
+    """GRADKIT_BIN (make test sets it: a missing binary there fails the test), else the
+    workspace's release build; tests that need the tools are skipped when neither exists."""
+    explicit = os.environ.get("GRADKIT_BIN")
+    if explicit:
+        return os.path.abspath(explicit)
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(REPO, "target"))
+    return os.path.join(target, "release")
+
+
+def tool(name):
+    path = os.path.join(bin_dir(), name)
+    if not os.path.isfile(path):
+        if os.environ.get("GRADKIT_BIN"):
+            raise AssertionError(f"{path} is missing (GRADKIT_BIN is set): build the tools first")
+        raise unittest.SkipTest(f"{path} is missing: cargo build --release first")
+    return path
+
+
+def run_tool(name, *args, cwd=None):
+    p = subprocess.run([tool(name), *args], cwd=cwd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise AssertionError(f"{name} {' '.join(args)} exited {p.returncode}:\n{p.stderr}")
+    return p.stdout
+
+
+def have_torch():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
