@@ -74,13 +74,15 @@ build: deps-apt deps-rust
 demo: deps build
 	@bash pipelines/demo.sh
 
-## test: formatting, unit, property and CLI tests (also under mpirun), then every reproduction
+## test: formatting, the shape of the code (pipelines/check-shape.py: no function over 80
+## lines, no import cycle inside a crate), unit, property and CLI tests (also under mpirun), then every reproduction
 ## in FAST mode, then the `cuda` feature (docs/GPU.md): built, the workspace clippy-checked
 ## with it, and its device tests run without any CUDA installed, and `--device cuda` shown to
 ## stop with one `error:` line. It leaves the default binaries in target/release, so it
 ## passes again in the same checkout, after make demo, make bench or any make repro-*.
 test: deps build
 	$(CARGO) fmt --all -- --check
+	python3 pipelines/check-shape.py
 	$(CARGO) test $(CARGO_FLAGS) --workspace
 	$(MAKE) --no-print-directory test-py
 	$(MAKE) --no-print-directory FAST=1 repro
@@ -132,6 +134,7 @@ fmt:
 	$(CARGO) fmt --all
 lint:
 	$(CARGO) fmt --all -- --check
+	python3 pipelines/check-shape.py
 	$(CARGO) clippy $(CARGO_FLAGS) --workspace --all-targets -- -D warnings
 
 clean:
