@@ -889,7 +889,7 @@ fn build_net(spec: &ModelSpec, data: &Dataset, vb: &VarBuilder, shard: bool) -> 
             ];
             Net::Cnn { convs, fcs, side }
         }
-        ("transformer-lm", Dataset::Lm(l)) => transformer(spec, l.vocab, &vb, shard)?,
+        ("transformer-lm", Dataset::Lm(l)) => transformer(spec, l.vocab, vb, shard)?,
         ("lstm-lm", Dataset::Lm(l)) => Net::Lstm {
             emb: (!shard)
                 .then(|| candle_nn::embedding(l.vocab, spec.d_model, vb.pp("emb")))

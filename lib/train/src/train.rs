@@ -517,6 +517,8 @@ struct Run<'a> {
     last: u32,
     /// `--overwrite-checkpoint`: the earlier run's checkpoints are still to be removed.
     purge: bool,
+    /// When this process started the run, for `elapsed_s`.
+    started: Instant,
 }
 
 impl<'a> Run<'a> {
@@ -574,6 +576,7 @@ impl<'a> Run<'a> {
             first,
             last,
             purge: cfg.overwrite_checkpoint && !cfg.resume,
+            started: Instant::now(),
         })
     }
 
@@ -581,6 +584,7 @@ impl<'a> Run<'a> {
     /// and checkpoint that fall on it. Returns the loss.
     fn step(&mut self, step: u32) -> Result<f32> {
         let (comm, cfg, rank) = (self.comm, self.cfg, self.comm.rank());
+        let t_step = Instant::now();
         let batch = self.shard.batch(cfg.seed, step, cfg.batch);
         let lr = lr_at(cfg.lr, step, cfg.warmup, cfg.steps, cfg.decay);
         let mut io = StepIo {
@@ -626,6 +630,15 @@ impl<'a> Run<'a> {
         for (k, v) in &io.extra {
             self.sink.push(step, r, k, *v);
         }
+        // Every exchange's step time (EmbRace's own, with its overlap, is in `extra`), and
+        // the wall time since the run started, evaluations and checkpoints of earlier steps
+        // included: loss against wall time needs no sum of phase columns.
+        if !io.extra.iter().any(|(k, _)| k == "time_step_s") {
+            let step_s = t_step.elapsed().as_secs_f64();
+            self.sink.push(step, r, "time_step_s", step_s);
+        }
+        let elapsed = self.started.elapsed().as_secs_f64();
+        self.sink.push(step, r, "elapsed_s", elapsed);
         // Peak RSS of this process so far (per rank under mpirun; docs/gradtrain.md).
         if let Some(rss) = cfg
             .record_rss

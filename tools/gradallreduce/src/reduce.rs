@@ -29,7 +29,7 @@ pub struct ReduceArgs {
     #[arg(long, default_value_t = Op::Sum, value_parser = named(Op::ALL, Op::name, Op::help))]
     pub op: Op,
     /// Ranks P to run: in-process ranks (threads) when not started by mpirun, where MPI
-    /// gives the count; must equal the trace's ranks
+    /// gives the count; must equal the trace's ranks [default: the trace's ranks; 1 for stdin]
     #[arg(long)]
     pub ranks: Option<usize>,
     /// Write per-rank, per-step traffic and timing (metrics/1) here (`-`: stdout)
@@ -531,6 +531,22 @@ fn load(
     })
 }
 
+/// In-process ranks when `--ranks` is not given: as many as the input trace holds (a file;
+/// stdin cannot be read twice, so it runs 1 unless told). None under mpirun, which gives the
+/// count, and where the trace cannot be read: `load` then says why, with its checks.
+fn trace_ranks(args: &ReduceArgs) -> Option<usize> {
+    if gradkit_core::process::under_mpi_launcher() {
+        return None;
+    }
+    let path = args.io.input.as_ref().filter(|p| p.as_os_str() != "-")?;
+    let input = gradkit_core::Input::Path(path.clone());
+    let stream = gradkit_core::io::TensorStream::open(&input, args.io.read_options()).ok()?;
+    let p = stream.scan().ok()?.ranks.len();
+    (1..=gradkit_comm::launch::MAX_LOCAL_RANKS)
+        .contains(&p)
+        .then_some(p)
+}
+
 /// The reduced tensor's metadata.
 fn out_meta(args: &ReduceArgs, world: &World, meta_in: &Meta) -> Meta {
     let mut meta = Meta::producer("gradallreduce");
@@ -655,7 +671,7 @@ struct RankOut {
 
 pub fn run(args: ReduceArgs) -> Result<()> {
     args.memory.apply();
-    let world = World::init(args.ranks)?;
+    let world = World::init(args.ranks.or_else(|| trace_ranks(&args)))?;
     // The device's kernels first (`--device cuda` without CUDA stops here, before any file is
     // touched), then the checks every rank makes alike (flags, the algorithm's parameters),
     // then the I/O rank's (output, input): each is an agreement point, so a mistake is

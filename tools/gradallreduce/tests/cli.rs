@@ -449,3 +449,40 @@ fn alltoall_rejects_embeddings_without_shape_or_whole_rows() {
     write_trace(&inp, &embedding_trace(4, 1, Some(vec![50, 8]), true));
     local_fails(&["--ranks", "4", "--algo", "alltoall"], &inp, &out, "row");
 }
+
+/// Without `--ranks`, a trace file runs as many in-process ranks as it holds: the same
+/// output, bit for bit, as `--ranks P`; from stdin (which cannot be read twice) it is still 1
+/// rank, refused with the flag to give.
+#[test]
+fn ranks_default_to_the_traces() {
+    let d_dir = tmpdir("ranks-default");
+    let d = d_dir.path().to_path_buf();
+    let inp = d.join("t.parquet");
+    write_trace(&inp, &trace(3, 2));
+    let (given, default) = (d.join("given.parquet"), d.join("default.parquet"));
+    let o = run(Command::new(BIN)
+        .arg(&inp)
+        .args(["--ranks", "3", "-q", "-o"])
+        .arg(&given));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run(Command::new(BIN).arg(&inp).args(["-q", "-o"]).arg(&default));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows = |p: &Path| {
+        read_tensor(&Input::Path(p.to_path_buf()), Default::default())
+            .unwrap()
+            .rows
+    };
+    assert_eq!(rows(&given), rows(&default));
+    let o = Command::new(BIN)
+        .args(["-", "-o"])
+        .arg(d.join("stdin.parquet"))
+        .stdin(std::fs::File::open(&inp).unwrap())
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("holds 3 ranks but this run has 1 (flag --ranks"),
+        "{e}"
+    );
+}

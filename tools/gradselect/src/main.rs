@@ -91,7 +91,8 @@ struct Cli {
     /// Selection method
     #[arg(long, value_enum)]
     method: MethodArg,
-    /// Fraction kept: k = floor(D·n), at least 1; in (0, 1]
+    /// Fraction kept: k = floor(D·n), at least 1; in (0, 1] [default: 0.01, as gradallreduce's
+    /// and gradtrain's, unless --k]
     #[arg(long, value_name = "D", conflicts_with = "k")]
     density: Option<f64>,
     /// Number kept per (step, rank) (per layer with --scope layer; clamped to the size)
@@ -138,6 +139,9 @@ struct Cli {
 }
 
 mod select;
+
+/// `--density` when neither it nor `--k` is given: gradallreduce's and gradtrain's default.
+const DEFAULT_DENSITY: f64 = 0.01;
 
 fn main() -> ExitCode {
     gradkit_core::cli::one_process_under_mpirun("gradselect");
@@ -186,14 +190,10 @@ fn check_args(a: &Cli, m: &clap::ArgMatches) -> Result<(SMethod, KSpec)> {
         }
         (None, Some(0)) => bail!("--k must be at least 1"),
         (None, Some(k)) => KSpec::Count(k),
-        (None, None) => KSpec::None,
+        // Every tool's default density; the threshold method needs none.
+        (None, None) if a.method == MethodArg::Threshold => KSpec::None,
+        (None, None) => KSpec::Density(DEFAULT_DENSITY),
     };
-    if a.method != MethodArg::Threshold && matches!(kspec, KSpec::None) {
-        bail!(
-            "--method {} needs --density D or --k K",
-            method_name(a.method)
-        );
-    }
     let only = |set: bool, flag: &str, m: MethodArg| -> Result<()> {
         if set && a.method != m {
             bail!(

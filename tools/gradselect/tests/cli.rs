@@ -586,3 +586,42 @@ fn same_input_same_bytes() {
         assert!(bytes[0] == bytes[1], "{m}: outputs differ");
     }
 }
+
+/// Without `--density` or `--k`, a method that needs k keeps 1 % (gradallreduce's and
+/// gradtrain's default): k = floor(0.01·n) = 4 of n = 443 per (step, rank), the brute-force
+/// top-4 of each accumulator; the threshold method still needs no k.
+#[test]
+fn density_defaults_to_one_percent() {
+    let d = dir();
+    let rows = trace(2, 2, false);
+    write(Path::new(&d.f("t.parquet")), &rows);
+    let (c, e) = run(&[
+        "--method",
+        "topk",
+        "--no-residual",
+        &d.f("t.parquet"),
+        "-o",
+        &d.f("s.parquet"),
+        "-q",
+    ]);
+    assert_eq!(c, 0, "{e}");
+    let out = read(Path::new(&d.f("s.parquet")));
+    for step in 0..2 {
+        for rank in 0..2 {
+            let want = ref_topk(&flat(&rows, step, rank), 4);
+            let got: Vec<u32> = flat_sel(&out, step, rank).iter().map(|x| x.0).collect();
+            assert_eq!(got, want, "step {step} rank {rank}");
+        }
+    }
+    let (c, e) = run(&[
+        "--method",
+        "threshold",
+        "--threshold",
+        "0.5",
+        &d.f("t.parquet"),
+        "-o",
+        &d.f("th.parquet"),
+        "-q",
+    ]);
+    assert_eq!(c, 0, "{e}");
+}

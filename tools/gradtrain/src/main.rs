@@ -78,7 +78,8 @@ enum DecayArg {
 }
 
 #[derive(Parser, Debug)]
-#[command(name = "gradtrain", version, about = ABOUT, long_about = ABOUT, after_help = AFTER)]
+#[command(name = "gradtrain", version, about = ABOUT.split("\n\n").next(), long_about = ABOUT)]
+#[command(after_help = "The other options, the examples and the metrics: gradtrain --help", after_long_help = AFTER)]
 struct Cli {
     /// mlp | cnn | transformer-lm | lstm-lm
     #[arg(long, default_value = "mlp")]
@@ -94,20 +95,30 @@ struct Cli {
     /// prior rows first, delayed rows overlapped with the next step's compute) | 2d (vertical
     /// and horizontal: also each dense block allreduced and updated while the next forward
     /// runs, which waits per block; embrace.md §2.1)
-    #[arg(long, value_name = "fifo|embrace|2d", default_value = "embrace")]
+    #[arg(
+        hide_short_help = true,
+        long,
+        value_name = "fifo|embrace|2d",
+        default_value = "embrace"
+    )]
     schedule: String,
     /// --exchange embrace: the forward lookup AlltoAll sends per-token rows (the paper's) or
     /// unique rows (one per distinct token of the receiver, expanded there)
-    #[arg(long, value_name = "per-token|unique", default_value = "per-token")]
+    #[arg(
+        hide_short_help = true,
+        long,
+        value_name = "per-token|unique",
+        default_value = "per-token"
+    )]
     lookup: String,
     /// Record the metric peak_rss_bytes: this process's peak resident set size after every
     /// step (per rank under mpirun; shared by all ranks with --ranks)
-    #[arg(long)]
+    #[arg(hide_short_help = true, long)]
     rss: bool,
     /// Wire format of the dense allreduces (dense exchange, warm-ups, EmbRace's dense
     /// part): f32, or fp16 as mixed-precision training sends (half the bytes; sums rounded
     /// to fp16)
-    #[arg(long, value_name = "f32|fp16", value_parser = ["f32", "fp16"], default_value = "f32")]
+    #[arg(hide_short_help = true, long, value_name = "f32|fp16", value_parser = ["f32", "fp16"], default_value = "f32")]
     wire: String,
     /// sgd | adam | adamw | lamb | onebit-lamb | onebit-adam
     #[arg(long, default_value = "sgd")]
@@ -118,22 +129,22 @@ struct Cli {
     /// Sparse exchanges: exchange densely (ring allreduce) for the first N steps, then switch
     /// to --exchange with zero residuals (Ok-Topk's reference code uses 512 for VGG, 128 for
     /// LSTM)
-    #[arg(long, default_value_t = 0, value_name = "N")]
+    #[arg(hide_short_help = true, long, default_value_t = 0, value_name = "N")]
     dense_warmup: u32,
     /// Ok-Topk: space repartition period τ
-    #[arg(long, default_value_t = 64)]
+    #[arg(hide_short_help = true, long, default_value_t = 64)]
     period: u32,
     /// Ok-Topk: threshold re-evaluation period τ'
-    #[arg(long, default_value_t = 32)]
+    #[arg(hide_short_help = true, long, default_value_t = 32)]
     reeval: u32,
     /// Ok-Topk: threshold reuse between re-evaluations: ladder (default), paper (Algorithm 1:
     /// unchanged), reference (the authors' ×1.03 loop and bands; vgg, lstm, bert pick the bands)
-    #[arg(long, value_name = "POLICY", value_parser = clap::builder::PossibleValuesParser::new(gradkit_train::train::Adjust::NAMES))]
+    #[arg(hide_short_help = true, long, value_name = "POLICY", value_parser = clap::builder::PossibleValuesParser::new(gradkit_train::train::Adjust::NAMES))]
     adjust: Option<String>,
     /// Ok-Topk: Step D on the re-evaluation steps (every --reeval steps): skip (default; the
     /// authors' code: the exact top-k of the gathered values is the result) or run
     /// (Algorithm 1 line 13 on every step)
-    #[arg(long, value_name = "POLICY", value_parser = clap::builder::PossibleValuesParser::new(gradkit_train::train::ReevalStepD::ALL.iter().map(|v| v.name())))]
+    #[arg(hide_short_help = true, long, value_name = "POLICY", value_parser = clap::builder::PossibleValuesParser::new(gradkit_train::train::ReevalStepD::ALL.iter().map(|v| v.name())))]
     reeval_step_d: Option<String>,
     /// Training steps
     #[arg(long, default_value_t = 200)]
@@ -145,59 +156,59 @@ struct Cli {
     #[arg(long, default_value_t = 0.1)]
     lr: f32,
     /// Linear learning-rate warm-up steps
-    #[arg(long, default_value_t = 0)]
+    #[arg(hide_short_help = true, long, default_value_t = 0)]
     warmup: u32,
     /// Learning-rate decay after warm-up (to 0 at --steps)
-    #[arg(long, value_enum, default_value = "none")]
+    #[arg(hide_short_help = true, long, value_enum, default_value = "none")]
     decay: DecayArg,
     /// SGD momentum
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(hide_short_help = true, long, default_value_t = 0.0)]
     momentum: f32,
     /// Nesterov momentum (SGD)
-    #[arg(long)]
+    #[arg(hide_short_help = true, long)]
     nesterov: bool,
     /// Weight decay (L2 for sgd/adam/lamb, decoupled for adamw)
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(hide_short_help = true, long, default_value_t = 0.0)]
     weight_decay: f32,
-    #[arg(long, default_value_t = 0.9)]
+    #[arg(hide_short_help = true, long, default_value_t = 0.9)]
     beta1: f32,
-    #[arg(long, default_value_t = 0.999)]
+    #[arg(hide_short_help = true, long, default_value_t = 0.999)]
     beta2: f32,
-    #[arg(long, default_value_t = 1e-8)]
+    #[arg(hide_short_help = true, long, default_value_t = 1e-8)]
     eps: f32,
     /// LAMB trust-ratio clip, lower bound
-    #[arg(long, default_value_t = 0.01)]
+    #[arg(hide_short_help = true, long, default_value_t = 0.01)]
     lamb_min: f32,
     /// LAMB trust-ratio clip, upper bound
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(hide_short_help = true, long, default_value_t = 10.0)]
     lamb_max: f32,
     /// 1-bit LAMB/Adam: warm-up steps with uncompressed exchange before compression
-    #[arg(long, default_value_t = 100)]
+    #[arg(hide_short_help = true, long, default_value_t = 100)]
     freeze_step: u32,
     /// 1-bit LAMB/Adam compressed stage: clip m/(√v_frozen+η) to Adam's bound (on, the
     /// default: finite on digits with η = 1e-8) or not (off: Algorithm 1 / DeepSpeed)
-    #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+    #[arg(hide_short_help = true, long, value_name = "on|off", value_parser = ["on", "off"])]
     onebit_clip: Option<String>,
     /// 1-bit LAMB/Adam: zero the averaged momentum where the frozen variance is 0 (auto, the
     /// default) or apply no mask (none: DeepSpeed without a user `exp_avg_mask`)
-    #[arg(long, value_name = "auto|none", value_parser = ["auto", "none"])]
+    #[arg(hide_short_help = true, long, value_name = "auto|none", value_parser = ["auto", "none"])]
     onebit_mask: Option<String>,
     /// 1-bit LAMB/Adam exactly as DeepSpeed's OnebitLamb/OnebitAdam compute the update:
     /// --onebit-clip off --onebit-mask none
-    #[arg(long, conflicts_with_all = ["onebit_clip", "onebit_mask"])]
+    #[arg(hide_short_help = true, long, conflicts_with_all = ["onebit_clip", "onebit_mask"])]
     onebit_exact: bool,
     /// 1-bit LAMB: the paper's "LAMB + basic 1-bit" ablation (§3.4) — the coefficient stays
     /// frozen at its warm-up average in the compression stage (no variance ratio)
-    #[arg(long)]
+    #[arg(hide_short_help = true, long)]
     onebit_basic: bool,
     /// Seed of initialisation and batches
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Evaluate on the test set every N steps (0: only at the end)
-    #[arg(long, default_value_t = 0)]
+    #[arg(hide_short_help = true, long, default_value_t = 0)]
     eval_every: u32,
     /// Compare parameter checksums across ranks every N steps (0: only at the end)
-    #[arg(long, default_value_t = 50)]
+    #[arg(hide_short_help = true, long, default_value_t = 50)]
     check_every: u32,
     /// Ranks P to run: in-process ranks (threads) when not started by mpirun, where MPI
     /// gives the count
@@ -209,13 +220,13 @@ struct Cli {
     metrics: Option<PathBuf>,
     /// Append the rows so far to --metrics every N steps (the file is complete after each
     /// append), so a killed run keeps the finished steps (0: only at the end and at checkpoints)
-    #[arg(long, default_value_t = 50, value_name = "N")]
+    #[arg(hide_short_help = true, long, default_value_t = 50, value_name = "N")]
     metrics_every: u32,
     /// Checkpoint directory
     #[arg(long, value_name = "DIR")]
     checkpoint: Option<PathBuf>,
     /// Checkpoint every N steps (and at the end)
-    #[arg(long, default_value_t = 0)]
+    #[arg(hide_short_help = true, long, default_value_t = 0)]
     checkpoint_every: u32,
     /// Continue from the latest checkpoint in --checkpoint DIR
     #[arg(long)]
@@ -223,32 +234,37 @@ struct Cli {
     /// Start afresh in a --checkpoint DIR that holds another run's checkpoints: they (its
     /// step-N directories and latest, nothing else) are removed when this run writes its
     /// first checkpoint. Without it such a directory is refused
-    #[arg(long, requires = "checkpoint", conflicts_with = "resume")]
+    #[arg(
+        hide_short_help = true,
+        long,
+        requires = "checkpoint",
+        conflicts_with = "resume"
+    )]
     overwrite_checkpoint: bool,
     /// synthetic-lm: vocabulary size (default 1024). A token file: its declared vocabulary,
     /// every token id must be below it (default: the file's `gradkit.vocab`, else max id + 1)
-    #[arg(long, value_name = "N")]
+    #[arg(hide_short_help = true, long, value_name = "N")]
     vocab: Option<usize>,
     /// synthetic-lm: training tokens
-    #[arg(long, default_value_t = 200_000)]
+    #[arg(hide_short_help = true, long, default_value_t = 200_000)]
     tokens: usize,
     /// synthetic-lm: corpus seed (independent of --seed)
-    #[arg(long, default_value_t = 0)]
+    #[arg(hide_short_help = true, long, default_value_t = 0)]
     corpus_seed: u64,
     /// Language models: context length
-    #[arg(long, default_value_t = 32)]
+    #[arg(hide_short_help = true, long, default_value_t = 32)]
     seq_len: usize,
     /// mlp hidden width / LSTM hidden size
-    #[arg(long, default_value_t = 128)]
+    #[arg(hide_short_help = true, long, default_value_t = 128)]
     hidden: usize,
     /// transformer/LSTM embedding width
-    #[arg(long, default_value_t = 64)]
+    #[arg(hide_short_help = true, long, default_value_t = 64)]
     d_model: usize,
     /// transformer blocks
-    #[arg(long, default_value_t = 2)]
+    #[arg(hide_short_help = true, long, default_value_t = 2)]
     layers: usize,
     /// attention heads
-    #[arg(long, default_value_t = 4)]
+    #[arg(hide_short_help = true, long, default_value_t = 4)]
     heads: usize,
     /// Name of the run in the metrics table
     #[arg(long, default_value = "gradtrain")]
