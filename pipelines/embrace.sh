@@ -274,6 +274,7 @@ run $B/gradreport plot loss eq-*.parquet -o loss.svg >&2
 echo
 echo "Figure: data/out/embrace/loss.svg."
 } > section.md
+python3 "$ROOT/pipelines/docs_check.py" --section embrace section.md
 section embrace section.md
 expect section.md "^\| embrace-P[0-9]+ +\|" "^\| allgather-raw-P[0-9]+ +\|" "lm_head share" \
   "rows removed by coalescing \(1 − rows/tokens\) \| [0-9.]+ % \| 20.4 %" "^\| sched-2d +\|" \
