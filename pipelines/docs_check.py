@@ -261,6 +261,25 @@ def f_select_ladder_verdict():
     return "below 11 % here and on real gradients"
 
 
+def lmhead_share(with_bytes):
+    rows = table(section(RESULTS, "embrace"), RESULTS, "P", "bytes_lm_head", "bytes_sent (all)", "lm_head share")
+    emb = {r["run"]: num(r["bytes_emb"]) for r in table(section(RESULTS, "embrace"), RESULTS, "run", "bytes_emb", "bytes_sent")
+           if r["run"].startswith("embrace-P")}
+    groups = []
+    for r in rows:
+        if groups and groups[-1][0] == r["lm_head share"]:
+            groups[-1][1].append(r["P"])
+        else:
+            groups.append((r["lm_head share"], [r["P"]]))
+    s = ", ".join(f"{sh} at P = {' and '.join(ps)}" for sh, ps in groups)
+    if with_bytes:
+        s += " (" + ", ".join(f"{int(num(r['bytes_lm_head'])):,} of {int(num(r['bytes_sent (all)'])):,}".replace(",", " ")
+                              for r in rows) + " bytes)"
+    sh = [100 * emb[f"embrace-P{r['P']}"] / num(r["bytes_sent (all)"]) for r in rows]
+    span = f"{min(sh):.1f} %" if f"{min(sh):.1f}" == f"{max(sh):.1f}" else f"{min(sh):.1f}–{max(sh):.1f} %"
+    return s + f"; the embedding's AlltoAlls are {span}"
+
+
 def f_oktopk_real_verdict():
     dev = real_dev()
     hit = sorted({meth for (m, meth), v in dev.items() if meth.startswith("oktopk-") and v < PAPER_OKTOPK_DEV})
@@ -404,6 +423,8 @@ PLACES = {
     "oktopk-fig6-real": ["docs/ALGORITHMS.md"],
     "deft-errnorm": ["docs/ALGORITHMS.md"],
     "oktopk-real-verdict": ["docs/results/select.md"],
+    "embrace-lmhead-share": ["docs/gradtrain.md"],
+    "embrace-lmhead-share-bytes": ["docs/results/embrace.md"],
 }
 
 FRAGMENTS = {
@@ -419,6 +440,8 @@ FRAGMENTS = {
     "oktopk-fig6-real": f_oktopk_fig6_real,
     "deft-errnorm": f_deft_errnorm,
     "oktopk-real-verdict": f_oktopk_real_verdict,
+    "embrace-lmhead-share": lambda: lmhead_share(False),
+    "embrace-lmhead-share-bytes": lambda: lmhead_share(True),
 }
 
 
