@@ -28,7 +28,7 @@ help:
 	@echo "make bench   benchmarks (numbers go to docs/RESULTS.md by hand)"
 	@echo "make repro   every reproduction below; FAST=1 for the quick ones make test runs"
 	@echo "make repro-oktopk | repro-deft | repro-onebit-lamb | repro-embrace   (FAST=1: ~1 min)"
-	@echo "make repro-oktopk-figs | repro-deft-figs   the figures alone, from target/release"
+	@echo "make repro-oktopk-figs | repro-deft-figs | repro-deft-breakdown   the figures alone, from target/release"
 	@echo "make repro-cluster   the shaped multi-host runs (root; docs/CLUSTER.md)"
 	@echo "make cluster-up HOSTS=4 RATE=1gbit | cluster-status | cluster-down   (docs/CLUSTER.md)"
 	@echo "make build   release binaries in target/release    make deps   what is missing (apt, rustup, venv)"
