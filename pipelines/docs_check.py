@@ -89,13 +89,6 @@ def num(cell):
     return float(m.group(1).replace(",", ""))
 
 
-def rng(cell):
-    """(min, max) of a 'median (min–max)' cell; (v, v) when it has no range."""
-    m = re.search(r"\(([-0-9.e]+)–([-0-9.e]+)\)", cell)
-    v = num(cell)
-    return (float(m.group(1)), float(m.group(2))) if m else (v, v)
-
-
 def g(x, sig=3):
     """x to SIG significant digits, as the tables print them (no exponent for ordinary sizes)."""
     s = f"{x:.{sig}g}"
@@ -115,10 +108,6 @@ def f2(x):
     return f"{x:.2f}" if abs(x) < 10 else f"{x:.1f}" if abs(x) < 100 else f"{x:.0f}"
 
 
-def pct(x):
-    return f"{x:.1f} %"
-
-
 # ------------------------------------------------------------------ sources
 RESULTS = "docs/RESULTS.md"
 DEFT_FIGS = "docs/results/deft-figs.md"
@@ -126,10 +115,23 @@ OKTOPK_FIGS = "docs/results/oktopk-figs.md"
 SELECT = "docs/results/select.md"
 REPEAT1 = "docs/results/cluster-repeat-1.md"
 REPEAT2 = "docs/results/cluster-repeat-2.md"
-# The cluster runs, oldest first; the last is the current code's (after Ok-Topk's O(k) exchange).
-CLUSTER_RUNS = [("RESULTS.md § cluster", lambda: section(RESULTS, "cluster"), "2026-11-22"),
-                ("cluster-repeat-1.md", lambda: read(REPEAT1), "2026-11-22, earlier"),
-                ("cluster-repeat-2.md", lambda: read(REPEAT2), "2026-11-23, current code")]
+# The cluster runs: the section of record and the repeats kept beside it.
+# Listed oldest first where two share a date (repeat-1 ran before the section's run that day).
+CLUSTER_SOURCES = [("cluster-repeat-1.md", lambda: read(REPEAT1)),
+                   ("RESULTS.md § cluster", lambda: section(RESULTS, "cluster")),
+                   ("cluster-repeat-2.md", lambda: read(REPEAT2))]
+
+
+def cluster_runs():
+    """(name, text getter, date) oldest first, by the first date each run's text gives (a rerun
+    of make repro-cluster makes the section of record the newest); the last is the newest."""
+    out = []
+    for i, (name, get) in enumerate(CLUSTER_SOURCES):
+        m = re.search(r"\b(20[0-9]{2}-[0-9]{2}-[0-9]{2})\b", get())
+        if not m:
+            raise Stale(f"{name}: no date of the run")
+        out.append((m.group(1), i, name, get))
+    return [(name, get, date) for date, _, name, get in sorted(out)]
 
 
 def deft_sweep():
@@ -410,7 +412,7 @@ def f_cluster_time_to_loss():
 
 
 def cluster_verdicts():
-    return [(name, date, oktopk_verdicts(get())) for name, get, date in CLUSTER_RUNS]
+    return [(name, date, oktopk_verdicts(get())) for name, get, date in cluster_runs()]
 
 
 def okb_kb(text, where):
@@ -422,7 +424,7 @@ def f_cluster_oktopk_dense():
     runs = cluster_verdicts()
     def per_rate(rate, ex):
         return " / ".join(f"{v[(rate, 4)][ex][0]:.1f}×" for _, _, v in runs)
-    kbs = [(n, d, okb_kb(get(), n)) for n, get, d in CLUSTER_RUNS]
+    kbs = [(n, d, okb_kb(get(), n)) for n, get, d in cluster_runs()]
     cur = kbs[-1]
     return (f"Step time below the dense ring {per_rate('100mbit', 'dense (ring)')} at 100 Mbit/s and "
             f"{per_rate('1gbit', 'dense (ring)')} at 1 Gbit/s, below MPI_Allreduce (a composite row: "
@@ -430,7 +432,7 @@ def f_cluster_oktopk_dense():
             f"{per_rate('1gbit', 'dense (MPI_Allreduce)')} (runs: "
             + ", ".join(f"{n} ({d})" for n, d, _ in runs)
             + f"). Paper: 1.34–12.95×. The cause is the one the paper gives: Ok-Topk sends "
-            f"{cur[2]['oktopk']} kB per rank and step in the current code's run ("
+            f"{cur[2]['oktopk']} kB per rank and step in the newest run ("
             + ", ".join(f"{k['oktopk']} kB in {n}" for n, _, k in kbs[:-1])
             + f") instead of the dense ring's {num(cur[2]['dense (ring)']) / 1000:.2f} MB")
 
@@ -460,7 +462,7 @@ def f_cluster_oktopk_sparse():
 
 def f_cluster_onebit():
     parts_c, parts_e = [], []
-    for name, get, date in CLUSTER_RUNS:
+    for name, get, date in cluster_runs():
         text = get()
         rows, (freeze, steps) = onebit_rows(text, name), onebit_phases(get())
         c = [f"{num(rows[(r, 'onebit-lamb (compressed)')]['throughput vs LAMB']):.1f}×" for r in RATE_WORDS]
@@ -593,7 +595,7 @@ def inv_same_table(a, b, cols):
 def invariants():
     errs = []
     errs += inv_embrace_table3(section(RESULTS, "embrace"), f"{RESULTS} § embrace")
-    for name, get, _ in CLUSTER_RUNS:
+    for name, get, _ in cluster_runs():
         errs += inv_onebit_verdict(get(), name)
         errs += inv_oktopk_verdicts(get(), name)
     errs += inv_same_table((RESULTS, "deft-figs"), (DEFT_FIGS, None),
@@ -641,8 +643,8 @@ REGRESSIONS = [
     ("5: embrace.md's P = 8 bullet by hand", "docs/results/embrace.md", FRAG_TEXT("embrace-sched-p8"),
      "Stall (step − compute − update) 0.255 s fifo vs 0.279 s embrace; step time 2.29 s vs 3.08 s",
      "'embrace-sched-p8' is missing"),
-    ("6: the old run's kB as current", "docs/RESULTS.md", r"sends [0-9.]+ kB per rank and step in the current",
-     "sends 147.5 kB per rank and step in the current", "fragment 'cluster-oktopk-dense' differs"),
+    ("6: the old run's kB as current", "docs/RESULTS.md", r"sends [0-9.]+ kB per rank and step in the newest",
+     "sends 147.5 kB per rank and step in the newest", "fragment 'cluster-oktopk-dense' differs"),
     ("6: 'faster than every sparse baseline at P = 8'", "docs/RESULTS.md", FRAG_TEXT("cluster-oktopk-sparse"),
      "Ok-Topk is faster than every sparse baseline: 1.03–1.47× at 100 Mbit/s and 1.04–2.2× at 1 Gbit/s",
      "'cluster-oktopk-sparse' is missing"),
