@@ -4,11 +4,18 @@
 # packing, broadcast and communication, for topk-union, cltk and deft on an LSTM-shaped
 # gradient at density 0.001, P = 2…8; then an n·log k heap top-k beside gradkit's two-pass one
 # (lib/sparsify/examples/bench_topk_heap.rs), to test Eq. 6's cost model on this CPU.
-# In-process ranks by default; across shaped hosts when GRADKIT_CLUSTER names a cluster
-# (docs/CLUSTER.md), e.g. with_cluster 4 1gbit from pipelines/lib.sh.
+# In-process ranks by default; HOSTS=N [RATE=1gbit]: one rank per host on a cluster of N
+# shaped hosts it brings up and down (root; docs/CLUSTER.md), outputs in
+# data/out/deft-breakdown-hosts/ and the RESULTS.md section deft-breakdown-hosts.
 # FAST=1: a small trace, one repeat; the section stays in data/out/deft-breakdown/.
 source "$(dirname "$0")/lib.sh"
-OUT=$ROOT/data/out/deft-breakdown
+if [ -n "${HOSTS:-}" ] && [ -z "${GRADKIT_CLUSTER:-}" ]; then
+  mkdir -p "$ROOT/data/out" && cd "$ROOT/data/out"
+  with_cluster "$HOSTS" "${RATE:-1gbit}" bash "$ROOT/pipelines/deft-breakdown.sh"
+  exit
+fi
+NAME=deft-breakdown${GRADKIT_CLUSTER:+-hosts}
+OUT=$ROOT/data/out/$NAME
 rm -rf "$OUT" && mkdir -p "$OUT" && cd "$OUT"
 D=0.001
 if [ "$FAST" != 0 ]; then
@@ -25,7 +32,7 @@ echo "### DEFT Figs. 7 and 9 as a breakdown: where a step's selection time goes"
 echo
 echo "Trace \`gradtrace synthetic --shape lstm --scale $SCALE --ranks P --steps $STEPS --seed 3 --overlap 0.2\`"
 echo "(DEFT's LSTM at scale $SCALE), \`RAYON_NUM_THREADS=1 gradallreduce --algo A --density $D\` with"
-echo "$( [ -n "${GRADKIT_CLUSTER:-}" ] && echo "one rank per host across the cluster's hosts" || echo "in-process ranks") (the paper: 2–16 GPUs"
+echo "$( [ -n "${GRADKIT_CLUSTER:-}" ] && echo "mpirun across the cluster's hosts ($(sed -n 's/^rate=//p' "$GRADKIT_CLUSTER" 2>/dev/null || true), ranks fill hosts in order)" || echo "in-process ranks sharing the machine's cores") (the paper: 2–16 GPUs"
 echo "at 1 Gbit/s and faster). Per step the slowest rank's time in each part, then the median"
 echo "over steps ≥ 1; each cell is the median over $REPS interleaved repeats (min–max). Parts:"
 echo "*top-k* = \`time_topk_s\` (topk-union: every rank over its whole accumulator; cltk: the"
@@ -34,7 +41,9 @@ echo "\`time_norms_s\` + \`time_binpack_s\` (deft: every rank's piece norms and 
 echo "leader's bin packing), *broadcast* = \`time_s:plan\` (deft: the leader's bins) or"
 echo "\`time_s:broadcast_indices\` (cltk: the leader's k indices), *communication* = the"
 echo "allgather and allreduce phases; *select total* = \`time_select_s\` (also the error-feedback"
-echo "accumulation, and deft's broadcast)."
+echo "accumulation, and deft's broadcast). All ranks share this machine's $(nproc) cores: beyond one rank per"
+echo "core every part's wall time includes waiting for a core, so compare the algorithms at equal P,"
+echo "not one P with another, and a broadcast phase includes waiting for its leader's own work."
 echo
 for rep in $(seq "$REPS"); do
   for P in $PS; do
@@ -71,11 +80,14 @@ runs = defaultdict(list)
 for f in files:
     algo, p, _ = f[2:-len(".parquet")].rsplit("-", 2)
     runs[(algo, int(p[1:]))].append(parts(f, algo))
+def g3(v):
+    # 3 significant digits, never an exponent: 0.0118, 75.2, 1180
+    return f"{v:.3g}" if abs(v) < 1000 else str(int(float(f"{v:.3g}")))
 def cell(xs):
     if not xs:
         return "–"
     m = st.median(xs) * 1e3
-    return f"{m:.3g}" if len(xs) == 1 else f"{m:.3g} ({min(xs) * 1e3:.3g}–{max(xs) * 1e3:.3g})"
+    return g3(m) if len(xs) == 1 else f"{g3(m)} ({g3(min(xs) * 1e3)}–{g3(max(xs) * 1e3)})"
 print("| algo | P | top-k ms | norms + bin packing ms | broadcast ms | communication ms | select total ms | time_comm_s ms |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|")
 for algo in ["topk-union", "cltk", "deft"]:
@@ -97,7 +109,7 @@ echo
 cargo build --release --locked -q -p gradkit-sparsify --example bench_topk_heap
 RAYON_NUM_THREADS=1 run "${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/bench_topk_heap" "$N" "$REPS"
 } > section.md
-section deft-breakdown section.md
+section $NAME section.md
 expect section.md "^\| deft \| 2 \| [0-9]" "^\| cltk \| 4 \| [0-9]" "^\| topk-union \| 2 \| [0-9]" \
   "^\| random \| 0\.001 \| 2 \|" "^\| ascending \| 0\.01 \| 8 \|"
 cat section.md
