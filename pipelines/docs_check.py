@@ -343,21 +343,21 @@ def f_deft_errnorm():
             + f"); TopkA leaves {q4(a) / q4(u):.1f}× the union's error")
 
 
-def deft_breakdown():
-    text = section(RESULTS, "deft-breakdown")
+def deft_breakdown(name="deft-breakdown"):
+    text = section(RESULTS, name)
     parts = table(text, RESULTS, "algo", "P", "top-k ms", "norms + bin packing ms", "broadcast ms",
                   "communication ms", "select total ms")
     heap = table(text, RESULTS, "order", "d", "P", "two-pass ms", "heap ms", "Eq. 6 predicted")
     return parts, heap
 
 
-def f_deft_breakdown():
-    parts, _ = deft_breakdown()
+def f_deft_breakdown(name="deft-breakdown"):
+    parts, _ = deft_breakdown(name)
     pmax = max(int(r["P"]) for r in parts)
     row = {r["algo"]: r for r in parts if int(r["P"]) == pmax}
     med = lambda c: c.split(" (")[0]
     u, c, d = row["topk-union"], row["cltk"], row["deft"]
-    return (f"at P = {pmax} (medians of the slowest rank per step, ms; RESULTS.md § deft-breakdown) the top-k "
+    return (f"at P = {pmax} (medians of the slowest rank per step, ms; RESULTS.md § {name}) the top-k "
             f"itself takes {med(u['top-k ms'])} for Top-k (union), {med(c['top-k ms'])} for CLT-k's leader and "
             f"{med(d['top-k ms'])} for DEFT over its pieces; DEFT adds {med(d['norms + bin packing ms'])} of norms "
             f"and bin packing and {med(d['broadcast ms'])} of broadcast (CLT-k's broadcast of the indices: "
