@@ -595,8 +595,28 @@ def inv_same_table(a, b, cols):
     return []
 
 
+def inv_embrace_bytes_page():
+    """results/embrace.md's byte table repeats RESULTS.md's embedding bytes per P: the same numbers."""
+    sec = table(section(RESULTS, "embrace"), RESULTS, "P", "dense (ring of V×d)", "allgather (coalesced)",
+                "embrace (AlltoAll)", "embrace / allgather")
+    page = table(read("docs/results/embrace.md"), "docs/results/embrace.md", "P", "dense: embedding part (ring of V×d)",
+                 "allgather", "embrace (AlltoAll fwd + grad)", "embrace / allgather")
+    flat = lambda c: c.replace(" ", "")
+    want = {r["P"]: [flat(r[c]) for c in ("dense (ring of V×d)", "allgather (coalesced)", "embrace (AlltoAll)",
+                                           "embrace / allgather")] for r in sec}
+    errs = []
+    for r in page:
+        got = [flat(r[c]) for c in ("dense: embedding part (ring of V×d)", "allgather",
+                                    "embrace (AlltoAll fwd + grad)", "embrace / allgather")]
+        if want.get(r["P"]) != got:
+            errs.append(f"docs/results/embrace.md: the bytes at P = {r['P']} ({', '.join(got)}) are not "
+                        f"RESULTS.md § embrace's ({', '.join(want.get(r['P'], ['no such P']))})")
+    return errs
+
+
 def invariants():
     errs = []
+    errs += inv_embrace_bytes_page()
     errs += inv_embrace_table3(section(RESULTS, "embrace"), f"{RESULTS} § embrace")
     for name, get, _ in cluster_runs():
         errs += inv_onebit_verdict(get(), name)
@@ -662,6 +682,8 @@ REGRESSIONS = [
      "must set the compressed phase beside"),
     ("7: end-to-end figure edited", "docs/results/cluster-repeat-1.md", r"end to end [0-9.]+×", "end to end 9.99×",
      "end to end 9.99×"),
+    ("a copied table edited", "docs/results/embrace.md", r"(\n\| 4 \| [0-9 ]+ \| )[0-9][0-9 ]*", r"\g<1>1 ",
+     "the bytes at P = 4"),
     ("a fragment left open", "docs/gradpartition.md", r"(<!-- gen:deft-speedup-by-p -->.*?)<!-- /gen -->",
      r"\g<1>", "fragments opened"),
     ("stale: the DEFT sweep rerun, its prose not", "docs/results/deft-figs.md", r"\| d=0\.1 ", "| d=0.2 ",
