@@ -17,6 +17,7 @@ FAST ?= 0
 export FAST
 
 .PHONY: all help deps deps-apt deps-rust deps-py deps-bench build demo test test-py test-cuda-feature bench stress-mpi lint fmt clean \
+        docs check-docs \
         repro repro-oktopk repro-deft repro-onebit-lamb repro-embrace
 
 all: build
@@ -27,13 +28,14 @@ help:
 	@echo "make bench   benchmarks (numbers go to docs/RESULTS.md by hand)"
 	@echo "make repro   every reproduction below; FAST=1 for the quick ones make test runs"
 	@echo "make repro-oktopk | repro-deft | repro-onebit-lamb | repro-embrace   (FAST=1: ~1 min)"
-	@echo "make repro-oktopk-figs | repro-deft-figs   the figures alone, from target/release"
+	@echo "make repro-oktopk-figs | repro-deft-figs | repro-deft-breakdown   the figures alone, from target/release"
 	@echo "make repro-cluster   the shaped multi-host runs (root; docs/CLUSTER.md)"
 	@echo "make cluster-up HOSTS=4 RATE=1gbit | cluster-status | cluster-down   (docs/CLUSTER.md)"
 	@echo "make build   release binaries in target/release    make deps   what is missing (apt, rustup, venv)"
 	@echo "make test-cuda-feature   the cuda feature built, clippy-checked and its device tests run"
 	@echo "make test-py   the Python package's tests (python/, docs/PYTORCH.md) against target/release"
 	@echo "make stress-mpi RUNS=200   every mpirun error path under load (docs/RELIABILITY.md)"
+	@echo "make docs    regenerate the numbers the docs quote from their tables    make check-docs   check them"
 	@echo "make lint    rustfmt check and workspace clippy    make fmt   format    make clean"
 
 ## deps: what is missing, and only that (apt packages as root or with sudo; the Python venv
@@ -83,6 +85,7 @@ demo: deps build
 test: deps build
 	$(CARGO) fmt --all -- --check
 	python3 pipelines/check-shape.py
+	$(MAKE) --no-print-directory check-docs
 	$(CARGO) test $(CARGO_FLAGS) --workspace
 	$(MAKE) --no-print-directory test-py
 	$(MAKE) --no-print-directory FAST=1 repro
@@ -110,6 +113,15 @@ test-cuda-feature:
 	  [ $$rc = 1 ] && [ "$$(printf '%s\n' "$$err" | wc -l)" = 1 ] && [ "$${err#error: }" != "$$err" ] \
 	  || { echo "error: expected exit 1 and one 'error:' line from --device cuda" >&2; exit 1; }
 	$(CARGO) build $(CARGO_FLAGS) --workspace
+
+## docs: rewrite every <!-- gen:NAME --> fragment in docs/ from the tables it quotes (the
+## repro sections of docs/RESULTS.md, docs/results/); check-docs: fail where prose and tables
+## disagree, and show that each contradiction once found in them would be caught again.
+docs:
+	python3 pipelines/docs_check.py --write
+check-docs:
+	python3 pipelines/docs_check.py
+	python3 pipelines/docs_check.py --selftest
 
 ## deps-bench: mpi4py in the venv, the MPI baseline of make bench (built against
 ## libopenmpi-dev, which deps-apt installs). make test does not need it.

@@ -543,8 +543,11 @@ for rate in RATES:
     cl, co = loss_curve(dl), loss_curve(do)
     target = cl[-1][1]
     hit = next(((s_, w) for s_, l, w, m in co if l <= target), None)
+    # End to end over LAMB's run: the paper's 1/(w + (1−w)/S_c) with both phases' measured steps.
+    w = a.freeze / a.lamb_steps
+    e2e = sl["step"] / (w * sw["step"] + (1 - w) * so["step"])
     lamb_v.append((rate, (thr["onebit-lamb (compressed)"] / thr["lamb"],
-                          thr_eq["onebit-lamb (compressed)"] / thr_eq["lamb"]), target, cl[-1][2],
+                          thr_eq["onebit-lamb (compressed)"] / thr_eq["lamb"], e2e), target, cl[-1][2],
                    co[min(len(co), len(cl)) - 1][1], hit, co[-1][0] + 1))
 print(table(["rate", "run", "compute ms", "comm ms", "comm of last rank ms", "step ms",
              "samples/s", "kB sent/rank", "predicted comm ms", "comm of last rank / predicted",
@@ -599,8 +602,12 @@ for (rate, pp), v in by.items():
     print(f"- **Ok-Topk's step-time speedup, {rate}, P = {pp}** (at equal compute in brackets): {s}.")
 print("  Paper (Ok-Topk Fig. 12, 32–256 GPUs): 1.34–12.95× over dense and the sparse baselines.")
 for rate, sp, ll, lw, lo, hit, nrun in lamb_v:
-    sp, spe = sp
-    print(f"- **1-bit LAMB vs LAMB throughput, {rate}**: {sp:.2f}× measured, {spe:.2f}× at LAMB's compute (paper: up to 2.8×; Table 5 "
+    sp, spe, e2e = sp
+    # The compressed phase compares with the paper's compression-stage speedup (S_c ≈ 4.4×, the
+    # one its 2.8× implies), the whole run with its end-to-end 2.8×; docs_check.py enforces it.
+    print(f"- **1-bit LAMB vs LAMB throughput, {rate}**: compressed phase {sp:.2f}× measured, {spe:.2f}× at "
+          f"LAMB's compute (paper's compression stage ≈ 4.4×); end to end {e2e:.2f}× over LAMB's "
+          f"{a.lamb_steps} steps, the first {a.freeze} uncompressed (paper: up to 2.8×; Table 5 "
           "2.2×/1.5×/2.1×). " + ("Compressed allreduce wins here." if spe > 1.1 else
                                  "No clear win here: compute, not the link, bounds the step." if spe > 0.9
                                  else "The compressed allreduce loses here."))

@@ -9,3 +9,11 @@ repro-deft: build deps-py
 .PHONY: repro-deft-figs
 repro-deft-figs: deps-py
 	@bash pipelines/deft-figs.sh
+
+# make repro-deft-breakdown [FAST=1]: DEFT Figs. 7 and 9 as a breakdown (selection, norms and
+# bin packing, broadcast, communication for topk-union, cltk, deft) and the heap top-k bench
+# alone (no build of the tools: uses target/release). SCALE=1 for DEFT's full LSTM; HOSTS=8
+# [RATE=1gbit] runs it across shaped hosts (root; docs/CLUSTER.md).
+.PHONY: repro-deft-breakdown
+repro-deft-breakdown:
+	@bash pipelines/deft-breakdown.sh

@@ -70,3 +70,5 @@ expect section.md "^\| deft +\| +2 \|" "^\| topk +\| +8 \|" "buildup_topk" "sele
 cat section.md
 # the issue-16 figures (density sweep, DEFT Fig. 8; error-norm curves, DEFT Figs. 5/6)
 bash "$ROOT/pipelines/deft-figs.sh"
+# DEFT Figs. 7 and 9 as a per-part breakdown, and the heap top-k beside the two-pass one
+bash "$ROOT/pipelines/deft-breakdown.sh"

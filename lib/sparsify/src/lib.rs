@@ -20,6 +20,7 @@ pub mod deft;
 pub mod dgc;
 pub mod feedback;
 pub mod gaussiank;
+pub mod heap_topk;
 pub mod kernels;
 pub mod oktopk;
 pub mod onebit;

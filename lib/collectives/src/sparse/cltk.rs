@@ -93,12 +93,18 @@ impl Reducer for CltK {
         let leader = leader_of(step, comm.size());
         let t = Instant::now();
         let acc = self.fb.accumulate(g);
+        let t_topk = Instant::now();
         let sel = (comm.rank() == leader).then(|| self.params.kernels.topk_by_magnitude(&acc, k));
         // Only the leader selects; the others spend no time on it.
-        let time_select = if sel.is_some() { secs(t) } else { 0.0 };
+        let (time_topk, time_select) = if sel.is_some() {
+            (secs(t_topk), secs(t))
+        } else {
+            (0.0, 0.0)
+        };
         let res = exchange(comm, leader, &acc, sel)?;
         let mut metrics = vec![
             ("time_select_s".to_string(), time_select),
+            ("time_topk_s".to_string(), time_topk),
             ("local_nnz".to_string(), res.indices.len() as f64),
             ("leader".to_string(), leader as f64),
         ];

@@ -61,6 +61,9 @@ pub struct Deft {
     params: Params,
     fb: Feedback,
     pieces: Option<Vec<dp::Piece>>,
+    /// Seconds of the last step's norms + k allocation and of its bin packing (leader only),
+    /// reported apart from the selection (DEFT Figs. 7 and 9).
+    times: (f64, f64),
 }
 
 impl Deft {
@@ -69,6 +72,7 @@ impl Deft {
             params: params.clone(),
             fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::Result),
             pieces: None,
+            times: (0.0, 0.0),
         })
     }
 
@@ -82,6 +86,7 @@ impl Deft {
         k: usize,
     ) -> Result<Vec<(std::ops::Range<usize>, usize)>> {
         let (p, r) = (comm.size(), comm.rank());
+        self.times = (0.0, 0.0);
         if let Some(plan) = &self.params.plan {
             check_plan_workers("deft", plan, p)?;
             let rows = plan_at(plan, step);
@@ -103,17 +108,24 @@ impl Deft {
             return Ok(out);
         }
         let pieces = self.pieces.get_or_insert_with(|| dp::pieces(layout, p));
+        let t = std::time::Instant::now();
         let norms = dp::piece_norms(layout, pieces, acc);
         let ks = dp::allocate_k(pieces, &norms, k as u64, false);
+        self.times.0 = super::secs(t);
         let leader = step as usize % p;
+        // Packed before the `plan` phase, so that phase times the broadcast alone.
+        let t = std::time::Instant::now();
+        let mine = (r == leader).then(|| {
+            dp::bin_pack(pieces, &ks, p)
+                .into_iter()
+                .map(|b| b as u32)
+                .collect()
+        });
+        if r == leader {
+            self.times.1 = super::secs(t);
+        }
         let bins: Vec<u32> = {
             let _ph = comm.phase("plan");
-            let mine = (r == leader).then(|| {
-                dp::bin_pack(pieces, &ks, p)
-                    .into_iter()
-                    .map(|b| b as u32)
-                    .collect()
-            });
             comm.broadcast(leader, mine)?
         };
         ensure!(
@@ -154,6 +166,7 @@ impl Reducer for Deft {
         let t = std::time::Instant::now();
         let acc = self.fb.accumulate(g);
         let ranges = self.ranges(comm, step, layout, &acc, k)?;
+        let t_topk = std::time::Instant::now();
         let mut sel: Vec<u32> = Vec::new();
         for (rg, kx) in &ranges {
             let off = rg.start as u32;
@@ -166,8 +179,12 @@ impl Reducer for Deft {
             );
         }
         sel.sort_unstable();
+        let time_topk = super::secs(t_topk);
         let mut metrics = vec![
             ("time_select_s".to_string(), super::secs(t)),
+            ("time_norms_s".to_string(), self.times.0),
+            ("time_binpack_s".to_string(), self.times.1),
+            ("time_topk_s".to_string(), time_topk),
             ("local_nnz".to_string(), sel.len() as f64),
             ("pieces".to_string(), ranges.len() as f64),
         ];

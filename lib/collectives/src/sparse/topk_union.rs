@@ -79,9 +79,12 @@ impl Reducer for TopkUnion {
         let k = k_of(&self.params, n);
         let t = Instant::now();
         let acc = self.fb.accumulate(g);
+        let t_topk = Instant::now();
         let sel = select_topk(self.params.kernels, &acc, k);
+        let time_topk = secs(t_topk);
         let mut metrics = vec![
             ("time_select_s".to_string(), secs(t)),
+            ("time_topk_s".to_string(), time_topk),
             ("local_nnz".to_string(), sel.len() as f64),
         ];
         let res = exchange(comm, &acc, sel.clone())?;
