@@ -90,7 +90,9 @@ test: deps build
 # Every cargo call here selects the whole workspace: selecting packages (`-p`) resolves the
 # features of their dependencies anew, which compiled gradkit-core and everything above it a
 # second time (minutes of make test) for the same code.
-CUDA_FEATURES := --features gradallreduce/cuda,gradtrain/cuda
+# `--features cuda`, as a user types it at the root: every member's own `cuda` (gradkit-cuda,
+# gradallreduce, gradtrain); candle's CUDA backend is the separate `candle-cuda`.
+CUDA_FEATURES := --features cuda
 test-cuda-feature:
 	$(CARGO) clippy $(CARGO_FLAGS) --workspace --all-targets $(CUDA_FEATURES) -- -D warnings
 	$(CARGO) test $(CARGO_FLAGS) --workspace $(CUDA_FEATURES) --test probe --test device
