@@ -16,7 +16,7 @@ BIN := target/release
 FAST ?= 0
 export FAST
 
-.PHONY: all help deps deps-apt deps-rust deps-py deps-bench build demo test test-cuda-feature bench stress-mpi lint fmt clean \
+.PHONY: all help deps deps-apt deps-rust deps-py deps-cuda-py deps-bench build demo test test-cuda-feature gpu-bundle bench stress-mpi lint fmt clean \
         repro repro-oktopk repro-deft repro-onebit-lamb repro-embrace
 
 all: build
@@ -31,14 +31,15 @@ help:
 	@echo "make repro-cluster   the shaped multi-host runs (root; docs/CLUSTER.md)"
 	@echo "make cluster-up HOSTS=4 RATE=1gbit | cluster-status | cluster-down   (docs/CLUSTER.md)"
 	@echo "make build   release binaries in target/release    make deps   what is missing (apt, rustup, venv)"
-	@echo "make test-cuda-feature   the cuda feature built, clippy-checked and its device tests run"
+	@echo "make test-cuda-feature   the cuda feature built, clippy-checked, its kernels compiled (NVRTC, ptxas) and its device tests run"
+	@echo "make gpu-bundle   target/gpu-bundle.tar.gz: stripped cuda binaries and tests for pipelines/gpu-check.sh on a GPU node"
 	@echo "make stress-mpi RUNS=200   every mpirun error path under load (docs/RELIABILITY.md)"
 	@echo "make lint    rustfmt check and workspace clippy    make fmt   format    make clean"
 
 ## deps: what is missing, and only that (apt packages as root or with sudo; the Python venv
-## with numpy, pyarrow, pandas and polars used by the interoperability tests). Quick when
-## all is present.
-deps: deps-apt deps-rust deps-py
+## with numpy, pyarrow, pandas and polars used by the interoperability tests, and CUDA 13.0's
+## NVRTC and ptxas for the kernels' compile check, about 130 MB). Quick when all is present.
+deps: deps-apt deps-rust deps-py deps-cuda-py
 
 deps-apt:
 	@missing=$$(for p in $(APT_PKGS); do \
@@ -62,6 +63,15 @@ deps-py: $(VENV)/.ok-2
 $(VENV)/.ok-2:
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check numpy pyarrow pandas polars
+	touch $@
+
+# NVRTC (libnvrtc.so.13) and ptxas from PyPI, for the compile check of the CUDA kernels in
+# make test (lib/cuda/tests/nvrtc.rs): no GPU, driver or toolkit needed. Pinned to 13.0:
+# NVRTC 13.5's PTX (.version 9.5) is refused by ptxas 13.0 and by CUDA 13.0 drivers.
+CUDA_WHEELS := 'nvidia-cuda-nvrtc==13.0.*' 'nvidia-cuda-nvcc==13.0.*'
+deps-cuda-py: $(VENV)/.ok-cuda-13.0
+$(VENV)/.ok-cuda-13.0: $(VENV)/.ok-2
+	$(VENV)/bin/pip install -q --disable-pip-version-check $(CUDA_WHEELS)
 	touch $@
 
 ## build: release binaries of the six tools in target/release
@@ -93,9 +103,10 @@ test: deps build
 # `--features cuda`, as a user types it at the root: every member's own `cuda` (gradkit-cuda,
 # gradallreduce, gradtrain); candle's CUDA backend is the separate `candle-cuda`.
 CUDA_FEATURES := --features cuda
-test-cuda-feature:
+# The NVRTC test must not skip here: the wheels were just made sure of.
+test-cuda-feature: deps-cuda-py
 	$(CARGO) clippy $(CARGO_FLAGS) --workspace --all-targets $(CUDA_FEATURES) -- -D warnings
-	$(CARGO) test $(CARGO_FLAGS) --workspace $(CUDA_FEATURES) --test probe --test device
+	GRADKIT_REQUIRE_NVRTC=1 $(CARGO) test $(CARGO_FLAGS) --workspace $(CUDA_FEATURES) --test probe --test device --test nvrtc
 	$(CARGO) test $(CARGO_FLAGS) -p gradkit-cuda --features cuda --lib
 	@err=$$($(BIN)/gradallreduce --device cuda 2>&1 >/dev/null); rc=$$?; \
 	  echo "cuda feature: gradallreduce --device cuda -> exit $$rc: $$err"; \

@@ -172,7 +172,7 @@ fn with_the_feature_and_no_driver_cuda_names_the_driver() {
 }
 
 /// Stand-in drivers: one exporting nothing (cudarc would panic: gradkit reports it), one with
-/// a GPU (the kernels are refused as not implemented), an ordinal past the GPUs.
+/// a GPU (opening it for the kernels fails: the stand-in has no context functions), an ordinal past the GPUs.
 #[cfg(feature = "cuda")]
 #[test]
 fn with_the_feature_every_driver_outcome_is_one_line() {
@@ -194,7 +194,7 @@ fn with_the_feature_every_driver_outcome_is_one_line() {
         &d,
         "cuda",
         &lib,
-        "the CUDA kernels are not implemented yet (issue 18 part 2)",
+        "the CUDA kernels could not be loaded on cuda:0 (Stub GPU 0): Missing symbol cuDevicePrimaryCtxRetain",
     );
     refused(
         &d,
