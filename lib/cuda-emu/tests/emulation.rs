@@ -98,3 +98,20 @@ fn with_os_threads_the_kernels_still_equal_the_cpu() {
         g.backend().launches()
     );
 }
+
+/// The per-size check a GPU node runs at 2^10 … 2^26 (`check_large`), here at a small size:
+/// every row equal, and a planted bug shows as a failing row.
+#[test]
+fn the_large_size_check_passes_and_catches_a_plant() {
+    let rows = check::check_large(&gpu(Variant::Plain), 3001, 3);
+    assert_eq!(rows.len(), 6);
+    for (m, ok, detail) in &rows {
+        assert!(ok, "{m}: {detail}");
+    }
+    let rows = check::check_large(&gpu(Variant::ThresholdGeForGt), 3001, 3);
+    assert!(
+        rows.iter()
+            .any(|(m, ok, _)| !ok && m.starts_with("select_above")),
+        "{rows:?}"
+    );
+}

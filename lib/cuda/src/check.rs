@@ -507,3 +507,74 @@ pub fn check_f16_exhaustive<B: Backend>(g: &Gpu<B>) -> Result<(), String> {
     ensure!(gh == ch, "f32 → fp16: {}", first_diff(&gh, &ch));
     Ok(())
 }
+
+/// One row of [`check_large`]: the method, whether it equals the CPU, and the detail.
+pub type Row = (String, bool, String);
+
+/// The GPU-vs-CPU equivalence at one (large) length `n`, one call per method on a mixed
+/// input (normals and the specials): top-k at k = 1 % (indices, values, k-th magnitude),
+/// threshold selection at that k-th magnitude, gather and scatter-add of the selection,
+/// 1-bit compress with feedback and decompress-add, Gaussiank's moments, the fp16 wire.
+/// Every row is computed (no early return), so a table shows them all.
+pub fn check_large<B: Backend>(g: &Gpu<B>, n: usize, seed: u64) -> Vec<Row> {
+    let c = cpu();
+    let x = inputs(n, seed).swap_remove(0).1;
+    let mut rows: Vec<Row> = Vec::new();
+    let mut row = |m: &str, r: Result<(), String>| {
+        let ok = r.is_ok();
+        rows.push((m.to_string(), ok, r.err().unwrap_or_default()));
+    };
+    let k = (n / 100).max(1);
+    let (gi, gv, gt) = g.topk_with_values(&x, k);
+    let (ci, cv, ct) = c.topk_with_values(&x, k);
+    row(
+        "topk_with_values (k = 1 %)",
+        if gi != ci {
+            Err(format!("indices: {}", first_diff(&gi, &ci)))
+        } else if !same_bits(&gv, &cv) {
+            Err(format!("values: {}", fdiff(&gv, &cv)))
+        } else if gt.map(f32::to_bits) != ct.map(f32::to_bits) {
+            Err(format!("k-th magnitude {gt:?} vs {ct:?}"))
+        } else {
+            Ok(())
+        },
+    );
+    let th = ct.unwrap_or(0.0);
+    let (gs, gsv) = g.select_above_with_values(&x, th);
+    let (cs, csv) = c.select_above_with_values(&x, th);
+    row(
+        "select_above_with_values (th = k-th magnitude)",
+        if gs == cs && same_bits(&gsv, &csv) {
+            Ok(())
+        } else {
+            Err(first_diff(&gs, &cs))
+        },
+    );
+    let (gg, cg) = (g.gather(&x, &ci), c.gather(&x, &ci));
+    row(
+        "gather",
+        if same_bits(&gg, &cg) {
+            Ok(())
+        } else {
+            Err(fdiff(&gg, &cg))
+        },
+    );
+    let (mut gd, mut cd) = (vec![0.5f32; n], vec![0.5f32; n]);
+    g.scatter_add(&mut gd, &ci, &cv);
+    c.scatter_add(&mut cd, &ci, &cv);
+    row(
+        "scatter_add (distinct indices)",
+        if same_or_nan(&gd, &cd) {
+            Ok(())
+        } else {
+            Err(fdiff(&gd, &cd))
+        },
+    );
+    let mut t = Tally::default();
+    row(
+        "onebit (compress, deferred, pack, decompress)",
+        check_onebit(g, "large", &x, &mut t),
+    );
+    row("mean_std, fp16 wire", check_extras(g, "large", &x, &mut t));
+    rows
+}

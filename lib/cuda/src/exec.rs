@@ -95,6 +95,17 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn max_grid(&self) -> u32 {
         MAX_GRID
     }
+    /// Device → device, `bytes` bytes (the bandwidth the benches compare with). The default
+    /// goes through the host.
+    fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<(), String> {
+        let mut tmp = vec![0u8; bytes];
+        self.download(src, &mut tmp)?;
+        self.upload(dst, &tmp)
+    }
+    /// Waits for everything launched so far.
+    fn sync(&self) -> Result<(), String> {
+        Ok(())
+    }
     /// Runs `kernel` on `grid` blocks of `block` threads.
     fn launch(
         &self,
@@ -233,6 +244,11 @@ impl<B: Backend> Gpu<B> {
     /// The backend.
     pub fn backend(&self) -> &B {
         &self.be
+    }
+
+    /// The backend's name (the GPU, its architecture).
+    pub fn backend_name(&self) -> String {
+        self.be.name()
     }
 
     /// `bytes` of zeroed device memory.
@@ -423,6 +439,66 @@ impl<B: Backend> Gpu<B> {
         s
     }
 
+    /// DeepSpeed's worker compressor on device buffers: `x[..nx]`, the error `e[..ne]`
+    /// (`ne` a multiple of 8, `nx ≤ ne`), the sign bits into `bits` (`ne/8` bytes); returns
+    /// the scale, left on the device.
+    pub fn onebit_compress(
+        &self,
+        x: &DevBuf<'_>,
+        nx: u32,
+        e: &DevBuf<'_>,
+        ne: u32,
+        bits: &DevBuf<'_>,
+    ) -> DevBuf<'_> {
+        assert!(
+            ne.is_multiple_of(8) && nx <= ne,
+            "1-bit lengths {nx} and {ne}"
+        );
+        let grid = self.grid(ne as usize);
+        let part = self.alloc(grid as usize * 8);
+        self.launch(
+            "gk_sumsq_sum",
+            grid,
+            &[
+                Arg::Ptr(x.ptr()),
+                Arg::U32(nx),
+                Arg::Ptr(e.ptr()),
+                Arg::U32(ne),
+                Arg::Ptr(part.ptr()),
+            ],
+        );
+        let s = self.scale(&part, grid, ne);
+        self.launch(
+            "gk_onebit_compress",
+            self.grid(ne as usize / 8),
+            &[
+                Arg::Ptr(x.ptr()),
+                Arg::U32(nx),
+                Arg::Ptr(e.ptr()),
+                Arg::U32(ne / 8),
+                Arg::Ptr(bits.ptr()),
+                Arg::Ptr(s.ptr()),
+            ],
+        );
+        s
+    }
+
+    /// Device → device copy of `bytes` bytes.
+    pub fn copy(&self, dst: &DevBuf<'_>, src: &DevBuf<'_>, bytes: usize) {
+        assert!(
+            bytes <= dst.bytes() && bytes <= src.bytes(),
+            "copy past a buffer"
+        );
+        if bytes > 0 {
+            ok(self.be.copy(dst.ptr(), src.ptr(), bytes));
+        }
+    }
+
+    /// Waits for the device.
+    pub fn sync(&self) {
+        ok(self.be.sync());
+    }
+
     fn unpack(&self, bits: &[u8], s: f32, out: &mut [f32], add: bool) {
         assert!(
             out.len() <= 8 * bits.len(),
@@ -555,35 +631,9 @@ impl<B: Backend> Kernels for Gpu<B> {
         if e.is_empty() {
             return 0.0;
         }
-        let (nx, ne) = (len32(x.len()), len32(e.len()));
         let (xd, ed) = (self.upload(x), self.upload(e));
         let bd = self.alloc(bits.len());
-        let grid = self.grid(e.len());
-        let part = self.alloc(grid as usize * 8);
-        self.launch(
-            "gk_sumsq_sum",
-            grid,
-            &[
-                Arg::Ptr(xd.ptr()),
-                Arg::U32(nx),
-                Arg::Ptr(ed.ptr()),
-                Arg::U32(ne),
-                Arg::Ptr(part.ptr()),
-            ],
-        );
-        let s = self.scale(&part, grid, ne);
-        self.launch(
-            "gk_onebit_compress",
-            self.grid(bits.len()),
-            &[
-                Arg::Ptr(xd.ptr()),
-                Arg::U32(nx),
-                Arg::Ptr(ed.ptr()),
-                Arg::U32(len32(bits.len())),
-                Arg::Ptr(bd.ptr()),
-                Arg::Ptr(s.ptr()),
-            ],
-        );
+        let s = self.onebit_compress(&xd, len32(x.len()), &ed, len32(e.len()), &bd);
         ed.read_into(f32::as_bytes_mut(e));
         bd.read_into(bits);
         s.read::<f32>(1)[0]

@@ -261,6 +261,20 @@ pub fn kernels_for(device: Device) -> Result<&'static dyn Kernels, DeviceError> 
     }
 }
 
+/// The CUDA kernels on GPU `ordinal` as their concrete type (device-resident calls, the
+/// extras: moments, fp16), opened as [`kernels_for`] opens them.
+#[cfg(feature = "cuda")]
+pub fn gpu(ordinal: u32) -> Result<&'static exec::Gpu<nv::Nv>, DeviceError> {
+    let info = probe()?;
+    if ordinal as usize >= info.count() {
+        return Err(DeviceError::NoSuchDevice {
+            ordinal,
+            count: info.count(),
+        });
+    }
+    imp::open(ordinal, &info)
+}
+
 #[cfg(feature = "cuda")]
 mod imp {
     //! The probe proper: presence checks first, then the driver calls under a panic guard.
@@ -285,12 +299,20 @@ mod imp {
         }
     }
 
-    /// The CUDA kernels on GPU `ordinal`, opened once per process (the outcome, success or
-    /// error, is kept).
+    /// The CUDA kernels on GPU `ordinal` as a trait object.
     pub fn gpu(
         ordinal: u32,
         info: &DeviceInfo,
     ) -> Result<&'static dyn gradkit_sparsify::kernels::Kernels, DeviceError> {
+        open(ordinal, info).map(|g| g as &'static dyn gradkit_sparsify::kernels::Kernels)
+    }
+
+    /// The CUDA kernels on GPU `ordinal`, opened once per process (the outcome, success or
+    /// error, is kept).
+    pub fn open(
+        ordinal: u32,
+        info: &DeviceInfo,
+    ) -> Result<&'static crate::exec::Gpu<crate::nv::Nv>, DeviceError> {
         use std::collections::HashMap;
         use std::sync::{Mutex, OnceLock};
         type Opened = Result<&'static crate::exec::Gpu<crate::nv::Nv>, DeviceError>;
@@ -313,7 +335,7 @@ mod imp {
                 }
             })
             .clone();
-        got.map(|g| g as &'static dyn gradkit_sparsify::kernels::Kernels)
+        got
     }
 
     pub fn probe() -> Result<DeviceInfo, DeviceError> {

@@ -189,6 +189,17 @@ impl Backend for Nv {
         unsafe { result::memcpy_dtoh_sync(dst, src) }.map_err(drv)
     }
 
+    fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<(), String> {
+        self.bind()?;
+        // SAFETY: both are live allocations of at least `bytes` bytes (Gpu::copy checks).
+        unsafe { result::memcpy_dtod_sync(dst, src, bytes) }.map_err(drv)
+    }
+
+    fn sync(&self) -> Result<(), String> {
+        self.bind()?;
+        result::ctx::synchronize().map_err(drv)
+    }
+
     fn launch(
         &self,
         kernel: &'static str,
