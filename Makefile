@@ -16,7 +16,7 @@ BIN := target/release
 FAST ?= 0
 export FAST
 
-.PHONY: all help deps deps-apt deps-rust deps-py deps-cuda-py deps-bench build demo test test-cuda-feature gpu-bundle bench stress-mpi lint fmt clean \
+.PHONY: all help deps deps-apt deps-rust deps-py deps-cuda-py deps-bench build demo test test-cuda-feature gpu-bundle gpu-bundle-files bench stress-mpi lint fmt clean \
         repro repro-oktopk repro-deft repro-onebit-lamb repro-embrace
 
 all: build
@@ -112,7 +112,32 @@ test-cuda-feature: deps-cuda-py
 	  echo "cuda feature: gradallreduce --device cuda -> exit $$rc: $$err"; \
 	  [ $$rc = 1 ] && [ "$$(printf '%s\n' "$$err" | wc -l)" = 1 ] && [ "$${err#error: }" != "$$err" ] \
 	  || { echo "error: expected exit 1 and one 'error:' line from --device cuda" >&2; exit 1; }
+	$(MAKE) --no-print-directory gpu-bundle-files
+	bash pipelines/gpu-check.sh --dry-run target/gpu-check-dry
 	$(CARGO) build $(CARGO_FLAGS) --workspace
+
+## gpu-bundle: what pipelines/gpu-check.sh runs on a GPU node, where there is no Rust: the
+## `cuda` build of gradallreduce, gradtrain and gradtrace and the GPU test binaries, stripped
+## (at most 60 MiB), in target/gpu-bundle/ and target/gpu-bundle.tar.gz (docs/GPU.md). Then
+## the default binaries are put back in target/release.
+BUNDLE := target/gpu-bundle
+gpu-bundle: deps-apt deps-rust
+	$(MAKE) --no-print-directory gpu-bundle-files
+	bash pipelines/gpu-check.sh --dry-run target/gpu-check-dry
+	$(CARGO) build $(CARGO_FLAGS) --workspace
+	@echo "gpu-bundle: target/gpu-bundle.tar.gz ($$(du -h target/gpu-bundle.tar.gz | cut -f1)); on the GPU node: tar xzf gpu-bundle.tar.gz && gpu-bundle/gpu-check.sh OUTDIR"
+
+gpu-bundle-files:
+	$(CARGO) build $(CARGO_FLAGS) --workspace $(CUDA_FEATURES)
+	@rm -rf $(BUNDLE) && mkdir -p $(BUNDLE)/bin $(BUNDLE)/tests
+	@set -o pipefail; $(CARGO) test $(CARGO_FLAGS) --workspace $(CUDA_FEATURES) --test gpu --test nvrtc --no-run --message-format=json \
+	  | python3 -c 'import json, sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]]' \
+	  | while read -r t; do n=$$(basename "$$t"); cp "$$t" "$(BUNDLE)/tests/$${n%-*}"; done
+	cp $(BIN)/gradallreduce $(BIN)/gradtrain $(BIN)/gradtrace $(BUNDLE)/bin/
+	strip $(BUNDLE)/bin/* $(BUNDLE)/tests/*
+	cp pipelines/gpu-check.sh $(BUNDLE)/
+	git describe --always --dirty > $(BUNDLE)/VERSION
+	tar -C target -czf target/gpu-bundle.tar.gz gpu-bundle
 
 ## deps-bench: mpi4py in the venv, the MPI baseline of make bench (built against
 ## libopenmpi-dev, which deps-apt installs). make test does not need it.
