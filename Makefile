@@ -130,7 +130,7 @@ gpu-bundle: deps-apt deps-rust
 gpu-bundle-files:
 	$(CARGO) build $(CARGO_FLAGS) --workspace $(CUDA_FEATURES)
 	@rm -rf $(BUNDLE) && mkdir -p $(BUNDLE)/bin $(BUNDLE)/tests
-	@set -o pipefail; $(CARGO) test $(CARGO_FLAGS) --workspace $(CUDA_FEATURES) --test gpu --test nvrtc --no-run --message-format=json \
+	@set -o pipefail; $(CARGO) test $(CARGO_FLAGS) --workspace $(CUDA_FEATURES) --test gpu --test nvrtc --test nccl --no-run --message-format=json \
 	  | python3 -c 'import json, sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]]' \
 	  | while read -r t; do n=$$(basename "$$t"); cp "$$t" "$(BUNDLE)/tests/$${n%-*}"; done
 	cp $(BIN)/gradallreduce $(BIN)/gradtrain $(BIN)/gradtrace $(BUNDLE)/bin/

@@ -6,8 +6,8 @@
 # unpacked from target/gpu-bundle.tar.gz, else target/gpu-bundle of the checkout).
 #
 # Every stage runs under `timeout` and writes its table into OUTDIR as it finishes, so a
-# node taken away half-way still leaves the stages done; the whole run stays under about
-# 7 minutes. OUTDIR/stages.md lists each stage's exit status and time.
+# node taken away half-way still leaves the stages done; the timeouts add up to 395 s, so the
+# whole run stays under 7 minutes. OUTDIR/stages.md lists each stage's exit status and time.
 #
 # --dry-run (make test runs it, no GPU needed): checks the bundle (files, size ≤ 60 MiB, every
 # binary starts, the test binaries list their tests), builds the environment as on a node
@@ -34,7 +34,7 @@ fail() { log "error: $*"; exit 1; }
 # ---- the bundle -------------------------------------------------------------------------
 [ -d "$B" ] || fail "no bundle at $B (make gpu-bundle builds it)"
 TOOLS="gradallreduce gradtrain gradtrace"
-TESTS="gpu nvrtc"
+TESTS="gpu nvrtc nccl"
 for t in $TOOLS; do [ -x "$B/bin/$t" ] || fail "the bundle lacks bin/$t"; done
 for t in $TESTS; do [ -x "$B/tests/$t" ] || fail "the bundle lacks tests/$t"; done
 bytes=$(du -sb "$B" | cut -f1)
@@ -88,8 +88,9 @@ done
 # (The lists are read whole: `grep -q` on a pipe would end the lister early, and pipefail
 # would call that a failure.)
 listed=$("$B/tests/gpu" --list 2>/dev/null)$'\n'$("$B/tests/nvrtc" --list 2>/dev/null)
+listed+=$'\n'$("$B/tests/nccl" --list 2>/dev/null)
 for t in kernels_equal_the_cpu_on_the_gpu bench_kernels_against_the_copy_bandwidth \
-         every_kernel_compiles_for_sm80_and_sm90_without_spills; do
+         every_kernel_compiles_for_sm80_and_sm90_without_spills nccl_conformance_rank_entry; do
   grep -q "^$t: test" <<< "$listed" || fail "the test binaries do not list $t"
 done
 log "every binary starts; the test binaries list their tests"
@@ -165,15 +166,21 @@ EOF
 
 export B OUT PY
 export -f versions cli torch_topk
-stage versions 60 versions
-stage equivalence 200 env GRADKIT_GPU_OUT="$OUT" "$B/tests/gpu" --ignored --exact kernels_equal_the_cpu_on_the_gpu --nocapture
-stage cli 60 cli
+stage versions 40 versions
+stage equivalence 150 env GRADKIT_GPU_OUT="$OUT" "$B/tests/gpu" --ignored --exact kernels_equal_the_cpu_on_the_gpu --nocapture
+stage cli 40 cli
 if [ -n "$nccl" ]; then
-  # Not built yet: the NCCL Comm backend (docs/GPU.md); the row says so.
-  stage conformance-nccl 5 sh -c "echo 'the NCCL Comm backend is not built yet (docs/GPU.md)' > '$OUT/conformance-nccl.md'; exit 3"
+  # Two ranks on the one GPU need NCCL >= 2.30 (NCCL_MULTI_RANK_GPU_ENABLE); else one rank.
+  nccl_ver=$("$PY" -m pip list 2>/dev/null | awk 'tolower($1) ~ /^nvidia-nccl/ {print $2; exit}')
+  np=1
+  if [ -n "$nccl_ver" ] && [ "$(printf '%s\n' 2.30 "$nccl_ver" | sort -V | head -1)" = 2.30 ]; then np=2; fi
+  log "NCCL $nccl_ver: the conformance suite on $np rank(s)$([ $np = 1 ] && echo ' (NCCL < 2.30 refuses two ranks on one GPU)')"
+  stage conformance-nccl 60 mpirun -np $np -x LD_LIBRARY_PATH -x NCCL_MULTI_RANK_GPU_ENABLE=1 -x NCCL_NVLS_ENABLE=0 \
+    "$B/tests/nccl" --ignored --exact nccl_conformance_rank_entry --nocapture --test-threads=1
+  [ $DRY = 1 ] || { grep '^| nccl' "$OUT/conformance-nccl.out" > "$OUT/conformance-nccl.md" || echo "no result line: see conformance-nccl.out" > "$OUT/conformance-nccl.md"; }
 fi
-stage bench 90 env GRADKIT_GPU_OUT="$OUT" "$B/tests/gpu" --ignored --exact bench_kernels_against_the_copy_bandwidth --nocapture
-stage torch-topk 60 torch_topk
+stage bench 60 env GRADKIT_GPU_OUT="$OUT" "$B/tests/gpu" --ignored --exact bench_kernels_against_the_copy_bandwidth --nocapture
+stage torch-topk 45 torch_topk
 
 if [ $DRY = 1 ]; then
   # What can be checked without a GPU: the compile check from the bundle, with this

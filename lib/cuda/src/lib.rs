@@ -22,6 +22,8 @@ use gradkit_sparsify::kernels::{self, Kernels};
 pub mod check;
 pub mod exec;
 #[cfg(feature = "cuda")]
+pub mod nccl;
+#[cfg(feature = "cuda")]
 pub mod nv;
 
 /// Where selection and compression run: `--device cpu` (the default), `cuda` (= `cuda:0`) or
