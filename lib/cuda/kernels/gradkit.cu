@@ -322,6 +322,44 @@ GK_KERNEL void gk_onebit_deferred(const float* x, u32 nx, float* e, u32 nbytes, 
   if (threadIdx.x == 0) part[blockIdx.x] = s2;
 }
 
+// The server stage in one pass (onebit::server_sum_deferred): for element i, z = 0.0 plus
+// ±s_m of each of the p messages in message order (message m's bytes at msgs + m·stride),
+// c = z + (err − due·sign(err)), written to err, its sign bits into out, and part[b] = Σc²
+// of block b's share.
+GK_KERNEL void gk_onebit_server(const u8* msgs, u32 stride, const float* scales, u32 p,
+                                float* err, u32 nbytes, u8* out, float due, double* part) {
+  __shared__ double sh[GK_BLOCK];
+  double s2 = 0.0;
+  for (u32 b = blockIdx.x * GK_BLOCK + threadIdx.x; b < nbytes; b += gridDim.x * GK_BLOCK) {
+    u32 w = 0;
+    for (u32 j = 0; j < 8; j++) {
+      u32 i = 8 * b + j;
+      float z = 0.0f;
+      for (u32 m = 0; m < p; m++) {
+        float s = scales[m];
+        z += ((msgs[m * stride + b] >> (7 - j)) & 1u) ? s : -s;
+      }
+      float v = err[i];
+      float c = z + gk_feedback(v, due, GK_NONNEG(v));
+      err[i] = c;
+      w |= (GK_NONNEG(c) ? 1u : 0u) << (7 - j);
+      s2 += (double)c * (double)c;
+    }
+    out[b] = (u8)w;
+  }
+  s2 = gk_block_sum(s2, sh);
+  if (threadIdx.x == 0) part[blockIdx.x] = s2;
+}
+
+// One block: *out = Σ part (f64).
+GK_KERNEL void gk_sum_final(const double* part, u32 np, double* out) {
+  __shared__ double sh[GK_BLOCK];
+  double a = 0.0;
+  for (u32 i = threadIdx.x; i < np; i += GK_BLOCK) a += part[i];
+  a = gk_block_sum(a, sh);
+  if (threadIdx.x == 0) *out = a;
+}
+
 // pack_and_feedback for a given scale: bits of buf, buf ← buf − s·sign(buf).
 GK_KERNEL void gk_onebit_pack(float* buf, u32 nbytes, u8* bits, float s) {
   for (u32 b = blockIdx.x * GK_BLOCK + threadIdx.x; b < nbytes; b += gridDim.x * GK_BLOCK) {
@@ -423,5 +461,6 @@ GK_KERNEL void gk_from_f16(const u16* h, u32 n, float* out) {
 #define GK_KERNELS(X)                                                                    \
   X(gk_count) X(gk_scan) X(gk_compact) X(gk_radix_hist) X(gk_radix_pick)                 \
   X(gk_moments_part) X(gk_moments_final) X(gk_sumsq_sum) X(gk_scale_final)               \
-  X(gk_onebit_compress) X(gk_onebit_deferred) X(gk_onebit_pack) X(gk_onebit_unpack)      \
+  X(gk_onebit_compress) X(gk_onebit_deferred) X(gk_onebit_server) X(gk_sum_final)        \
+  X(gk_onebit_pack) X(gk_onebit_unpack)                                                  \
   X(gk_gather) X(gk_scatter_add) X(gk_to_f16) X(gk_from_f16)

@@ -364,6 +364,36 @@ pub fn check_onebit(g: &dyn Kernels, name: &str, x: &[f32], t: &mut Tally) -> Re
             "{name}: onebit_compress_deferred due={due} scale {gs:?} vs {cs:?}"
         );
     }
+    // The server stage, deferred: three messages (one of them longer than needed), their
+    // sum and sign pack; Σz² to relative 1e-12 (an f64 sum in another order).
+    let msgs: Vec<(Vec<u8>, f32)> = (0..3)
+        .map(|m| {
+            let bytes = (0..nb + 2 * (m == 1) as usize)
+                .map(|_| r.next_u64() as u8)
+                .collect();
+            (bytes, [0.5f32, 1.25, 0.0][m])
+        })
+        .collect();
+    for due in [0.0f32, 0.37] {
+        let (mut ge, mut ce) = (e0.clone(), e0.clone());
+        let (mut gb, mut cb) = (vec![0u8; nb], vec![0u8; nb]);
+        let gs = g.onebit_server_deferred(&msgs, &mut ge, due, &mut gb);
+        let cs = c.onebit_server_deferred(&msgs, &mut ce, due, &mut cb);
+        ensure!(
+            gb == cb,
+            "{name}: onebit_server_deferred due={due} bits: {}",
+            first_diff(&gb, &cb)
+        );
+        ensure!(
+            same_or_nan(&ge, &ce),
+            "{name}: onebit_server_deferred due={due} values: {}",
+            fdiff(&ge, &ce)
+        );
+        ensure!(
+            (gs - cs).abs() <= 1e-12 * cs.abs() || (gs.is_nan() && cs.is_nan()),
+            "{name}: onebit_server_deferred due={due} sum of squares {gs:?} vs {cs:?}"
+        );
+    }
     // Pack for a given scale (a buffer whose length is not a multiple of 8: its whole bytes).
     let mut buf: Vec<f32> = x.to_vec();
     buf.extend_from_slice(&e0[..3]);
@@ -400,8 +430,8 @@ pub fn check_onebit(g: &dyn Kernels, name: &str, x: &[f32], t: &mut Tally) -> Re
         "{name}: onebit_decompress_add: {}",
         fdiff(&ga, &ca)
     );
-    t.cases += 7;
-    t.elements += 7 * n;
+    t.cases += 9;
+    t.elements += 9 * n;
     Ok(())
 }
 

@@ -35,7 +35,7 @@ pub const TILE: u32 = 2048;
 const MAX_GRID: u32 = 4096;
 
 /// Every `extern "C"` kernel of [`SOURCE`].
-pub const KERNEL_NAMES: [&str; 17] = [
+pub const KERNEL_NAMES: [&str; 19] = [
     "gk_count",
     "gk_scan",
     "gk_compact",
@@ -47,6 +47,8 @@ pub const KERNEL_NAMES: [&str; 17] = [
     "gk_scale_final",
     "gk_onebit_compress",
     "gk_onebit_deferred",
+    "gk_onebit_server",
+    "gk_sum_final",
     "gk_onebit_pack",
     "gk_onebit_unpack",
     "gk_gather",
@@ -696,6 +698,58 @@ impl<B: Backend> Kernels for Gpu<B> {
         ed.read_into(f32::as_bytes_mut(e));
         bd.read_into(bits);
         s.read::<f32>(1)[0]
+    }
+
+    fn onebit_server_deferred(
+        &self,
+        msgs: &[(Vec<u8>, f32)],
+        err: &mut [f32],
+        due: f32,
+        out: &mut [u8],
+    ) -> f64 {
+        assert_eq!(err.len() % 8, 0, "1-bit server chunks are whole bytes");
+        assert_eq!(out.len(), err.len() / 8, "1-bit server output bytes");
+        for (b, _) in msgs {
+            assert!(b.len() * 8 >= err.len(), "1-bit server message too short");
+        }
+        if err.is_empty() {
+            return 0.0;
+        }
+        let nbytes = out.len();
+        // The messages side by side, each cut to the bytes the server reads.
+        let mut all = Vec::with_capacity(msgs.len() * nbytes);
+        for (b, _) in msgs {
+            all.extend_from_slice(&b[..nbytes]);
+        }
+        let scales: Vec<f32> = msgs.iter().map(|(_, s)| *s).collect();
+        let (md, sd, ed) = (self.upload(&all), self.upload(&scales), self.upload(&*err));
+        let od = self.alloc(nbytes);
+        let grid = self.grid(nbytes);
+        let part = self.alloc(grid as usize * 8);
+        let total = self.alloc(8);
+        self.launch(
+            "gk_onebit_server",
+            grid,
+            &[
+                Arg::Ptr(md.ptr()),
+                Arg::U32(len32(nbytes)),
+                Arg::Ptr(sd.ptr()),
+                Arg::U32(len32(msgs.len())),
+                Arg::Ptr(ed.ptr()),
+                Arg::U32(len32(nbytes)),
+                Arg::Ptr(od.ptr()),
+                Arg::F32(due),
+                Arg::Ptr(part.ptr()),
+            ],
+        );
+        self.launch(
+            "gk_sum_final",
+            1,
+            &[Arg::Ptr(part.ptr()), Arg::U32(grid), Arg::Ptr(total.ptr())],
+        );
+        ed.read_into(f32::as_bytes_mut(err));
+        od.read_into(out);
+        total.read::<f64>(1)[0]
     }
 
     fn topk_with_values(&self, x: &[f32], k: usize) -> (Vec<u32>, Vec<f32>, Option<f32>) {
