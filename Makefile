@@ -74,9 +74,10 @@ $(VENV)/.ok-cuda-13.0: $(VENV)/.ok-2
 	$(VENV)/bin/pip install -q --disable-pip-version-check $(CUDA_WHEELS)
 	touch $@
 
-## build: release binaries of the six tools in target/release
+## build: release binaries of the six tools in target/release (the default members: not the
+## test-only CUDA emulation, which `cargo test --workspace` builds)
 build: deps-apt deps-rust
-	$(CARGO) build $(CARGO_FLAGS) --workspace
+	$(CARGO) build $(CARGO_FLAGS)
 
 ## demo: synthetic trace → selections → plans → every allreduce → short training → report
 demo: deps build
