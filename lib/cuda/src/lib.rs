@@ -1,5 +1,5 @@
 //! gradkit-cuda: the device a tool's selection and compression run on (`--device cpu|cuda[:N]`),
-//! the probe for the CUDA libraries, and the kernels for a device (issue 18, part 1).
+//! the probe for the CUDA libraries, the kernels for a device, and an NCCL `Comm` (docs/GPU.md).
 //!
 //! Built without the `cuda` feature (the default), this crate needs nothing of CUDA: `cpu`
 //! works and `cuda` is refused with a message that says how to rebuild. With the feature it
@@ -9,10 +9,12 @@
 //! into one [`DeviceError`] line.
 //!
 //! With the feature, [`kernels_for`] gives the CUDA implementation of
-//! [`Kernels`](gradkit_sparsify::kernels::Kernels): the kernels of `kernels/gradkit.cu`,
-//! compiled by NVRTC once per process for the GPU's own architecture ([`nv`]), driven by
-//! [`exec`] (also run on the CPU by the emulation tests of `gradkit-cuda-emu`). Not built yet
-//! (docs/GPU.md): the NCCL `Comm` backend and device buffers through the collectives.
+//! [`Kernels`]: the kernels of `kernels/gradkit.cu`,
+//! compiled by NVRTC once per process for the GPU's own architecture (`nv`), driven by
+//! [`exec`] (also run on the CPU by the emulation tests of `gradkit-cuda-emu`), and
+//! [`check`] compares any implementation with the CPU one. `nccl` is a `Comm` over NCCL
+//! (written, never run: no GPU where it was built). Not built yet (docs/GPU.md): device
+//! buffers through the collectives.
 
 use std::fmt;
 use std::str::FromStr;
