@@ -6,7 +6,7 @@
 # unpacked from target/gpu-bundle.tar.gz, else target/gpu-bundle of the checkout).
 #
 # Every stage runs under `timeout` and writes its table into OUTDIR as it finishes, so a
-# node taken away half-way still leaves the stages done; the timeouts add up to 395 s, so the
+# node taken away half-way still leaves the stages done; the timeouts add up to 405 s, so the
 # whole run stays under 7 minutes. OUTDIR/stages.md lists each stage's exit status and time.
 #
 # --dry-run (make test runs it, no GPU needed): checks the bundle (files, size ≤ 60 MiB, every
@@ -194,7 +194,7 @@ EOF
 export B OUT PY
 export -f versions same cli torch_topk
 stage versions 40 versions
-stage equivalence 150 env GRADKIT_GPU_OUT="$OUT" "$B/tests/gpu" --ignored --exact kernels_equal_the_cpu_on_the_gpu --nocapture
+stage equivalence 120 env GRADKIT_GPU_OUT="$OUT" "$B/tests/gpu" --ignored --exact kernels_equal_the_cpu_on_the_gpu --nocapture
 stage cli 40 cli
 if [ -n "$nccl" ]; then
   # Two ranks on the one GPU need NCCL >= 2.30 (NCCL_MULTI_RANK_GPU_ENABLE); else one rank.
@@ -207,6 +207,7 @@ if [ -n "$nccl" ]; then
   [ $DRY = 1 ] || { grep '^| nccl' "$OUT/conformance-nccl.out" > "$OUT/conformance-nccl.md" || echo "no result line: see conformance-nccl.out" > "$OUT/conformance-nccl.md"; }
 fi
 stage bench 60 env GRADKIT_GPU_OUT="$OUT" "$B/tests/gpu" --ignored --exact bench_kernels_against_the_copy_bandwidth --nocapture
+stage bench-allreduce 40 sh -c '"$1"/bin/gradallreduce bench --device cuda --algo onebit,topka,oktopk --ranks 2 --sizes 1M:16M --iters 3 --warmup 1 -q > "$2"/bench-allreduce.md' _ "$B" "$OUT"
 stage torch-topk 45 torch_topk
 
 if [ $DRY = 1 ]; then
