@@ -16,7 +16,7 @@ BIN := target/release
 FAST ?= 0
 export FAST
 
-.PHONY: all help deps deps-apt deps-rust deps-py deps-bench build demo test test-py test-cuda-feature bench stress-mpi lint fmt clean \
+.PHONY: all help deps deps-apt deps-rust deps-py deps-cuda-py deps-bench build demo test test-py test-cuda-feature gpu-bundle gpu-bundle-files bench stress-mpi lint fmt clean \
         docs check-docs \
         repro repro-oktopk repro-deft repro-onebit-lamb repro-embrace
 
@@ -32,16 +32,18 @@ help:
 	@echo "make repro-cluster   the shaped multi-host runs (root; docs/CLUSTER.md)"
 	@echo "make cluster-up HOSTS=4 RATE=1gbit | cluster-status | cluster-down   (docs/CLUSTER.md)"
 	@echo "make build   release binaries in target/release    make deps   what is missing (apt, rustup, venv)"
-	@echo "make test-cuda-feature   the cuda feature built, clippy-checked and its device tests run"
+	@echo "make test-cuda-feature   the cuda feature built, clippy-checked, its kernels compiled (NVRTC, ptxas) and its device tests run"
 	@echo "make test-py   the Python package's tests (python/, docs/PYTORCH.md) against target/release"
+	@echo "make gpu-bundle   target/gpu-bundle.tar.gz: stripped cuda binaries and tests for pipelines/gpu-check.sh on a GPU node"
 	@echo "make stress-mpi RUNS=200   every mpirun error path under load (docs/RELIABILITY.md)"
 	@echo "make docs    regenerate the numbers the docs quote from their tables    make check-docs   check them"
 	@echo "make lint    rustfmt check and workspace clippy    make fmt   format    make clean"
 
 ## deps: what is missing, and only that (apt packages as root or with sudo; the Python venv
-## with numpy, pyarrow, pandas and polars used by the interoperability tests, and the gradkit
-## Python package of python/, installed editable). Quick when all is present.
-deps: deps-apt deps-rust deps-py
+## with numpy, pyarrow, pandas and polars used by the interoperability tests, the gradkit
+## Python package of python/, installed editable, and CUDA 13.0's NVRTC and ptxas for the
+## kernels' compile check, about 130 MB). Quick when all is present.
+deps: deps-apt deps-rust deps-py deps-cuda-py
 
 deps-apt:
 	@missing=$$(for p in $(APT_PKGS); do \
@@ -68,9 +70,19 @@ $(VENV)/.ok-3:
 	$(VENV)/bin/pip install -q --disable-pip-version-check -e ./python
 	touch $@
 
-## build: release binaries of the six tools in target/release
+# NVRTC (libnvrtc.so.13) and ptxas from PyPI, for the compile check of the CUDA kernels in
+# make test (lib/cuda/tests/nvrtc.rs): no GPU, driver or toolkit needed. Pinned to 13.0:
+# NVRTC 13.5's PTX (.version 9.5) is refused by ptxas 13.0 and by CUDA 13.0 drivers.
+CUDA_WHEELS := 'nvidia-cuda-nvrtc==13.0.*' 'nvidia-cuda-nvcc==13.0.*'
+deps-cuda-py: $(VENV)/.ok-cuda-13.0
+$(VENV)/.ok-cuda-13.0: $(VENV)/.ok-3
+	$(VENV)/bin/pip install -q --disable-pip-version-check $(CUDA_WHEELS)
+	touch $@
+
+## build: release binaries of the six tools in target/release (the default members: not the
+## test-only CUDA emulation, which `cargo test --workspace` builds)
 build: deps-apt deps-rust
-	$(CARGO) build $(CARGO_FLAGS) --workspace
+	$(CARGO) build $(CARGO_FLAGS)
 
 ## demo: synthetic trace → selections → plans → every allreduce → short training → report
 demo: deps build
@@ -103,15 +115,22 @@ test-py: deps-py
 # Every cargo call here selects the whole workspace: selecting packages (`-p`) resolves the
 # features of their dependencies anew, which compiled gradkit-core and everything above it a
 # second time (minutes of make test) for the same code.
-CUDA_FEATURES := --features gradallreduce/cuda,gradtrain/cuda
-test-cuda-feature:
+# `--features cuda`, as a user types it at the root: every member's own `cuda` (gradkit-cuda,
+# gradallreduce, gradtrain); candle's CUDA backend is the separate `candle-cuda`.
+CUDA_FEATURES := --features cuda
+# The NVRTC test must not skip here: the wheels were just made sure of. gradkit-cuda's unit
+# tests are the same with and without the feature (they run in `cargo test --workspace`);
+# running them here with `-p gradkit-cuda` recompiled gradkit-comm and below (2 minutes) once
+# the feature pulled in the NCCL backend.
+test-cuda-feature: deps-cuda-py
 	$(CARGO) clippy $(CARGO_FLAGS) --workspace --all-targets $(CUDA_FEATURES) -- -D warnings
-	$(CARGO) test $(CARGO_FLAGS) --workspace $(CUDA_FEATURES) --test probe --test device
-	$(CARGO) test $(CARGO_FLAGS) -p gradkit-cuda --features cuda --lib
+	GRADKIT_REQUIRE_NVRTC=1 $(CARGO) test $(CARGO_FLAGS) --workspace $(CUDA_FEATURES) --test probe --test device --test nvrtc
 	@err=$$($(BIN)/gradallreduce --device cuda 2>&1 >/dev/null); rc=$$?; \
 	  echo "cuda feature: gradallreduce --device cuda -> exit $$rc: $$err"; \
 	  [ $$rc = 1 ] && [ "$$(printf '%s\n' "$$err" | wc -l)" = 1 ] && [ "$${err#error: }" != "$$err" ] \
 	  || { echo "error: expected exit 1 and one 'error:' line from --device cuda" >&2; exit 1; }
+	$(MAKE) --no-print-directory gpu-bundle-files
+	bash pipelines/gpu-check.sh --dry-run target/gpu-check-dry
 	$(CARGO) build $(CARGO_FLAGS) --workspace
 
 ## docs: rewrite every <!-- gen:NAME --> fragment in docs/ from the tables it quotes (the
@@ -122,6 +141,29 @@ docs:
 check-docs:
 	python3 pipelines/docs_check.py
 	python3 pipelines/docs_check.py --selftest
+
+## gpu-bundle: what pipelines/gpu-check.sh runs on a GPU node, where there is no Rust: the
+## `cuda` build of gradallreduce, gradselect and gradtrace and the GPU test binaries, stripped
+## (at most 60 MiB), in target/gpu-bundle/ and target/gpu-bundle.tar.gz (docs/GPU.md). Then
+## the default binaries are put back in target/release.
+BUNDLE := target/gpu-bundle
+gpu-bundle: deps-apt deps-rust
+	$(MAKE) --no-print-directory gpu-bundle-files
+	bash pipelines/gpu-check.sh --dry-run target/gpu-check-dry
+	$(CARGO) build $(CARGO_FLAGS) --workspace
+	@echo "gpu-bundle: target/gpu-bundle.tar.gz ($$(du -h target/gpu-bundle.tar.gz | cut -f1)); on the GPU node: tar xzf gpu-bundle.tar.gz && gpu-bundle/gpu-check.sh OUTDIR"
+
+gpu-bundle-files:
+	$(CARGO) build $(CARGO_FLAGS) --workspace $(CUDA_FEATURES)
+	@rm -rf $(BUNDLE) && mkdir -p $(BUNDLE)/bin $(BUNDLE)/tests
+	@set -o pipefail; $(CARGO) test $(CARGO_FLAGS) --workspace $(CUDA_FEATURES) --test gpu --test nvrtc --test nccl --no-run --message-format=json \
+	  | python3 -c 'import json, sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]]' \
+	  | while read -r t; do n=$$(basename "$$t"); cp "$$t" "$(BUNDLE)/tests/$${n%-*}"; done
+	cp $(BIN)/gradallreduce $(BIN)/gradselect $(BIN)/gradtrace $(BUNDLE)/bin/
+	strip $(BUNDLE)/bin/* $(BUNDLE)/tests/*
+	cp pipelines/gpu-check.sh $(BUNDLE)/
+	git describe --always --dirty > $(BUNDLE)/VERSION
+	tar -C target -czf target/gpu-bundle.tar.gz gpu-bundle
 
 ## deps-bench: mpi4py in the venv, the MPI baseline of make bench (built against
 ## libopenmpi-dev, which deps-apt installs). make test does not need it.

@@ -1,5 +1,5 @@
 //! gradkit-cuda: the device a tool's selection and compression run on (`--device cpu|cuda[:N]`),
-//! the probe for the CUDA libraries, and the kernels for a device (issue 18, part 1).
+//! the probe for the CUDA libraries, the kernels for a device, and an NCCL `Comm` (docs/GPU.md).
 //!
 //! Built without the `cuda` feature (the default), this crate needs nothing of CUDA: `cpu`
 //! works and `cuda` is refused with a message that says how to rebuild. With the feature it
@@ -8,15 +8,25 @@
 //! *before* any cudarc call (cudarc panics when a library is absent) and turns every failure
 //! into one [`DeviceError`] line.
 //!
-//! Not built yet (docs/GPU.md): the CUDA implementation of
-//! [`Kernels`](gradkit_sparsify::kernels::Kernels) (NVRTC), the NCCL `Comm` backend and the
-//! GPU-vs-CPU equivalence tests. [`kernels_for`] therefore refuses `cuda` even where a GPU is
-//! found, with [`DeviceError::NotImplemented`].
+//! With the feature, [`kernels_for`] gives the CUDA implementation of
+//! [`Kernels`]: the kernels of `kernels/gradkit.cu`,
+//! compiled by NVRTC once per process for the GPU's own architecture (`nv`), driven by
+//! [`exec`] (also run on the CPU by the emulation tests of `gradkit-cuda-emu`), and
+//! [`check`] compares any implementation with the CPU one. `nccl` is a `Comm` over NCCL
+//! (written, never run: no GPU where it was built). Not built yet (docs/GPU.md): device
+//! buffers through the collectives.
 
 use std::fmt;
 use std::str::FromStr;
 
 use gradkit_sparsify::kernels::{self, Kernels};
+
+pub mod check;
+pub mod exec;
+#[cfg(feature = "cuda")]
+pub mod nccl;
+#[cfg(feature = "cuda")]
+pub mod nv;
 
 /// Where selection and compression run: `--device cpu` (the default), `cuda` (= `cuda:0`) or
 /// `cuda:N`.
@@ -108,8 +118,9 @@ pub enum DeviceError {
         /// How many GPUs there are.
         count: usize,
     },
-    /// A GPU is there but gradkit has no CUDA kernels yet (issue 18 part 2).
-    NotImplemented,
+    /// A GPU is there but could not be opened, or the kernels not compiled or loaded on it
+    /// (the device and the driver's or NVRTC's words).
+    Open(String),
 }
 
 impl fmt::Display for DeviceError {
@@ -145,8 +156,10 @@ impl fmt::Display for DeviceError {
                     if *count == 1 { "" } else { "s" }
                 )
             }
-            DeviceError::NotImplemented => f.write_str(
-                "the CUDA kernels are not implemented yet (issue 18 part 2): use --device cpu",
+            DeviceError::Open(what) => write!(
+                f,
+                "the CUDA kernels could not be loaded on {}: use --device cpu, or see docs/GPU.md",
+                one_line(what)
             ),
         }
     }
@@ -226,9 +239,9 @@ pub fn probe_nccl() -> Result<(), DeviceError> {
 }
 
 /// The selection and compression kernels for `device`: the CPU reference for
-/// [`Device::Cpu`]; for [`Device::Cuda`], the probe's error where CUDA is not usable, else
-/// [`DeviceError::NoSuchDevice`] or — where the GPU exists — [`DeviceError::NotImplemented`]
-/// (the CUDA kernels are issue 18 part 2).
+/// [`Device::Cpu`]; for [`Device::Cuda`], the probe's error where CUDA is not usable,
+/// [`DeviceError::NoSuchDevice`] past the GPUs, else the CUDA kernels on that GPU (opened,
+/// compiled and loaded once per process; [`DeviceError::Open`] when that fails).
 pub fn kernels_for(device: Device) -> Result<&'static dyn Kernels, DeviceError> {
     match device {
         Device::Cpu => Ok(kernels::cpu()),
@@ -240,9 +253,30 @@ pub fn kernels_for(device: Device) -> Result<&'static dyn Kernels, DeviceError> 
                     count: info.count(),
                 });
             }
-            Err(DeviceError::NotImplemented)
+            #[cfg(feature = "cuda")]
+            {
+                imp::gpu(ordinal, &info)
+            }
+            #[cfg(not(feature = "cuda"))]
+            {
+                unreachable!("probe() fails without the cuda feature")
+            }
         }
     }
+}
+
+/// The CUDA kernels on GPU `ordinal` as their concrete type (device-resident calls, the
+/// extras: moments, fp16), opened as [`kernels_for`] opens them.
+#[cfg(feature = "cuda")]
+pub fn gpu(ordinal: u32) -> Result<&'static exec::Gpu<nv::Nv>, DeviceError> {
+    let info = probe()?;
+    if ordinal as usize >= info.count() {
+        return Err(DeviceError::NoSuchDevice {
+            ordinal,
+            count: info.count(),
+        });
+    }
+    imp::open(ordinal, &info)
 }
 
 #[cfg(feature = "cuda")]
@@ -267,6 +301,45 @@ mod imp {
         } else {
             Err(DeviceError::Missing(lib))
         }
+    }
+
+    /// The CUDA kernels on GPU `ordinal` as a trait object.
+    pub fn gpu(
+        ordinal: u32,
+        info: &DeviceInfo,
+    ) -> Result<&'static dyn gradkit_sparsify::kernels::Kernels, DeviceError> {
+        open(ordinal, info).map(|g| g as &'static dyn gradkit_sparsify::kernels::Kernels)
+    }
+
+    /// The CUDA kernels on GPU `ordinal`, opened once per process (the outcome, success or
+    /// error, is kept).
+    pub fn open(
+        ordinal: u32,
+        info: &DeviceInfo,
+    ) -> Result<&'static crate::exec::Gpu<crate::nv::Nv>, DeviceError> {
+        use std::collections::HashMap;
+        use std::sync::{Mutex, OnceLock};
+        type Opened = Result<&'static crate::exec::Gpu<crate::nv::Nv>, DeviceError>;
+        static GPUS: OnceLock<Mutex<HashMap<u32, Opened>>> = OnceLock::new();
+        let mut gpus = GPUS
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let name = info.names[ordinal as usize].clone();
+        let version = info.driver_version;
+        let got = gpus
+            .entry(ordinal)
+            .or_insert_with(|| {
+                let label = format!("cuda:{ordinal} ({name})");
+                match guarded(|| crate::nv::Nv::open(ordinal, &name, version)) {
+                    Ok(Ok(nv)) => Ok(&*Box::leak(Box::new(crate::exec::Gpu::new(nv)))),
+                    Ok(Err(e)) => Err(DeviceError::Open(format!("{label}: {e}"))),
+                    Err(DeviceError::Driver(e)) => Err(DeviceError::Open(format!("{label}: {e}"))),
+                    Err(e) => Err(e),
+                }
+            })
+            .clone();
+        got
     }
 
     pub fn probe() -> Result<DeviceInfo, DeviceError> {
@@ -373,7 +446,7 @@ mod tests {
                 ordinal: 2,
                 count: 1,
             },
-            DeviceError::NotImplemented,
+            DeviceError::Open("cuda:0 (X): NVRTC could not compile\nline 2".into()),
         ];
         for e in all {
             let m = e.to_string();

@@ -103,9 +103,9 @@ pub struct Model {
 }
 
 /// The device models run on: CPU, or the first CUDA GPU when gradkit-train is built with its
-/// `cuda` feature (gradtrain's `candle-cuda`).
+/// `candle-cuda` feature (gradtrain's `candle-cuda`).
 pub fn device() -> Result<Device> {
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "candle-cuda")]
     {
         if let Ok(d) = Device::new_cuda(0) {
             return Ok(d);

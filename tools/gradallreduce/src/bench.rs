@@ -97,8 +97,23 @@ pub struct BenchArgs {
     /// No summary on stderr
     #[arg(short = 'q', long)]
     pub quiet: bool,
+    /// Where the algorithms' selection and 1-bit kernels run: cpu, or cuda / cuda:N (a
+    /// `--features cuda` build on a GPU node; docs/GPU.md). Communication stays on the host
+    #[arg(long, value_name = "cpu|cuda[:N]", default_value = "cpu", value_parser = device)]
+    pub device: gradkit_cuda::Device,
     #[command(flatten)]
     pub memory: gradkit_core::budget::MemoryArgs,
+}
+
+/// `--device`'s parser: a typo is a usage error (exit 2) listing the values.
+fn device(s: &str) -> std::result::Result<gradkit_cuda::Device, String> {
+    s.parse()
+}
+
+/// The kernels of `--device` (opened at the agreement point of [`run`], so this cannot fail
+/// afterwards: `kernels_for` keeps its outcome).
+fn kernels(args: &BenchArgs) -> &'static dyn gradkit_sparsify::kernels::Kernels {
+    gradkit_cuda::kernels_for(args.device).unwrap_or_else(|_| gradkit_sparsify::kernels::cpu())
 }
 
 impl BenchArgs {
@@ -289,6 +304,7 @@ fn sparse_params(args: &BenchArgs) -> Params {
         density: args.density,
         residual: true,
         seed: args.seed,
+        kernels: kernels(args),
         ..Params::default()
     }
 }
@@ -297,7 +313,13 @@ fn sparse_params(args: &BenchArgs) -> Params {
 fn bench_reducer(algo: &str, args: &BenchArgs) -> Result<Box<dyn Reducer>> {
     match kind(algo)? {
         Kind::Exact => Ok(Box::new(dense::DenseReducer::new(algo, Op::Sum)?)),
-        Kind::OneBit => make_reducer(algo, &Params::default()),
+        Kind::OneBit => make_reducer(
+            algo,
+            &Params {
+                kernels: kernels(args),
+                ..Params::default()
+            },
+        ),
         Kind::Sparse => make_reducer(algo, &sparse_params(args)),
     }
 }
@@ -549,6 +571,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // An agreement point: a bad flag is reported once under mpirun.
     let algos: Vec<String> = args.algo.split(',').map(|s| s.trim().to_string()).collect();
     let sizes = world.agree((|| {
+        gradkit_cuda::kernels_for(args.device)?;
         let mut sparse = false;
         for a in &algos {
             sparse |= kind(a)? == Kind::Sparse;

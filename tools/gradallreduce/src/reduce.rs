@@ -80,8 +80,8 @@ pub struct ReduceArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Where selection and compression run: cpu, or cuda / cuda:N (a build with
-    /// `--features cuda` on a GPU node; the CUDA kernels are not implemented yet, so it
-    /// stops with one line saying why — docs/GPU.md)
+    /// `--features cuda` on a GPU node: gradkit's CUDA kernels, compiled at start by NVRTC;
+    /// without a usable GPU it stops with one line saying why — docs/GPU.md)
     #[arg(long, value_name = "cpu|cuda[:N]", default_value = "cpu", value_parser = device)]
     pub device: gradkit_cuda::Device,
     #[command(flatten)]

@@ -172,7 +172,7 @@ fn with_the_feature_and_no_driver_cuda_names_the_driver() {
 }
 
 /// Stand-in drivers: one exporting nothing (cudarc would panic: gradkit reports it), one with
-/// a GPU (the kernels are refused as not implemented), an ordinal past the GPUs.
+/// a GPU (opening it for the kernels fails: the stand-in has no context functions), an ordinal past the GPUs.
 #[cfg(feature = "cuda")]
 #[test]
 fn with_the_feature_every_driver_outcome_is_one_line() {
@@ -194,7 +194,7 @@ fn with_the_feature_every_driver_outcome_is_one_line() {
         &d,
         "cuda",
         &lib,
-        "the CUDA kernels are not implemented yet (issue 18 part 2)",
+        "the CUDA kernels could not be loaded on cuda:0 (Stub GPU 0): Missing symbol cuDevicePrimaryCtxRetain",
     );
     refused(
         &d,
@@ -202,4 +202,63 @@ fn with_the_feature_every_driver_outcome_is_one_line() {
         &lib,
         "no GPU cuda:3: the CUDA driver sees 1 GPU (cuda:0); check CUDA_VISIBLE_DEVICES",
     );
+}
+
+/// `bench --device`: a typo is a usage error listing the values; `cpu` runs; `cuda` on a
+/// build or machine without CUDA stops with one `error:` line (exit 1) and no table.
+#[test]
+fn bench_takes_the_device_too() {
+    let d_dir = tmpdir("bench");
+    let d = d_dir.path().to_path_buf();
+    let base = [
+        "bench",
+        "--algo",
+        "onebit,topka",
+        "--ranks",
+        "2",
+        "--sizes",
+        "1K:4K",
+        "--iters",
+        "1",
+        "--warmup",
+        "0",
+        "-q",
+    ];
+    let with = |dev: &str| {
+        let mut a: Vec<&str> = base.to_vec();
+        a.extend(["--device", dev]);
+        a.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let run_bench = |args: &[String]| {
+        let o = Command::new(BIN)
+            .current_dir(&d)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (code, _, err) = run_bench(&with("gpu"));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--device") && err.contains("cpu, cuda, cuda:N"),
+        "{err}"
+    );
+    let (code, out, err) = run_bench(&with("cpu"));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("onebit") && out.contains("topka"), "{out}");
+    if !cfg!(feature = "cuda") {
+        let (code, out, err) = run_bench(&with("cuda"));
+        assert_eq!(code, Some(1), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.starts_with("error: gradkit was built without the `cuda` feature"),
+            "{err}"
+        );
+        assert!(out.is_empty(), "{out}");
+    }
 }

@@ -134,8 +134,18 @@ struct Cli {
     /// Run name in the metrics table (default: the input file's stem)
     #[arg(long, value_name = "NAME")]
     run: Option<String>,
+    /// Where the selection kernels run: cpu, or cuda / cuda:N (a build with `--features cuda`
+    /// on a GPU node: gradkit's CUDA kernels; without a usable GPU it stops with one line
+    /// saying why — docs/GPU.md)
+    #[arg(long, value_name = "cpu|cuda[:N]", default_value = "cpu", value_parser = device)]
+    device: gradkit_cuda::Device,
     #[command(flatten)]
     io: IoArgs,
+}
+
+/// `--device`'s parser: a typo is a usage error (exit 2) listing the values.
+fn device(s: &str) -> std::result::Result<gradkit_cuda::Device, String> {
+    s.parse()
 }
 
 mod select;

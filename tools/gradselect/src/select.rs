@@ -13,6 +13,7 @@ use gradkit_core::trace::{self, Layout, MetricSink, Sparse};
 use gradkit_core::{read_table, MetricRow, PlanRow, TensorRow};
 use gradkit_partition::deft as pdeft;
 use gradkit_partition::plan as pplan;
+use gradkit_sparsify::kernels::Kernels;
 use gradkit_sparsify::{deft, Leaves, Method as SMethod, Residual, Selector};
 
 use crate::{Cli, KSpec, MethodArg, Scope};
@@ -22,6 +23,8 @@ const NEEDS: &str = "gradselect needs a dense tensor/1 trace, e.g. from `gradtra
 
 pub(crate) fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
     check_paths(a)?;
+    // Before anything is read or created: `--device cuda` without a usable GPU is one line.
+    let kernels = gradkit_cuda::kernels_for(a.device)?;
     let input = a.io.input()?;
     let output = a.io.output()?;
     let metrics_out = cli::output_flag("--metrics", a.metrics.as_deref())?;
@@ -46,7 +49,7 @@ pub(crate) fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
         &meta,
         algo,
     )?;
-    let mut run = Run::new(a, method, kspec, &trace.layout, p, plan, algo);
+    let mut run = Run::new(a, (method, kernels), kspec, &trace.layout, p, plan, algo);
     let steps = trace.steps().to_vec();
     let pb = cli::progress("gradselect", steps.len() as u64, a.io.quiet);
     for &step in &steps {
@@ -236,7 +239,7 @@ struct Run {
 impl Run {
     fn new(
         a: &Cli,
-        method: SMethod,
+        (method, kernels): (SMethod, &'static dyn Kernels),
         kspec: KSpec,
         layout: &Layout,
         p: usize,
@@ -248,11 +251,11 @@ impl Run {
         let states = (0..p)
             .map(|_| RankState {
                 selectors: match a.scope {
-                    Scope::Global => vec![Selector::new(method.clone(), 0)],
+                    Scope::Global => vec![Selector::with_kernels(method.clone(), 0, kernels)],
                     Scope::Layer => layout
                         .layers
                         .iter()
-                        .map(|l| Selector::new(method.clone(), l.layer_id as u64))
+                        .map(|l| Selector::with_kernels(method.clone(), l.layer_id as u64, kernels))
                         .collect(),
                 },
                 residual: Residual::zeros(if residual_on { n } else { 0 }),

@@ -269,10 +269,10 @@ struct Cli {
     /// Name of the run in the metrics table
     #[arg(long, default_value = "gradtrain")]
     run: String,
-    /// Where the exchange's selection and compression run: cpu, or cuda / cuda:N (a build
-    /// with `--features cuda` on a GPU node; the CUDA kernels are not implemented yet, so it
-    /// stops with one line saying why — docs/GPU.md). The model: candle CPU, or GPU 0 in a
-    /// `candle-cuda` build
+    /// The device checked for the exchange: cpu, or cuda / cuda:N (a build with `--features
+    /// cuda` on a GPU node; without a usable GPU it stops with one line saying why). The
+    /// exchange itself still runs the CPU kernels (docs/GPU.md). The model: candle CPU, or
+    /// GPU 0 in a `candle-cuda` build
     #[arg(long, value_name = "cpu|cuda[:N]", default_value = "cpu", value_parser = device)]
     device: gradkit_cuda::Device,
     /// No progress bar or summary
@@ -609,9 +609,9 @@ fn main() -> std::process::ExitCode {
     args.memory.apply();
     cli::run(|| {
         let world = World::init(args.ranks)?;
-        // `--device cuda` without CUDA (or without CUDA kernels) stops here, an agreement
-        // point before any file is touched. The exchange still runs the CPU kernels: the
-        // device is not yet passed to gradkit-train (docs/GPU.md).
+        // `--device cuda` without a usable GPU stops here, an agreement point before any file
+        // is touched. The exchange still runs the CPU kernels: gradkit-train takes no
+        // kernels yet (docs/GPU.md).
         world.agree(
             gradkit_cuda::kernels_for(args.device)
                 .map(|_| ())

@@ -1,0 +1,315 @@
+//! A `Comm` over NCCL (cudarc's `nccl`), one process per GPU under mpirun. Built with the
+//! `cuda` feature; **never run**: no GPU was available where it was written (docs/GPU.md
+//! §7). It compiles and is clippy-clean; `tests/nccl.rs` runs the Comm conformance suite over
+//! it on a GPU node (`pipelines/gpu-check.sh`).
+//!
+//! * The world: an existing host `Comm` (MPI's) broadcasts NCCL's 128-byte unique id from
+//!   rank 0; each rank opens its GPU (by local rank, `OMPI_COMM_WORLD_LOCAL_RANK`, unless
+//!   given) and joins with `ncclCommInitRank`.
+//! * `exchange_raw`: host buffers (this backend moves no device memory yet) are copied to
+//!   the GPU, then two grouped rounds: every message's byte length (a `u64`), then the
+//!   payloads, as `ncclSend`/`ncclRecv` in the order posted (NCCL matches the calls to one
+//!   peer in order, which keeps the Comm contract of ordered messages per pair); messages to
+//!   oneself are copied on the host. Empty payloads are not sent (both sides know the
+//!   length by then).
+//! * `allreduce_native_*`: `ncclAllReduce` (sum) in place; `barrier`: a one-element
+//!   allreduce and a stream synchronisation.
+//! * Traffic: counted by `Comm::exchange` from the buffers, as for MPI, so the counters of a
+//!   run are the same on both backends.
+//! * Not done: a watchdog calling `ncclCommAbort` on a stuck job (cudarc's `Comm` aborts
+//!   when dropped), device-resident `Buf`s.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudarc::nccl::{self, ReduceOp};
+use gradkit_comm::{check_exchange, Backend, Buf, Comm, CommError, CommExt, Kind, Traffic};
+
+/// This backend's name and capabilities.
+pub const BACKEND: Backend = Backend::new("nccl");
+
+type CommResult<T> = Result<T, CommError>;
+
+fn err(what: impl std::fmt::Display) -> CommError {
+    CommError::Transport {
+        backend: BACKEND.name(),
+        message: what.to_string(),
+    }
+}
+
+/// A rank of an NCCL world.
+pub struct NcclComm {
+    comm: nccl::Comm,
+    stream: Arc<CudaStream>,
+    traffic: Traffic,
+}
+
+impl std::fmt::Debug for NcclComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "NcclComm {{ rank: {}, size: {} }}",
+            self.comm.rank(),
+            self.comm.world_size()
+        )
+    }
+}
+
+/// The local rank mpirun gives (Open MPI, then MPICH/Slurm names), else 0.
+pub fn local_rank() -> u32 {
+    [
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "SLURM_LOCALID",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.parse().ok())
+    .unwrap_or(0)
+}
+
+impl NcclComm {
+    /// Joins the NCCL world of `host`'s ranks on GPU `ordinal` (every rank calls it
+    /// together). The libraries are checked first (`probe`, `probe_nccl`), so a node without
+    /// NCCL gets the one-line error, not cudarc's panic.
+    pub fn over(host: &dyn Comm, ordinal: u32) -> anyhow::Result<NcclComm> {
+        let info = crate::probe()?;
+        crate::probe_nccl()?;
+        if ordinal as usize >= info.count() {
+            return Err(crate::DeviceError::NoSuchDevice {
+                ordinal,
+                count: info.count(),
+            }
+            .into());
+        }
+        let (rank, size) = (host.rank(), host.size());
+        let ctx = CudaContext::new(ordinal as usize)?;
+        let stream = ctx.default_stream();
+        let id = if rank == 0 {
+            let id = nccl::Id::new().map_err(|e| anyhow::anyhow!("ncclGetUniqueId: {e:?}"))?;
+            Some(id.internal().iter().map(|&c| c as u8).collect::<Vec<u8>>())
+        } else {
+            None
+        };
+        let bytes = host.broadcast::<u8>(0, id)?;
+        let mut internal = [0 as std::ffi::c_char; 128];
+        anyhow::ensure!(
+            bytes.len() == internal.len(),
+            "the NCCL id from rank 0 has {} bytes, not 128",
+            bytes.len()
+        );
+        for (d, s) in internal.iter_mut().zip(&bytes) {
+            *d = *s as std::ffi::c_char;
+        }
+        let comm = nccl::Comm::from_rank(stream.clone(), rank, size, nccl::Id::uninit(internal))
+            .map_err(|e| anyhow::anyhow!("ncclCommInitRank (rank {rank} of {size}): {e:?}"))?;
+        Ok(NcclComm {
+            comm,
+            stream,
+            traffic: Traffic::default(),
+        })
+    }
+
+    fn sync(&self) -> CommResult<()> {
+        self.stream.synchronize().map_err(err)
+    }
+
+    fn up(&self, bytes: &[u8]) -> CommResult<CudaSlice<u8>> {
+        self.stream.clone_htod(bytes).map_err(err)
+    }
+
+    fn down(&self, d: &CudaSlice<u8>) -> CommResult<Vec<u8>> {
+        self.stream.clone_dtoh(d).map_err(err)
+    }
+
+    fn allreduce<T>(&self, data: &mut [T]) -> CommResult<()>
+    where
+        T: nccl::NcclType + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits,
+    {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let mut d = self.stream.clone_htod(&*data).map_err(err)?;
+        self.comm
+            .all_reduce_in_place(&mut d, &ReduceOp::Sum)
+            .map_err(|e| err(format!("ncclAllReduce: {e:?}")))?;
+        self.stream.memcpy_dtoh(&d, data).map_err(err)?;
+        self.sync()
+    }
+}
+
+/// A host buffer's bytes (little-endian, as the machine holds them).
+fn bytes_of(b: &Buf) -> CommResult<Vec<u8>> {
+    fn le<T: Copy, const N: usize>(v: &[T], f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
+        v.iter().flat_map(|&x| f(x)).collect()
+    }
+    if let Some(v) = b.as_slice::<f32>() {
+        Ok(le(v, f32::to_le_bytes))
+    } else if let Some(v) = b.as_slice::<f64>() {
+        Ok(le(v, f64::to_le_bytes))
+    } else if let Some(v) = b.as_slice::<u32>() {
+        Ok(le(v, u32::to_le_bytes))
+    } else if let Some(v) = b.as_slice::<u64>() {
+        Ok(le(v, u64::to_le_bytes))
+    } else if let Some(v) = b.as_slice::<u8>() {
+        Ok(v.to_vec())
+    } else {
+        Err(err("a send buffer not in host memory"))
+    }
+}
+
+/// A host buffer of `kind` from received bytes.
+fn buf_of(kind: Kind, bytes: &[u8]) -> CommResult<Buf> {
+    if !bytes.len().is_multiple_of(kind.bytes()) {
+        return Err(err(format!(
+            "{} bytes received for {kind:?} elements",
+            bytes.len()
+        )));
+    }
+    fn from<T: gradkit_comm::Elem, const N: usize>(b: &[u8], f: fn([u8; N]) -> T) -> Buf {
+        Buf::from_vec(
+            b.chunks_exact(N)
+                .map(|c| f(c.try_into().expect("N bytes")))
+                .collect::<Vec<T>>(),
+        )
+    }
+    Ok(match kind {
+        Kind::F32 => from(bytes, f32::from_le_bytes),
+        Kind::F64 => from(bytes, f64::from_le_bytes),
+        Kind::U32 => from(bytes, u32::from_le_bytes),
+        Kind::U64 => from(bytes, u64::from_le_bytes),
+        Kind::U8 => Buf::from_vec(bytes.to_vec()),
+    })
+}
+
+impl Comm for NcclComm {
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+    fn size(&self) -> usize {
+        self.comm.world_size()
+    }
+    fn backend(&self) -> Backend {
+        BACKEND
+    }
+
+    fn exchange_raw(
+        &self,
+        _tag: u32,
+        sends: Vec<(usize, Buf)>,
+        recvs: &[(usize, Kind)],
+    ) -> CommResult<Vec<Buf>> {
+        check_exchange(BACKEND, self.size(), &sends, recvs)?;
+        let me = self.rank();
+        // Messages to oneself, in order, on the host.
+        let mut own: std::collections::VecDeque<Vec<u8>> = Default::default();
+        let mut out_bytes = Vec::new();
+        let mut out_peer = Vec::new();
+        for (d, b) in &sends {
+            let v = bytes_of(b)?;
+            if *d == me {
+                own.push_back(v);
+            } else {
+                out_bytes.push(v);
+                out_peer.push(*d);
+            }
+        }
+        let from: Vec<(usize, usize)> = recvs
+            .iter()
+            .enumerate()
+            .filter(|(_, (s, _))| *s != me)
+            .map(|(i, (s, _))| (i, *s))
+            .collect();
+        // Round 1: the lengths.
+        let send_lens: Vec<CudaSlice<u64>> = out_bytes
+            .iter()
+            .map(|v| self.stream.clone_htod(&[v.len() as u64]).map_err(err))
+            .collect::<CommResult<_>>()?;
+        let mut recv_lens: Vec<CudaSlice<u64>> = from
+            .iter()
+            .map(|_| self.stream.alloc_zeros::<u64>(1).map_err(err))
+            .collect::<CommResult<_>>()?;
+        {
+            let mut g = self.comm.group();
+            for (s, &d) in send_lens.iter().zip(&out_peer) {
+                g.send(s.as_view(), d as i32)
+                    .map_err(|e| err(format!("ncclSend: {e:?}")))?;
+            }
+            for (r, &(_, s)) in recv_lens.iter_mut().zip(&from) {
+                g.recv(r.as_view_mut(), s as i32)
+                    .map_err(|e| err(format!("ncclRecv: {e:?}")))?;
+            }
+        }
+        let lens: Vec<usize> = recv_lens
+            .iter()
+            .map(|r| Ok(self.stream.clone_dtoh(r).map_err(err)?[0] as usize))
+            .collect::<CommResult<_>>()?;
+        // Round 2: the payloads (empty ones are not sent).
+        let send_data: Vec<Option<CudaSlice<u8>>> = out_bytes
+            .iter()
+            .map(|v| (!v.is_empty()).then(|| self.up(v)).transpose())
+            .collect::<CommResult<_>>()?;
+        let mut recv_data: Vec<Option<CudaSlice<u8>>> = lens
+            .iter()
+            .map(|&n| {
+                (n > 0)
+                    .then(|| self.stream.alloc_zeros::<u8>(n).map_err(err))
+                    .transpose()
+            })
+            .collect::<CommResult<_>>()?;
+        {
+            let mut g = self.comm.group();
+            for (s, &d) in send_data.iter().zip(&out_peer) {
+                if let Some(s) = s {
+                    g.send(s.as_view(), d as i32)
+                        .map_err(|e| err(format!("ncclSend: {e:?}")))?;
+                }
+            }
+            for (r, &(_, s)) in recv_data.iter_mut().zip(&from) {
+                if let Some(r) = r {
+                    g.recv(r.as_view_mut(), s as i32)
+                        .map_err(|e| err(format!("ncclRecv: {e:?}")))?;
+                }
+            }
+        }
+        self.sync()?;
+        let mut got: Vec<Option<Buf>> = (0..recvs.len()).map(|_| None).collect();
+        for ((i, _), d) in from.iter().zip(&recv_data) {
+            let bytes = match d {
+                Some(d) => self.down(d)?,
+                None => Vec::new(),
+            };
+            got[*i] = Some(buf_of(recvs[*i].1, &bytes)?);
+        }
+        for (i, (s, k)) in recvs.iter().enumerate() {
+            if *s == me {
+                let v = own
+                    .pop_front()
+                    .ok_or_else(|| err("a receive from oneself with no message sent"))?;
+                got[i] = Some(buf_of(*k, &v)?);
+            }
+        }
+        got.into_iter()
+            .map(|b| b.ok_or_else(|| err("a receive was not completed")))
+            .collect()
+    }
+
+    fn barrier(&self) -> CommResult<()> {
+        self.allreduce(&mut [0f32])
+    }
+
+    // Counted as MPI counts its own allreduce (opaque bytes), so both backends' counters
+    // agree for the same run.
+    fn allreduce_native_f32(&self, data: &mut [f32]) -> CommResult<()> {
+        self.traffic.add_opaque(data.len() * 4);
+        self.allreduce(data)
+    }
+
+    fn allreduce_native_f64(&self, data: &mut [f64]) -> CommResult<()> {
+        self.traffic.add_opaque(data.len() * 8);
+        self.allreduce(data)
+    }
+
+    fn traffic(&self) -> &Traffic {
+        &self.traffic
+    }
+}
