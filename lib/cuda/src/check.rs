@@ -364,6 +364,22 @@ pub fn check_onebit(g: &dyn Kernels, name: &str, x: &[f32], t: &mut Tally) -> Re
             "{name}: onebit_compress_deferred due={due} scale {gs:?} vs {cs:?}"
         );
     }
+    check_onebit_server(g, name, &e0, nb, &mut r)?;
+    check_onebit_pack(g, name, x, &e0, nb)?;
+    t.cases += 9;
+    t.elements += 9 * n;
+    Ok(())
+}
+
+/// [`check_onebit`]'s server stage, deferred.
+fn check_onebit_server(
+    g: &dyn Kernels,
+    name: &str,
+    e0: &[f32],
+    nb: usize,
+    r: &mut Rng,
+) -> Result<(), String> {
+    let c = cpu();
     // The server stage, deferred: three messages (one of them longer than needed), their
     // sum and sign pack; Σz² to relative 1e-12 (an f64 sum in another order).
     let msgs: Vec<(Vec<u8>, f32)> = (0..3)
@@ -375,7 +391,7 @@ pub fn check_onebit(g: &dyn Kernels, name: &str, x: &[f32], t: &mut Tally) -> Re
         })
         .collect();
     for due in [0.0f32, 0.37] {
-        let (mut ge, mut ce) = (e0.clone(), e0.clone());
+        let (mut ge, mut ce) = (e0.to_vec(), e0.to_vec());
         let (mut gb, mut cb) = (vec![0u8; nb], vec![0u8; nb]);
         let gs = g.onebit_server_deferred(&msgs, &mut ge, due, &mut gb);
         let cs = c.onebit_server_deferred(&msgs, &mut ce, due, &mut cb);
@@ -394,6 +410,18 @@ pub fn check_onebit(g: &dyn Kernels, name: &str, x: &[f32], t: &mut Tally) -> Re
             "{name}: onebit_server_deferred due={due} sum of squares {gs:?} vs {cs:?}"
         );
     }
+    Ok(())
+}
+
+/// [`check_onebit`]'s pack for a given scale, decompress and decompress-add.
+fn check_onebit_pack(
+    g: &dyn Kernels,
+    name: &str,
+    x: &[f32],
+    e0: &[f32],
+    nb: usize,
+) -> Result<(), String> {
+    let c = cpu();
     // Pack for a given scale (a buffer whose length is not a multiple of 8: its whole bytes).
     let mut buf: Vec<f32> = x.to_vec();
     buf.extend_from_slice(&e0[..3]);
@@ -430,8 +458,6 @@ pub fn check_onebit(g: &dyn Kernels, name: &str, x: &[f32], t: &mut Tally) -> Re
         "{name}: onebit_decompress_add: {}",
         fdiff(&ga, &ca)
     );
-    t.cases += 9;
-    t.elements += 9 * n;
     Ok(())
 }
 

@@ -181,6 +181,80 @@ fn buf_of(kind: Kind, bytes: &[u8]) -> CommResult<Buf> {
     })
 }
 
+impl NcclComm {
+    /// Round 1 of [`Comm::exchange_raw`]: every message's length to its receiver (grouped
+    /// send/recv); the lengths of the messages from `from`, in order.
+    fn exchange_lengths(
+        &self,
+        out_bytes: &[Vec<u8>],
+        out_peer: &[usize],
+        from: &[(usize, usize)],
+    ) -> CommResult<Vec<usize>> {
+        let send_lens: Vec<CudaSlice<u64>> = out_bytes
+            .iter()
+            .map(|v| self.stream.clone_htod(&[v.len() as u64]).map_err(err))
+            .collect::<CommResult<_>>()?;
+        let mut recv_lens: Vec<CudaSlice<u64>> = from
+            .iter()
+            .map(|_| self.stream.alloc_zeros::<u64>(1).map_err(err))
+            .collect::<CommResult<_>>()?;
+        {
+            let mut g = self.comm.group();
+            for (s, &d) in send_lens.iter().zip(out_peer) {
+                g.send(s.as_view(), d as i32)
+                    .map_err(|e| err(format!("ncclSend: {e:?}")))?;
+            }
+            for (r, &(_, s)) in recv_lens.iter_mut().zip(from) {
+                g.recv(r.as_view_mut(), s as i32)
+                    .map_err(|e| err(format!("ncclRecv: {e:?}")))?;
+            }
+        }
+        recv_lens
+            .iter()
+            .map(|r| Ok(self.stream.clone_dtoh(r).map_err(err)?[0] as usize))
+            .collect()
+    }
+
+    /// Round 2 of [`Comm::exchange_raw`]: the payloads (empty ones are not sent); what came
+    /// from `from`, on the device.
+    fn exchange_payloads(
+        &self,
+        out_bytes: &[Vec<u8>],
+        out_peer: &[usize],
+        from: &[(usize, usize)],
+        lens: &[usize],
+    ) -> CommResult<Vec<Option<CudaSlice<u8>>>> {
+        let send_data: Vec<Option<CudaSlice<u8>>> = out_bytes
+            .iter()
+            .map(|v| (!v.is_empty()).then(|| self.up(v)).transpose())
+            .collect::<CommResult<_>>()?;
+        let mut recv_data: Vec<Option<CudaSlice<u8>>> = lens
+            .iter()
+            .map(|&n| {
+                (n > 0)
+                    .then(|| self.stream.alloc_zeros::<u8>(n).map_err(err))
+                    .transpose()
+            })
+            .collect::<CommResult<_>>()?;
+        {
+            let mut g = self.comm.group();
+            for (s, &d) in send_data.iter().zip(out_peer) {
+                if let Some(s) = s {
+                    g.send(s.as_view(), d as i32)
+                        .map_err(|e| err(format!("ncclSend: {e:?}")))?;
+                }
+            }
+            for (r, &(_, s)) in recv_data.iter_mut().zip(from) {
+                if let Some(r) = r {
+                    g.recv(r.as_view_mut(), s as i32)
+                        .map_err(|e| err(format!("ncclRecv: {e:?}")))?;
+                }
+            }
+        }
+        Ok(recv_data)
+    }
+}
+
 impl Comm for NcclComm {
     fn rank(&self) -> usize {
         self.comm.rank()
@@ -219,58 +293,8 @@ impl Comm for NcclComm {
             .filter(|(_, (s, _))| *s != me)
             .map(|(i, (s, _))| (i, *s))
             .collect();
-        // Round 1: the lengths.
-        let send_lens: Vec<CudaSlice<u64>> = out_bytes
-            .iter()
-            .map(|v| self.stream.clone_htod(&[v.len() as u64]).map_err(err))
-            .collect::<CommResult<_>>()?;
-        let mut recv_lens: Vec<CudaSlice<u64>> = from
-            .iter()
-            .map(|_| self.stream.alloc_zeros::<u64>(1).map_err(err))
-            .collect::<CommResult<_>>()?;
-        {
-            let mut g = self.comm.group();
-            for (s, &d) in send_lens.iter().zip(&out_peer) {
-                g.send(s.as_view(), d as i32)
-                    .map_err(|e| err(format!("ncclSend: {e:?}")))?;
-            }
-            for (r, &(_, s)) in recv_lens.iter_mut().zip(&from) {
-                g.recv(r.as_view_mut(), s as i32)
-                    .map_err(|e| err(format!("ncclRecv: {e:?}")))?;
-            }
-        }
-        let lens: Vec<usize> = recv_lens
-            .iter()
-            .map(|r| Ok(self.stream.clone_dtoh(r).map_err(err)?[0] as usize))
-            .collect::<CommResult<_>>()?;
-        // Round 2: the payloads (empty ones are not sent).
-        let send_data: Vec<Option<CudaSlice<u8>>> = out_bytes
-            .iter()
-            .map(|v| (!v.is_empty()).then(|| self.up(v)).transpose())
-            .collect::<CommResult<_>>()?;
-        let mut recv_data: Vec<Option<CudaSlice<u8>>> = lens
-            .iter()
-            .map(|&n| {
-                (n > 0)
-                    .then(|| self.stream.alloc_zeros::<u8>(n).map_err(err))
-                    .transpose()
-            })
-            .collect::<CommResult<_>>()?;
-        {
-            let mut g = self.comm.group();
-            for (s, &d) in send_data.iter().zip(&out_peer) {
-                if let Some(s) = s {
-                    g.send(s.as_view(), d as i32)
-                        .map_err(|e| err(format!("ncclSend: {e:?}")))?;
-                }
-            }
-            for (r, &(_, s)) in recv_data.iter_mut().zip(&from) {
-                if let Some(r) = r {
-                    g.recv(r.as_view_mut(), s as i32)
-                        .map_err(|e| err(format!("ncclRecv: {e:?}")))?;
-                }
-            }
-        }
+        let lens = self.exchange_lengths(&out_bytes, &out_peer, &from)?;
+        let recv_data = self.exchange_payloads(&out_bytes, &out_peer, &from, &lens)?;
         self.sync()?;
         let mut got: Vec<Option<Buf>> = (0..recvs.len()).map(|_| None).collect();
         for ((i, _), d) in from.iter().zip(&recv_data) {

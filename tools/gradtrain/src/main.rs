@@ -650,7 +650,7 @@ fn metrics_meta(cfg: &TrainConfig) -> Meta {
     let mut meta = Meta::producer("gradtrain");
     meta.set("model", &cfg.model.name)
         .set("data", &cfg.data.name)
-        .set("exchange", &cfg.exchange)
+        .set("exchange", cfg.exchange)
         .set("optimizer", &cfg.opt.name)
         .set("density", cfg.density)
         .set("seed", cfg.seed);
