@@ -185,6 +185,47 @@ pub fn parse_size(s: &str) -> Result<u64> {
     Ok(bytes.round() as u64)
 }
 
+/// Parses element counts with SI's decimal multiples, as model sizes are quoted (`110M` is
+/// BERT-base's 110,000,000): `K`, `M`, `G`, `T` are 10^3 … 10^12, and the binary `Ki`, `Mi`,
+/// `Gi`, `Ti` are 2^10 … 2^40 (`16Mi` = 2^24). Fractions are rounded (`1.5M`); a count that is
+/// not a number, negative or above 2^64 − 1 is an error.
+pub fn parse_count(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let bad = || anyhow::anyhow!("`{s}` is not a count (e.g. 4096, 110M = 110,000,000, 16Mi = 2^24)");
+    let units: [(&str, f64); 8] = [
+        ("Ki", 1024.0),
+        ("Mi", 1048576.0),
+        ("Gi", 1073741824.0),
+        ("Ti", 1099511627776.0),
+        ("K", 1e3),
+        ("M", 1e6),
+        ("G", 1e9),
+        ("T", 1e12),
+    ];
+    let (num, mult) = units
+        .iter()
+        .find_map(|(u, m)| t.strip_suffix(u).map(|n| (n, *m)))
+        .unwrap_or((t, 1.0));
+    let num = num.trim();
+    if num.is_empty() || num.starts_with(['-', '+']) {
+        return Err(bad());
+    }
+    if let (Ok(v), true) = (num.parse::<u64>(), mult.fract() == 0.0) {
+        return v
+            .checked_mul(mult as u64)
+            .ok_or_else(|| anyhow::anyhow!("`{s}` is more than 2^64 − 1"));
+    }
+    let v: f64 = num.parse().map_err(|_| bad())?;
+    let n = v * mult;
+    if !n.is_finite() || n < 0.0 {
+        return Err(bad());
+    }
+    if n >= 18_446_744_073_709_551_616.0 {
+        bail!("`{s}` is more than 2^64 − 1");
+    }
+    Ok(n.round() as u64)
+}
+
 /// [`parse_size`] for clap's `value_parser` (a bad value is a usage error, exit 2).
 pub fn parse_size_arg(s: &str) -> std::result::Result<u64, String> {
     match parse_size(s) {
@@ -197,6 +238,22 @@ pub fn parse_size_arg(s: &str) -> std::result::Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Counts are decimal unless binary is said (`Mi`), as model sizes are quoted.
+    #[test]
+    fn counts_are_si_decimal_and_binary_with_i() {
+        assert_eq!(parse_count("110M").unwrap(), 110_000_000);
+        assert_eq!(parse_count("16Mi").unwrap(), 1 << 24);
+        assert_eq!(parse_count("1.5K").unwrap(), 1500);
+        assert_eq!(parse_count("2Gi").unwrap(), 2 << 30);
+        assert_eq!(parse_count("340M").unwrap(), 340_000_000);
+        assert_eq!(parse_count("4096").unwrap(), 4096);
+        assert_eq!(parse_count("3T").unwrap(), 3_000_000_000_000);
+        for bad in ["", "M", "-1M", "x", "1Q", "1e400"] {
+            assert!(parse_count(bad).is_err(), "{bad}");
+        }
+        assert!(parse_count("20000000T").is_err());
+    }
 
     #[test]
     fn sizes_parse_exactly_or_fail() {

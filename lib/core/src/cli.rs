@@ -524,8 +524,9 @@ pub struct CostArgs {
     /// Cost model: start-up latency α per message, in microseconds
     #[arg(long, value_name = "US", default_value_t = DEFAULT_ALPHA_US)]
     pub alpha_us: f64,
-    /// Cost model: link bandwidth in GB/s (β = 1/bandwidth: 4 bytes/bandwidth per word)
-    #[arg(long, value_name = "GBPS", default_value_t = DEFAULT_BANDWIDTH_GBPS)]
+    /// Cost model: link bandwidth in GB/s (β = 1/bandwidth: 4 bytes/bandwidth per word);
+    /// on the shaped cluster (`pipelines/cluster.sh run`) its links' rate
+    #[arg(long, value_name = "GBPS", default_value_t = default_bandwidth_gbps())]
     pub bandwidth_gbps: f64,
 }
 
@@ -536,6 +537,34 @@ impl Default for CostArgs {
             bandwidth_gbps: DEFAULT_BANDWIDTH_GBPS,
         }
     }
+}
+
+/// `--bandwidth-gbps`' default: the shaped cluster's link rate when the tool runs on it
+/// (`pipelines/cluster.sh run` exports `GRADKIT_CLUSTER_INFO` with `rate=1gbit`), else
+/// [`DEFAULT_BANDWIDTH_GBPS`]; so a bench's `model_us` column predicts that cluster.
+pub fn default_bandwidth_gbps() -> f64 {
+    std::env::var("GRADKIT_CLUSTER_INFO")
+        .ok()
+        .and_then(|info| cluster_rate_gbps(&info))
+        .unwrap_or(DEFAULT_BANDWIDTH_GBPS)
+}
+
+/// The `rate=` of a `GRADKIT_CLUSTER_INFO` value (tc's units: bit, kbit, mbit, gbit, in
+/// 1000s), in GB/s.
+pub fn cluster_rate_gbps(info: &str) -> Option<f64> {
+    let rate = info
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("rate="))?;
+    let digits = rate.find(|c: char| !c.is_ascii_digit())?;
+    let n: f64 = rate[..digits].parse().ok()?;
+    let unit = match &rate[digits..] {
+        "bit" => 1.0,
+        "kbit" => 1e3,
+        "mbit" => 1e6,
+        "gbit" => 1e9,
+        _ => return None,
+    };
+    (n > 0.0).then_some(n * unit / 8.0 / 1e9)
 }
 
 impl CostArgs {
@@ -598,7 +627,20 @@ pub fn stdout_if_absent(arg: Option<&std::path::Path>) -> Option<&std::path::Pat
 
 #[cfg(test)]
 mod tests {
-    use super::chain_text;
+    use super::{chain_text, cluster_rate_gbps};
+
+    /// The cluster's rate in tc's units (1000s), as cluster.sh exports it, in GB/s.
+    #[test]
+    fn cluster_rate_in_gbps() {
+        let info = |r: &str| format!("backend=mpi-tcp hosts=4 ranks=4 rate={r} id=a");
+        assert_eq!(cluster_rate_gbps(&info("1gbit")), Some(0.125));
+        assert_eq!(cluster_rate_gbps(&info("100mbit")), Some(0.0125));
+        assert_eq!(cluster_rate_gbps(&info("800kbit")), Some(0.0001));
+        assert_eq!(cluster_rate_gbps(&info("10gbit")), Some(1.25));
+        assert_eq!(cluster_rate_gbps(&info("fast")), None);
+        assert_eq!(cluster_rate_gbps(&info("0gbit")), None);
+        assert_eq!(cluster_rate_gbps("hosts=4"), None);
+    }
 
     /// A context that already quotes its cause (as `writing PATH: {io error}` does) is
     /// followed by the next cause only where that says something new.

@@ -10,8 +10,9 @@ pub struct ModelArgs {
     /// Ranks P of the predicted job (a number in the formulas: nothing is run), 1 to 2^24
     #[arg(long, value_name = "P", default_value_t = 256)]
     pub ranks: usize,
-    /// Model size n in elements (e.g. 110M, 2^24 = 16M), 1 to 2^53
-    #[arg(long, default_value = "16M")]
+    /// Model size n in elements: SI's decimal multiples (110M = 110,000,000) or binary ones
+    /// (16Mi = 2^24), 1 to 2^53
+    #[arg(long, default_value = "16Mi")]
     pub n: String,
     /// Density k/n
     #[arg(long, default_value_t = 0.01)]
@@ -51,7 +52,7 @@ impl ModelArgs {
     }
 
     fn n(&self) -> Result<u64> {
-        crate::parse_size(&self.n).with_context(|| format!("--n {} (flag --n)", self.n))
+        gradkit_core::budget::parse_count(&self.n).with_context(|| format!("--n {} (flag --n)", self.n))
     }
 }
 

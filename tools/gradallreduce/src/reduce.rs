@@ -26,7 +26,7 @@ pub struct ReduceArgs {
     #[arg(long, default_value_t = Algo::Ring, value_parser = AlgoParser)]
     pub algo: Algo,
     /// sum or mean (the sum divided by P); not for the 1-bit algorithms, which always average
-    #[arg(long, default_value_t = Op::Sum, value_parser = named(Op::ALL, Op::name, Op::help))]
+    #[arg(hide_short_help = true, long, default_value_t = Op::Sum, value_parser = named(Op::ALL, Op::name, Op::help))]
     pub op: Op,
     /// Ranks P to run: in-process ranks (threads) when not started by mpirun, where MPI
     /// gives the count; must equal the trace's ranks [default: the trace's ranks; 1 for stdin]
@@ -45,39 +45,39 @@ pub struct ReduceArgs {
     #[arg(long)]
     pub k: Option<u64>,
     /// Ok-Topk: space repartition period τ, in steps
-    #[arg(long, default_value_t = 64)]
+    #[arg(hide_short_help = true, long, default_value_t = 64)]
     pub period: u32,
     /// Ok-Topk: global threshold re-evaluation period τ', in steps
-    #[arg(long, default_value_t = 32)]
+    #[arg(hide_short_help = true, long, default_value_t = 32)]
     pub reeval: u32,
     /// Ok-Topk: threshold reuse between re-evaluations: ladder (default: count ladder, global
     /// count closest to k with ≤ 4k/3 passing, one integer allreduce per reuse step), paper
     /// (Algorithm 1: reused unchanged), reference (the authors' ×1.03 loop and count bands;
     /// vgg = reference, lstm, bert pick the bands)
-    #[arg(long, value_name = "POLICY", default_value = "ladder", value_parser = clap::builder::PossibleValuesParser::new(Adjust::NAMES))]
+    #[arg(hide_short_help = true, long, value_name = "POLICY", default_value = "ladder", value_parser = clap::builder::PossibleValuesParser::new(Adjust::NAMES))]
     pub adjust: String,
     /// Ok-Topk: data balancing in balance_and_allgatherv
-    #[arg(long, default_value_t = Balance::Auto, value_parser = named(Balance::ALL, Balance::name, Balance::help))]
+    #[arg(hide_short_help = true, long, default_value_t = Balance::Auto, value_parser = named(Balance::ALL, Balance::name, Balance::help))]
     pub balance: Balance,
     /// Ok-Topk: Step D on the re-evaluation steps (every --reeval steps): skip (the authors'
     /// code: the exact top-k of the gathered values is the result) or run (Algorithm 1 line 13
     /// on every step)
-    #[arg(long, default_value_t = ReevalStepD::Skip, value_parser = named(ReevalStepD::ALL, ReevalStepD::name, ReevalStepD::help))]
+    #[arg(hide_short_help = true, long, default_value_t = ReevalStepD::Skip, value_parser = named(ReevalStepD::ALL, ReevalStepD::name, ReevalStepD::help))]
     pub reeval_step_d: ReevalStepD,
     /// A plan/1 file (gradpartition) for oktopk regions or DEFT ranges
     #[arg(long, value_name = "PLAN")]
     pub plan: Option<PathBuf>,
     /// No error feedback in the algorithms' own selection of dense input
-    #[arg(long)]
+    #[arg(hide_short_help = true, long)]
     pub no_residual: bool,
     /// 1-bit: load and save worker/server error buffers here
     #[arg(long, value_name = "FILE")]
     pub state: Option<PathBuf>,
     /// AlltoAll: split embedding tables by columns (the paper) or rows
-    #[arg(long, default_value_t = Split::Columns, value_parser = named(Split::ALL, Split::name, Split::help))]
+    #[arg(hide_short_help = true, long, default_value_t = Split::Columns, value_parser = named(Split::ALL, Split::name, Split::help))]
     pub split: Split,
     /// Seed for algorithms with randomness
-    #[arg(long, default_value_t = 0)]
+    #[arg(hide_short_help = true, long, default_value_t = 0)]
     pub seed: u64,
     /// Where selection and compression run: cpu, or cuda / cuda:N (a build with
     /// `--features cuda` on a GPU node: gradkit's CUDA kernels, compiled at start by NVRTC;

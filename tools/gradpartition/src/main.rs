@@ -59,7 +59,8 @@ enum Method {
 }
 
 #[derive(Parser, Debug)]
-#[command(name = "gradpartition", version, about = ABOUT, long_about = ABOUT, after_help = AFTER)]
+#[command(name = "gradpartition", version, about = ABOUT.split("\n\n").next(), long_about = ABOUT)]
+#[command(after_help = "The other options, the methods and the examples: gradpartition --help", after_long_help = AFTER)]
 struct Cli {
     /// Which partition to compute
     #[arg(long, value_enum)]
@@ -72,19 +73,19 @@ struct Cli {
     #[arg(long, value_name = "D")]
     density: Option<f64>,
     /// DEFT: hand leftover k to the highest-norm pieces (and take back an overshoot) so Σk_x = k
-    #[arg(long)]
+    #[arg(hide_short_help = true, long)]
     topup: bool,
     /// DEFT: no error feedback (norms taken on each step's raw gradient)
-    #[arg(long)]
+    #[arg(hide_short_help = true, long)]
     no_residual: bool,
     /// DEFT: skip plain top-k on every rank (the build-up comparison; the slowest part)
-    #[arg(long)]
+    #[arg(hide_short_help = true, long)]
     no_buildup: bool,
     /// Ok-Topk: recompute the boundaries every τ steps, counted from the trace's first step
-    #[arg(long, value_name = "TAU", default_value_t = 64)]
+    #[arg(hide_short_help = true, long, value_name = "TAU", default_value_t = 64)]
     period: u32,
     /// Ok-Topk: equal-size regions instead of balanced ones
-    #[arg(long)]
+    #[arg(hide_short_help = true, long)]
     naive: bool,
     /// Also write the metrics (metrics/1) to this Parquet file (`-`: stdout)
     #[arg(long, value_name = "M.parquet")]

@@ -154,7 +154,7 @@ gradreport volume m*.parquet --n 669706 --density 0.01 --phases --format csv"
 #[derive(clap::Args)]
 #[command(next_help_heading = "Cost model (for inputs without model_* rows)")]
 struct ModelArgs {
-    /// Gradient size n in elements (e.g. 16M): compute model_bytes_sent and model_time_s with
+    /// Gradient size n in elements (e.g. 110M = 110,000,000, or 16Mi = 2^24): compute model_bytes_sent and model_time_s with
     /// gradkit_cost for algorithms whose rows the input lacks
     #[arg(long, value_name = "SIZE")]
     n: Option<String>,

@@ -26,22 +26,14 @@ pub struct ModelParams {
 /// The run name of computed model rows.
 pub const RUN: &str = "cost-model";
 
-/// `4096`, `64K`, `16M`, `1G` (binary multiples), as gradallreduce reads sizes.
+/// A model size in elements, as gradallreduce model reads `--n`: `110M` = 110,000,000,
+/// `16Mi` = 2^24 ([`gradkit_core::budget::parse_count`]).
 pub fn parse_size(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let (num, mult) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
-        _ => (t, 1),
-    };
-    let v: f64 = num
-        .parse()
-        .map_err(|_| anyhow!("`{s}` is not a size, e.g. 4096, 64K, 16M (--n)"))?;
-    if v.is_nan() || v < 1.0 || !v.is_finite() {
+    let n = gradkit_core::budget::parse_count(s).map_err(|e| anyhow!("{e} (--n)"))?;
+    if n == 0 {
         bail!("`{s}` is not a positive size (--n)");
     }
-    Ok((v * mult as f64).round() as u64)
+    Ok(n)
 }
 
 impl ModelParams {

@@ -86,7 +86,8 @@ enum Scope {
 }
 
 #[derive(Parser, Debug)]
-#[command(name = "gradselect", version, about = ABOUT, long_about = ABOUT, after_help = AFTER)]
+#[command(name = "gradselect", version, about = ABOUT.split("\n\n").next(), long_about = ABOUT)]
+#[command(after_help = "The other options, the methods and the examples: gradselect --help", after_long_help = AFTER)]
 struct Cli {
     /// Selection method
     #[arg(long, value_enum)]
@@ -105,25 +106,25 @@ struct Cli {
     #[arg(long, value_name = "T")]
     threshold: Option<f32>,
     /// oktopk: exact threshold every τ' steps (1 = exact top-k every step)
-    #[arg(long, value_name = "TAU", default_value_t = 32)]
+    #[arg(hide_short_help = true, long, value_name = "TAU", default_value_t = 32)]
     reeval: u32,
     /// oktopk: threshold reuse policy: ladder (default), paper, reference (= vgg; lstm, bert pick the reference code's bands; bare `--adjust` = reference)
-    #[arg(long, value_name = "POLICY", num_args = 0..=1, default_missing_value = "reference", value_parser = clap::builder::PossibleValuesParser::new(gradkit_sparsify::Adjust::NAMES))]
+    #[arg(hide_short_help = true, long, value_name = "POLICY", num_args = 0..=1, default_missing_value = "reference", value_parser = clap::builder::PossibleValuesParser::new(gradkit_sparsify::Adjust::NAMES))]
     adjust: Option<String>,
     /// dgc: fraction of entries sampled for the threshold estimate, in (0, 1]
-    #[arg(long, value_name = "F", default_value_t = 0.01)]
+    #[arg(hide_short_help = true, long, value_name = "F", default_value_t = 0.01)]
     sample: f64,
     /// randomk: seed shared by all ranks
-    #[arg(long, default_value_t = 0)]
+    #[arg(hide_short_help = true, long, default_value_t = 0)]
     seed: u64,
     /// deft: plan/1 from `gradpartition --method deft` (absent: computed in-process)
     #[arg(long, value_name = "PLAN")]
     plan: Option<PathBuf>,
     /// deft (in-process plan): hand leftover k to the highest-norm pieces, as gradpartition --topup
-    #[arg(long)]
+    #[arg(hide_short_help = true, long)]
     topup: bool,
     /// No error feedback: select from each step's gradient alone
-    #[arg(long)]
+    #[arg(hide_short_help = true, long)]
     no_residual: bool,
     /// Write every rank's final residual as a dense tensor/1 to this file (`-`: stdout)
     #[arg(long, value_name = "FILE", conflicts_with = "no_residual")]
