@@ -101,7 +101,7 @@ echo
 
 echo "### Projection to 256 ranks (α-β model, Table 1 formulas)"
 echo
-echo "Paper-like interconnect: α = 5 µs, 10 GB/s; n = 110M (BERT), density 1 %."
+echo "Paper-like interconnect: α = 5 µs, 10 GB/s; n = 110M = 110,000,000 (BERT-base), density 1 %."
 echo
 run $B/gradallreduce model --ranks 256 --n 110M --density $D --alpha-us 5 --bandwidth-gbps 10
 for P in 32 64 128; do run $B/gradallreduce model --ranks $P --n 110M --density $D --format csv > model-P$P.csv; done
