@@ -88,7 +88,7 @@ class FormatQuestionsTest(unittest.TestCase):
         for run in ("dense", "oktopk"):
             elapsed, loss = defaultdict(list), defaultdict(list)
             for r in self.rows(os.path.join(d, f"{run}.parquet")):
-                if r["metric"] == "elapsed_s":
+                if r["metric"] == "time_elapsed_s":
                     elapsed[r["step"]].append(r["value"])
                 elif r["metric"] == "loss":
                     loss[r["step"]].append(r["value"])

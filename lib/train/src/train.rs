@@ -517,7 +517,7 @@ struct Run<'a> {
     last: u32,
     /// `--overwrite-checkpoint`: the earlier run's checkpoints are still to be removed.
     purge: bool,
-    /// When this process started the run, for `elapsed_s`.
+    /// When this process started the run, for `time_elapsed_s`.
     started: Instant,
 }
 
@@ -638,7 +638,7 @@ impl<'a> Run<'a> {
             self.sink.push(step, r, "time_step_s", step_s);
         }
         let elapsed = self.started.elapsed().as_secs_f64();
-        self.sink.push(step, r, "elapsed_s", elapsed);
+        self.sink.push(step, r, "time_elapsed_s", elapsed);
         // Peak RSS of this process so far (per rank under mpirun; docs/gradtrain.md).
         if let Some(rss) = cfg
             .record_rss

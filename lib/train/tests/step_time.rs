@@ -1,5 +1,5 @@
 //! Every exchange reports its step's wall time (`time_step_s`) and the run's elapsed wall time
-//! (`elapsed_s`) per (step, rank), so that loss against wall time is one column, not a sum of
+//! (`time_elapsed_s`) per (step, rank), so that loss against wall time is one column, not a sum of
 //! phase columns. Checked against the phases each run reports itself: a step lasts at least
 //! its compute, selection, communication and update together, and elapsed time only grows.
 
@@ -53,7 +53,7 @@ fn every_exchange_reports_step_time_and_elapsed_time() {
         let rep = train(&w, &cfg(ex, opt)).unwrap().unwrap();
         for r in 0..2 {
             let step = values(&rep.metrics, "time_step_s", r);
-            let elapsed = values(&rep.metrics, "elapsed_s", r);
+            let elapsed = values(&rep.metrics, "time_elapsed_s", r);
             let steps: Vec<u32> = (0..5).collect();
             assert_eq!(step.iter().map(|s| s.0).collect::<Vec<_>>(), steps, "{ex}");
             assert_eq!(
@@ -86,7 +86,7 @@ fn every_exchange_reports_step_time_and_elapsed_time() {
             }
             assert!(
                 elapsed.windows(2).all(|w| w[1].1 > w[0].1),
-                "{ex} rank {r}: elapsed_s must grow: {elapsed:?}"
+                "{ex} rank {r}: time_elapsed_s must grow: {elapsed:?}"
             );
         }
     }

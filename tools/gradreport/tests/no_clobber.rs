@@ -32,24 +32,29 @@ fn a_figure_never_overwrites_its_metrics() {
         .collect();
     let p = d.path();
     write_table(&Output::Path(p.join("m.parquet")), &Meta::default(), &rows).unwrap();
-    write_table(&Output::Path(p.join("n.parquet")), &Meta::default(), &rows).unwrap();
+    // Metrics files whose names carry a figure's extension: `-o` picks the format from the
+    // extension, so only such a name can reach the write, and it is refused there.
+    write_table(&Output::Path(p.join("m.svg")), &Meta::default(), &rows).unwrap();
+    write_table(&Output::Path(p.join("n.pdf")), &Meta::default(), &rows).unwrap();
     refused(
         p,
-        &["plot", "loss", "m.parquet", "-o", "m.parquet"],
-        &["-o", "METRICS", "m.parquet"],
+        &["plot", "loss", "m.svg", "-o", "m.svg"],
+        &["-o", "METRICS", "m.svg"],
     );
     refused(
         p,
-        &[
-            "plot",
-            "loss",
-            "m.parquet",
-            "n.parquet",
-            "-o",
-            "./n.parquet",
-        ],
+        &["plot", "loss", "m.svg", "n.pdf", "-o", "./n.pdf"],
         &["-o", "METRICS"],
     );
+    // A Parquet name is no figure: a usage error (exit 2), the metrics untouched.
+    let before = std::fs::read(p.join("m.parquet")).unwrap();
+    let out = Command::new(BIN)
+        .current_dir(p)
+        .args(["plot", "loss", "m.parquet", "-o", "m.parquet"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(std::fs::read(p.join("m.parquet")).unwrap(), before);
     let out = Command::new(BIN)
         .current_dir(p)
         .args(["plot", "loss", "m.parquet", "-o", "loss.svg"])

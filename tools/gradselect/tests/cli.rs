@@ -539,8 +539,16 @@ fn bad_input_is_a_clear_error_with_no_output() {
     assert_eq!(c, 1);
     assert!(e.starts_with("error:") && e.contains("dense"), "{e}");
     assert!(!Path::new(&x).exists());
-    // missing k, unknown bands, usage error
-    let (c, _) = run(&["--method", "topk", &d.f("t.parquet"), "-o", &x]);
+    // a density out of range, unknown bands: usage errors
+    let (c, _) = run(&[
+        "--method",
+        "topk",
+        "--density",
+        "0",
+        &d.f("t.parquet"),
+        "-o",
+        &x,
+    ]);
     assert_eq!(c, 2);
     let (c, e) = run(&[
         "--method",
