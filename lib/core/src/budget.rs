@@ -191,7 +191,8 @@ pub fn parse_size(s: &str) -> Result<u64> {
 /// not a number, negative or above 2^64 − 1 is an error.
 pub fn parse_count(s: &str) -> Result<u64> {
     let t = s.trim();
-    let bad = || anyhow::anyhow!("`{s}` is not a count (e.g. 4096, 110M = 110,000,000, 16Mi = 2^24)");
+    let bad =
+        || anyhow::anyhow!("`{s}` is not a count (e.g. 4096, 110M = 110,000,000, 16Mi = 2^24)");
     let units: [(&str, f64); 8] = [
         ("Ki", 1024.0),
         ("Mi", 1048576.0),

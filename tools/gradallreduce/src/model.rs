@@ -52,7 +52,8 @@ impl ModelArgs {
     }
 
     fn n(&self) -> Result<u64> {
-        gradkit_core::budget::parse_count(&self.n).with_context(|| format!("--n {} (flag --n)", self.n))
+        gradkit_core::budget::parse_count(&self.n)
+            .with_context(|| format!("--n {} (flag --n)", self.n))
     }
 }
 
