@@ -316,35 +316,17 @@ fn check_server_identical() {
     }
 }
 
-fn bench_pack(n: usize) {
-    check_compress_identical();
-    check_server_identical();
-    let mut g = Rng(9);
-    let x: Vec<f32> = (0..n).map(|_| (g.unit() - 0.5) as f32).collect();
-    let mut bits = vec![0u8; n / 8];
-    let mut out = vec![0f32; n];
-    let mut work = x.clone();
-    let mut e_old = vec![0f32; n];
-    let mut e_new = vec![0f32; n];
-    let mut e_def = vec![0f32; n];
-    let mut due = 0f32;
-    let (mut e_port, mut due_p) = (vec![0f32; n], 0f32);
-    let time = |f: &mut dyn FnMut()| {
-        let t = Instant::now();
-        f();
-        t.elapsed().as_secs_f64()
-    };
-    // The server stage on one rank's chunk (n/4 of P = 4 messages).
-    let msgs = server_msgs(n / 4, &mut g);
-    let (mut es_old, mut es_new) = (vec![0f32; n / 4], vec![0f32; n / 4]);
-    let mut es_def = vec![0f32; n / 4];
-    let mut due_s = 0f32;
-    let (mut es_port, mut due_sp) = (vec![0f32; n / 4], 0f32);
-    let mut sbits = vec![0u8; n / 32];
-    // Interleaved rounds: each kernel once per round, medians over rounds.
-    let rounds = 11;
-    // (name, buffer-sized streams the kernel must move (bits count 1/32), elements)
-    let rows: [(&str, f64, usize); 18] = [
+/// Seconds of one call of `f`.
+fn time(f: &mut dyn FnMut()) -> f64 {
+    let t = Instant::now();
+    f();
+    t.elapsed().as_secs_f64()
+}
+
+/// The pack / unpack rows, in the order [`PackBench::round`] times them.
+// (name, buffer-sized streams the kernel must move (bits count 1/32), elements)
+fn pack_rows(n: usize) -> [(&'static str, f64, usize); 18] {
+    [
         ("streaming pass dst = a·src (reference)", 2.0, n),
         ("read-only pass Σ abs(x)", 1.0, n),
         ("memcpy", 2.0, n),
@@ -395,56 +377,133 @@ fn bench_pack(n: usize) {
             2.0 + 5.0 / 32.0,
             n / 4,
         ),
-    ];
-    let mut t: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
-    for _ in 0..rounds {
-        t[0].push(time(&mut || scale_copy(&x, &mut out, 0.5)));
+    ]
+}
+
+/// The buffers and carried scales of the pack / unpack kernels.
+// The worker's on n elements, the server stage's on one rank's chunk (n/4 of P = 4 messages).
+struct PackBench {
+    x: Vec<f32>,
+    bits: Vec<u8>,
+    out: Vec<f32>,
+    work: Vec<f32>,
+    e_old: Vec<f32>,
+    e_new: Vec<f32>,
+    e_def: Vec<f32>,
+    due: f32,
+    e_port: Vec<f32>,
+    due_p: f32,
+    msgs: Vec<(Vec<u8>, f32)>,
+    es_old: Vec<f32>,
+    es_new: Vec<f32>,
+    es_def: Vec<f32>,
+    due_s: f32,
+    es_port: Vec<f32>,
+    due_sp: f32,
+    sbits: Vec<u8>,
+}
+
+impl PackBench {
+    /// Random input and zeroed errors for `n` elements.
+    fn new(n: usize) -> PackBench {
+        let mut g = Rng(9);
+        let x: Vec<f32> = (0..n).map(|_| (g.unit() - 0.5) as f32).collect();
+        let work = x.clone();
+        // The server stage on one rank's chunk (n/4 of P = 4 messages).
+        let msgs = server_msgs(n / 4, &mut g);
+        PackBench {
+            x,
+            bits: vec![0u8; n / 8],
+            out: vec![0f32; n],
+            work,
+            e_old: vec![0f32; n],
+            e_new: vec![0f32; n],
+            e_def: vec![0f32; n],
+            due: 0f32,
+            e_port: vec![0f32; n],
+            due_p: 0f32,
+            msgs,
+            es_old: vec![0f32; n / 4],
+            es_new: vec![0f32; n / 4],
+            es_def: vec![0f32; n / 4],
+            due_s: 0f32,
+            es_port: vec![0f32; n / 4],
+            due_sp: 0f32,
+            sbits: vec![0u8; n / 32],
+        }
+    }
+
+    /// One interleaved round: the seconds of each kernel of [`pack_rows`], pushed onto `t`.
+    fn round(&mut self, t: &mut [Vec<f64>]) {
+        let n = self.x.len();
+        let b = self;
+        t[0].push(time(&mut || scale_copy(&b.x, &mut b.out, 0.5)));
         t[1].push(time(&mut || {
-            std::hint::black_box(sum_abs(std::hint::black_box(&x)));
+            std::hint::black_box(sum_abs(std::hint::black_box(&b.x)));
         }));
-        t[2].push(time(&mut || work.copy_from_slice(&x)));
+        t[2].push(time(&mut || b.work.copy_from_slice(&b.x)));
         t[3].push(time(&mut || {
-            std::hint::black_box(rms(&x));
+            std::hint::black_box(rms(&b.x));
         }));
         t[4].push(time(&mut || {
-            std::hint::black_box(legacy_compress(&x, &mut e_old, &mut bits));
+            std::hint::black_box(legacy_compress(&b.x, &mut b.e_old, &mut b.bits));
         }));
         t[5].push(time(&mut || {
-            std::hint::black_box(compress_with_feedback(&x, &mut e_new, &mut bits));
+            std::hint::black_box(compress_with_feedback(&b.x, &mut b.e_new, &mut b.bits));
         }));
         t[6].push(time(&mut || {
-            due = compress_deferred(&x, &mut e_def, &mut bits, due);
+            b.due = compress_deferred(&b.x, &mut b.e_def, &mut b.bits, b.due);
         }));
         t[7].push(time(&mut || {
-            std::hint::black_box(compress_into(&mut work, &mut bits));
+            std::hint::black_box(compress_into(&mut b.work, &mut b.bits));
         }));
-        t[8].push(time(&mut || pack_signs(&x, &mut bits)));
-        t[9].push(time(&mut || unpack_scaled(&bits, 0.5, &mut out)));
-        t[10].push(time(&mut || unpack_accumulate(&bits, 0.5, &mut out)));
+        t[8].push(time(&mut || pack_signs(&b.x, &mut b.bits)));
+        t[9].push(time(&mut || unpack_scaled(&b.bits, 0.5, &mut b.out)));
+        t[10].push(time(&mut || unpack_accumulate(&b.bits, 0.5, &mut b.out)));
         t[11].push(time(&mut || {
-            std::hint::black_box(legacy_server(&msgs, &mut es_old, &mut sbits));
+            std::hint::black_box(legacy_server(&b.msgs, &mut b.es_old, &mut b.sbits));
         }));
         t[12].push(time(&mut || {
-            std::hint::black_box(new_server(&msgs, &mut es_new, &mut sbits));
+            std::hint::black_box(new_server(&b.msgs, &mut b.es_new, &mut b.sbits));
         }));
         t[13].push(time(&mut || {
-            due_s = deferred_server(&msgs, &mut es_def, &mut sbits, due_s);
+            b.due_s = deferred_server(&b.msgs, &mut b.es_def, &mut b.sbits, b.due_s);
         }));
         t[14].push(time(&mut || {
-            std::hint::black_box(settled_sum_sq(&e_def, due));
+            std::hint::black_box(settled_sum_sq(&b.e_def, b.due));
         }));
         t[15].push(time(&mut || {
-            scale_copy(&x[..n / 4], &mut out[..n / 4], 0.5)
+            scale_copy(&b.x[..n / 4], &mut b.out[..n / 4], 0.5)
         }));
         t[16].push(time(&mut || {
-            due_p = portable::compress_deferred(&x, &mut e_port, &mut bits, due_p);
+            b.due_p = portable::compress_deferred(&b.x, &mut b.e_port, &mut b.bits, b.due_p);
         }));
         t[17].push(time(&mut || {
-            let ss = portable::server_sum_deferred(&msgs, &mut es_port, due_sp, &mut sbits);
-            due_sp = (ss / es_port.len() as f64).sqrt() as f32;
+            let ss = portable::server_sum_deferred(&b.msgs, &mut b.es_port, b.due_sp, &mut b.sbits);
+            b.due_sp = (ss / b.es_port.len() as f64).sqrt() as f32;
         }));
     }
+}
+
+/// Pack / unpack throughput of every kernel against the streaming pass, as a table.
+// The new kernels are checked bit-identical to the legacy ones first.
+fn bench_pack(n: usize) {
+    check_compress_identical();
+    check_server_identical();
+    let mut bench = PackBench::new(n);
+    // Interleaved rounds: each kernel once per round, medians over rounds.
+    let rounds = 11;
+    let rows = pack_rows(n);
+    let mut t: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
+    for _ in 0..rounds {
+        bench.round(&mut t);
+    }
     let m: Vec<f64> = t.into_iter().map(median).collect();
+    print_pack_table(n, rounds, &rows, &m);
+}
+
+/// The pack / unpack table from the median seconds `m` of each row.
+fn print_pack_table(n: usize, rounds: usize, rows: &[(&str, f64, usize)], m: &[f64]) {
     println!(
         "\n## pack / unpack, one thread, {} MiB of f32, medians of {rounds} interleaved rounds\n",
         (n * 4) >> 20
@@ -500,15 +559,35 @@ fn phase_bytes(comm: &dyn Comm, name: &str) -> (u64, u64) {
         .unwrap_or((0, 0))
 }
 
-fn bench_embrace(p: usize, v: usize, d: usize, tokens: usize, zipf: &Zipf) {
-    let ids: Vec<Vec<u32>> = (0..p)
+/// Each of the `p` ranks' `tokens` token ids, drawn from `zipf`.
+fn zipf_ids(p: usize, tokens: usize, zipf: &Zipf) -> Vec<Vec<u32>> {
+    (0..p)
         .map(|r| {
             let mut g = Rng(1000 + r as u64);
             (0..tokens).map(|_| zipf.sample(&mut g)).collect()
         })
-        .collect();
-    let res = run_local(p, |comm| {
+        .collect()
+}
+
+/// One rank's EmbRace measurements (distinct rows, bytes and seconds of each exchange).
+// Distinct rows; (bytes sent, received) of the column AlltoAll, the row AlltoAll, the sparse
+// AllGather and the column lookup; seconds of the first three.
+type EmbraceRank = (
+    usize,
+    (u64, u64),
+    (u64, u64),
+    (u64, u64),
+    (u64, u64),
+    f64,
+    f64,
+    f64,
+);
+
+/// Runs the three gradient exchanges and the forward lookup on `p` Local ranks.
+fn embrace_run(p: usize, v: usize, d: usize, ids: &[Vec<u32>]) -> Vec<EmbraceRank> {
+    run_local(p, |comm| {
         let r = comm.rank();
+        let tokens = ids[r].len();
         let rows = Rows::new(ids[r].clone(), d, vec![1.0; tokens * d])?;
         let uniq = rows.coalesce().len();
         let t = Instant::now();
@@ -528,15 +607,16 @@ fn bench_embrace(p: usize, v: usize, d: usize, tokens: usize, zipf: &Zipf) {
         comm.traffic().reset();
         let w = slice(d, p, r).len();
         let shard = vec![0f32; v * w];
-        embedding_forward(comm, &shard, v, d, &ids)?;
+        embedding_forward(comm, &shard, v, d, ids)?;
         let fwd = phase_bytes(comm, "alltoall_forward");
         Ok((uniq, col, row, ag, fwd, t_col, t_row, t_ag))
     })
-    .expect("embrace bench");
-    let m = (v * d * 4) as f64;
-    let dense = 2.0 * (p as f64 - 1.0) / p as f64 * m;
-    // Row-split forward volume (owners send full rows of the ids in their row range).
-    let row_fwd: Vec<u64> = (0..p)
+    .expect("embrace bench")
+}
+
+/// Row-split forward volume per owner (owners send full rows of the ids in their row range).
+fn row_forward_bytes(p: usize, v: usize, d: usize, ids: &[Vec<u32>]) -> Vec<u64> {
+    (0..p)
         .map(|k| {
             let rr = slice(v, p, k);
             (0..p)
@@ -551,58 +631,80 @@ fn bench_embrace(p: usize, v: usize, d: usize, tokens: usize, zipf: &Zipf) {
                 * d as u64
                 * 4
         })
-        .collect();
-    let mean = |f: &dyn Fn(usize) -> f64| (0..p).map(f).sum::<f64>() / p as f64;
-    let max = |f: &dyn Fn(usize) -> f64| (0..p).map(f).fold(0.0, f64::max);
-    let mib = |b: f64| b / (1 << 20) as f64;
-    let alpha = mean(&|r| res[r].0 as f64) * d as f64 * 4.0 / m;
+        .collect()
+}
+
+/// Mean of `f(r)` over the ranks `0..p`.
+fn mean_over(p: usize, f: &dyn Fn(usize) -> f64) -> f64 {
+    (0..p).map(f).sum::<f64>() / p as f64
+}
+
+/// Maximum of `f(r)` over the ranks `0..p` (at least 0).
+fn max_over(p: usize, f: &dyn Fn(usize) -> f64) -> f64 {
+    (0..p).map(f).fold(0.0, f64::max)
+}
+
+/// Bytes in MiB.
+fn mib(b: f64) -> f64 {
+    b / (1 << 20) as f64
+}
+
+/// One scheme's row: MiB sent and received per rank, owner load max/mean, mean time.
+// Owner load: what the shard owners handle — bytes received (gradient) or sent (lookup).
+fn embrace_line(
+    p: usize,
+    name: &str,
+    sent: &dyn Fn(usize) -> f64,
+    recv: &dyn Fn(usize) -> f64,
+    owner_sends: bool,
+    t: Option<&dyn Fn(usize) -> f64>,
+) {
+    let load = if owner_sends { sent } else { recv };
     println!(
-        "\n### P = {p}: {tokens} tokens per rank, {:.0} distinct rows per rank on average (α = {:.4})\n",
-        mean(&|r| res[r].0 as f64),
-        alpha
+        "| {name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}× | {} |",
+        mib(mean_over(p, sent)),
+        mib(max_over(p, sent)),
+        mib(mean_over(p, recv)),
+        mib(max_over(p, recv)),
+        max_over(p, load) / mean_over(p, load),
+        t.map(|f| format!("{:.1}", mean_over(p, f) * 1e3))
+            .unwrap_or("–".into())
     );
+}
+
+/// The EmbRace table of one P: bytes per rank and owner load of every scheme and dense.
+fn embrace_table(p: usize, v: usize, d: usize, ids: &[Vec<u32>], res: &[EmbraceRank]) {
+    let m = (v * d * 4) as f64;
+    let dense = 2.0 * (p as f64 - 1.0) / p as f64 * m;
+    let row_fwd = row_forward_bytes(p, v, d, ids);
     println!("| scheme | MiB sent per rank: mean | max | MiB received per rank: mean | max | owner load max/mean | time (rank mean, ms) |");
     println!("|---|---|---|---|---|---|---|");
-    // Owner load: what the shard owners handle — bytes received (gradient) or sent (lookup).
-    let line = |name: &str,
-                sent: &dyn Fn(usize) -> f64,
-                recv: &dyn Fn(usize) -> f64,
-                owner_sends: bool,
-                t: Option<&dyn Fn(usize) -> f64>| {
-        let load = if owner_sends { sent } else { recv };
-        println!(
-            "| {name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}× | {} |",
-            mib(mean(sent)),
-            mib(max(sent)),
-            mib(mean(recv)),
-            mib(max(recv)),
-            max(load) / mean(load),
-            t.map(|f| format!("{:.1}", mean(f) * 1e3))
-                .unwrap_or("–".into())
-        );
-    };
-    line(
+    embrace_line(
+        p,
         "AlltoAll-columns, gradient (backward)",
         &|r| res[r].1 .0 as f64,
         &|r| res[r].1 .1 as f64,
         false,
         Some(&|r| res[r].5),
     );
-    line(
+    embrace_line(
+        p,
         "AlltoAll-columns, lookup (forward)",
         &|r| res[r].4 .0 as f64,
         &|r| res[r].4 .1 as f64,
         true,
         None,
     );
-    line(
+    embrace_line(
+        p,
         "AlltoAll-rows, gradient (backward)",
         &|r| res[r].2 .0 as f64,
         &|r| res[r].2 .1 as f64,
         false,
         Some(&|r| res[r].6),
     );
-    line(
+    embrace_line(
+        p,
         "AlltoAll-rows, lookup (forward, counted)",
         &|r| row_fwd[r] as f64,
         &|r| {
@@ -618,7 +720,8 @@ fn bench_embrace(p: usize, v: usize, d: usize, tokens: usize, zipf: &Zipf) {
         true,
         None,
     );
-    line(
+    embrace_line(
+        p,
         "AllGather (sparse, coalesced, with ids)",
         &|r| res[r].3 .0 as f64,
         &|r| res[r].3 .1 as f64,
@@ -633,6 +736,22 @@ fn bench_embrace(p: usize, v: usize, d: usize, tokens: usize, zipf: &Zipf) {
         mib(dense),
         mib(dense)
     );
+}
+
+/// EmbRace on `p` ranks of `tokens` Zipf ids each: the table and the formula check.
+// Vocab `v`, dimension `d`; the column AlltoAll's volume against embrace.md's formula.
+fn bench_embrace(p: usize, v: usize, d: usize, tokens: usize, zipf: &Zipf) {
+    let ids = zipf_ids(p, tokens, zipf);
+    let res = embrace_run(p, v, d, &ids);
+    let m = (v * d * 4) as f64;
+    let mean = |f: &dyn Fn(usize) -> f64| mean_over(p, f);
+    let alpha = mean(&|r| res[r].0 as f64) * d as f64 * 4.0 / m;
+    println!(
+        "\n### P = {p}: {tokens} tokens per rank, {:.0} distinct rows per rank on average (α = {:.4})\n",
+        mean(&|r| res[r].0 as f64),
+        alpha
+    );
+    embrace_table(p, v, d, &ids, &res);
     let col_total = mean(&|r| (res[r].1 .0 + res[r].4 .0) as f64);
     let q = (p as f64 - 1.0) / p as f64;
     let alpha_tok = (tokens * d * 4) as f64 / m;

@@ -50,11 +50,8 @@ fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
-fn main() {
-    let reps: usize = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
+/// BERT-base's layout (109,482,240 parameters), one layer per parameter tensor.
+fn bert_layout() -> Layout {
     let layout = Layout::new(
         bert_base()
             .into_iter()
@@ -62,10 +59,13 @@ fn main() {
             .map(|(i, (name, n))| (i as u32, name, n, None))
             .collect(),
     );
-    let n = layout.total();
-    assert_eq!(n, 109_482_240);
-    // A deterministic, layer-dependent "gradient" (xorshift values, per-layer scale).
-    let mut flat = Vec::with_capacity(n as usize);
+    assert_eq!(layout.total(), 109_482_240);
+    layout
+}
+
+/// A deterministic, layer-dependent "gradient" (xorshift values, per-layer scale).
+fn gradient(layout: &Layout) -> Vec<f32> {
+    let mut flat = Vec::with_capacity(layout.total() as usize);
     let mut s = 0x9E37_79B9_7F4A_7C15u64;
     for (li, l) in layout.layers.iter().enumerate() {
         let scale = 1.0 + (li % 7) as f32;
@@ -76,30 +76,30 @@ fn main() {
             flat.push(((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale);
         }
     }
-    let k = n / 100;
-    // Ok-Topk input: 8 ranks' sorted selections of k indices each (every 100th + jitter).
-    let sels: Vec<Vec<u32>> = (0..8u64)
+    flat
+}
+
+/// Ok-Topk input: 8 ranks' sorted selections of k indices each (every 100th + jitter).
+fn oktopk_selections(k: u64) -> Vec<Vec<u32>> {
+    (0..8u64)
         .map(|r| {
             (0..k)
                 .map(|i| (i * 100 + (i * 31 + r * 7) % 100) as u32)
                 .collect()
         })
-        .collect();
-    let refs: Vec<&[u32]> = sels.iter().map(|s| s.as_slice()).collect();
-    println!("BERT-base, n = {n}, k = {k} (density 0.01), median of {reps} runs, ms");
-    println!();
-    println!(
-        "| method | P | pieces | norms | allocate_k | bin_pack | rows | total plan | plan rows |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+        .collect()
+}
+
+/// The DEFT rows: median time of each planning stage over `reps` runs, per P.
+fn deft_rows(layout: &Layout, flat: &[f32], k: u64, reps: usize) {
     for p in [8usize, 64, 256] {
         // computed once per run (deft.md §1.1), not per step
-        let pieces = deft::pieces(&layout, p);
+        let pieces = deft::pieces(layout, p);
         let (mut tn, mut ta, mut tb, mut tr, mut tt) = (vec![], vec![], vec![], vec![], vec![]);
         let mut nrows = 0;
         for rep in 0..reps {
             let t0 = Instant::now();
-            let norms = deft::piece_norms(&layout, &pieces, &flat);
+            let norms = deft::piece_norms(layout, &pieces, flat);
             tn.push(ms(t0));
             let t = Instant::now();
             let ks = deft::allocate_k(&pieces, &norms, k, false);
@@ -108,7 +108,7 @@ fn main() {
             let bins = deft::bin_pack(&pieces, &ks, p);
             tb.push(ms(t));
             let t = Instant::now();
-            let rows = deft::plan_rows(&layout, &pieces, &ks, &bins, p, rep as u32);
+            let rows = deft::plan_rows(layout, &pieces, &ks, &bins, p, rep as u32);
             tr.push(ms(t));
             tt.push(ms(t0));
             nrows = rows.len();
@@ -123,13 +123,17 @@ fn main() {
             median(tt)
         );
     }
+}
+
+/// The Ok-Topk rows: median time of boundaries + region rows over `reps` runs, per P.
+fn oktopk_rows(layout: &Layout, refs: &[&[u32]], n: u64, reps: usize) {
     for p in [8usize, 64, 256] {
         let mut tt = vec![];
         let mut nrows = 0;
         for _ in 0..reps {
             let t = Instant::now();
-            let b = oktopk::balanced_boundaries(&refs, p, n);
-            let rows = oktopk::region_rows(&layout, &b, 0);
+            let b = oktopk::balanced_boundaries(refs, p, n);
+            let rows = oktopk::region_rows(layout, &b, 0);
             tt.push(ms(t));
             nrows = rows.len();
         }
@@ -138,7 +142,10 @@ fn main() {
             median(tt)
         );
     }
-    // For scale: one plain top-k over the whole model (what selection costs).
+}
+
+/// For scale: the time of one plain top-k threshold over the whole model (what selection costs).
+fn reference_topk(flat: &[f32], n: u64, k: u64) {
     let t = Instant::now();
     let mut keys: Vec<u32> = flat.iter().map(|v| v.to_bits() & 0x7fff_ffff).collect();
     let pos = keys.len() - k as usize;
@@ -148,4 +155,27 @@ fn main() {
         "reference: one exact top-k threshold over all {n} values (select_nth_unstable): {:.1} ms",
         ms(t)
     );
+}
+
+/// Plans BERT-base with DEFT and Ok-Topk at P = 8, 64, 256 and prints the stage times.
+fn main() {
+    let reps: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let layout = bert_layout();
+    let n = layout.total();
+    let flat = gradient(&layout);
+    let k = n / 100;
+    let sels = oktopk_selections(k);
+    let refs: Vec<&[u32]> = sels.iter().map(|s| s.as_slice()).collect();
+    println!("BERT-base, n = {n}, k = {k} (density 0.01), median of {reps} runs, ms");
+    println!();
+    println!(
+        "| method | P | pieces | norms | allocate_k | bin_pack | rows | total plan | plan rows |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    deft_rows(&layout, &flat, k, reps);
+    oktopk_rows(&layout, &refs, n, reps);
+    reference_topk(&flat, n, k);
 }

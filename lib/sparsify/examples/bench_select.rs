@@ -217,8 +217,8 @@ fn main() {
     }
 }
 
-fn table(name: &str, x: &[f32], k: usize, reps: usize, python: Option<&str>) {
-    let n = x.len();
+/// The timed cases on `x`: the reference pass, exact top-k, thresholds and the selectors.
+fn select_cases(x: &[f32], k: usize) -> Vec<Case<'_>> {
     let th = topk::kth_largest_abs(x, k);
     // Ok-Topk reuse steps: the threshold of a re-evaluation step, then pure threshold passes.
     let ok_sel = |adjust| {
@@ -235,18 +235,18 @@ fn table(name: &str, x: &[f32], k: usize, reps: usize, python: Option<&str>) {
     let (mut ok, mut oka) = (ok_sel(Adjust::Paper), ok_sel(Adjust::Reference(Bands::VGG)));
     let mut gk = Selector::new(Method::GaussianK, 0);
     let mut dg = Selector::new(Method::Dgc { sample: 0.01 }, 0);
-    let mut cases: Vec<Case<'_>> = vec![
+    vec![
         (
             "one streaming pass (sum of abs)",
-            Box::new(|| one_pass(x) as usize),
+            Box::new(move || one_pass(x) as usize),
         ),
         (
             "topk_indices (exact)",
-            Box::new(|| topk::topk_indices(x, k).len()),
+            Box::new(move || topk::topk_indices(x, k).len()),
         ),
         (
             "kth_largest_abs (exact threshold)",
-            Box::new(|| topk::kth_largest_abs(x, k) as usize),
+            Box::new(move || topk::kth_largest_abs(x, k) as usize),
         ),
         (
             "oktopk reuse step (Selector, with values)",
@@ -276,7 +276,13 @@ fn table(name: &str, x: &[f32], k: usize, reps: usize, python: Option<&str>) {
             "dgc, sample 1% (Selector)",
             Box::new(move || dg.select(0, x, k).indices.len()),
         ),
-    ];
+    ]
+}
+
+/// Times every case of [`select_cases`] (and numpy's argpartition) on `x` and prints the table.
+fn table(name: &str, x: &[f32], k: usize, reps: usize, python: Option<&str>) {
+    let n = x.len();
+    let mut cases = select_cases(x, k);
     let res = time_all(reps, &mut cases);
     let t_np = python.and_then(|p| numpy(x, k, p));
     let t_pass = res[0].0;

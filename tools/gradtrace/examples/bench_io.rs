@@ -93,18 +93,12 @@ fn run_python(path: &Path, samples: &mut Samples) -> Result<String> {
     Ok(version)
 }
 
-fn main() -> Result<()> {
-    // The allocator setting every tool runs with (`cli::run`); MALLOC_ARENA_MAX=8 compares.
-    gradkit_core::cli::tune_allocator();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let gib: f64 = args.first().map_or(Ok(1.0), |s| s.parse())?;
-    let reps: usize = args.get(1).map_or(Ok(3), |s| s.parse())?;
-    let dir = PathBuf::from(args.get(2).map_or("data/out", |s| s.as_str()));
-    let write_only = std::env::var_os("BENCH_IO_WRITE_ONLY").is_some();
-    let python = std::env::var_os("BENCH_IO_NO_PYTHON").is_none() && !write_only;
-    std::fs::create_dir_all(&dir)?;
-    let path = dir.join("bench_io.parquet");
+const WRITE: &str = "gradkit-core write (TableWriter, 16 rows per write)";
+const WRITE_OWNED: &str = "gradkit-core write_owned (TableWriter, 16 rows per write)";
+const READ: &str = "gradkit-core read (read_tensor, validated rows)";
 
+/// The dense trace of `gib` GiB: (rows, elements per layer, bytes of f32 values).
+fn dense_rows(gib: f64) -> Result<(Vec<TensorRow>, u32, f64)> {
     // 16 layers × 4 ranks × 1 step of 4 Mi f32 each = 1 GiB; realistic values (heavy tails).
     let per_layer = ((gib * (1u64 << 30) as f64) / 4.0 / 64.0) as u32;
     let layers = (0..16)
@@ -119,77 +113,83 @@ fn main() -> Result<()> {
         raw / 1e6,
         t.elapsed().as_secs_f64()
     );
+    Ok((rows, per_layer, raw))
+}
 
-    const WRITE: &str = "gradkit-core write (TableWriter, 16 rows per write)";
-    const WRITE_OWNED: &str = "gradkit-core write_owned (TableWriter, 16 rows per write)";
-    const READ: &str = "gradkit-core read (read_tensor, validated rows)";
-    let mut s = Samples::default();
-    let mut version = String::new();
-    for rep in 0..reps {
-        // Every write starts without a file at its path, as pyarrow's does (replacing a 1 GB
-        // file frees its page cache inside the timed rename).
-        let _ = std::fs::remove_file(&path);
-        let (t, c) = (Instant::now(), cpu_seconds());
-        let mut w = TableWriter::<TensorRow>::create(
-            &Output::Path(path.clone()),
-            &Meta::producer("bench_io"),
-        )?;
-        // One (step, rank) at a time, as gradtrace synthetic streams it.
-        for chunk in rows.chunks(16) {
-            w.write(chunk)?;
-        }
-        w.finish()?;
-        let disk = std::fs::metadata(&path)?.len();
-        s.add(WRITE, t.elapsed().as_secs_f64(), disk);
-        s.add(&format!("{WRITE} cpu"), cpu_seconds() - c, disk);
-        if write_only {
-            eprintln!("rep {}: write {:.2} s", rep + 1, s.0[WRITE].0[rep]);
-            continue;
-        }
-
-        // The consuming path (rows handed over, big `values` moved, not copied); the copy of
-        // the rows is made before the clock starts.
-        let owned: Vec<Vec<TensorRow>> = rows.chunks(16).map(|c| c.to_vec()).collect();
-        let moved = path.with_extension("prev");
-        std::fs::rename(&path, &moved)?;
-        let (t, c) = (Instant::now(), cpu_seconds());
-        let mut w = TableWriter::<TensorRow>::create(
-            &Output::Path(path.clone()),
-            &Meta::producer("bench_io"),
-        )?;
-        for chunk in owned {
-            w.write_owned(chunk)?;
-        }
-        w.finish()?;
-        s.add(WRITE_OWNED, t.elapsed().as_secs_f64(), disk);
-        s.add(&format!("{WRITE_OWNED} cpu"), cpu_seconds() - c, disk);
-        std::fs::remove_file(&moved)?;
-
-        let (t, c) = (Instant::now(), cpu_seconds());
-        let back = read_tensor(&Input::Path(path.clone()), ReadOptions::default())?;
-        s.add(READ, t.elapsed().as_secs_f64(), disk);
-        s.add(&format!("{READ} cpu"), cpu_seconds() - c, disk);
-        assert_eq!(back.rows.len(), rows.len());
-        drop(back);
-
-        if python {
-            version = run_python(&path, &mut s)?;
-        }
-        eprintln!(
-            "rep {}: write {:.2} s, write_owned {:.2} s, read {:.2} s, pyarrow write {:.2} s, read {:.2} s",
-            rep + 1,
-            s.0[WRITE].0[rep],
-            s.0[WRITE_OWNED].0[rep],
-            s.0[READ].0[rep],
-            s.0.get("pyarrow_write_zstd1_bss")
-                .map_or(f64::NAN, |v| v.0[rep]),
-            s.0.get("pyarrow_read").map_or(f64::NAN, |v| v.0[rep]),
-        );
+/// Times gradkit's `write` of `rows` to `path` (wall and CPU seconds); returns the file size.
+fn time_write(path: &Path, rows: &[TensorRow], s: &mut Samples) -> Result<u64> {
+    // Every write starts without a file at its path, as pyarrow's does (replacing a 1 GB
+    // file frees its page cache inside the timed rename).
+    let _ = std::fs::remove_file(path);
+    let (t, c) = (Instant::now(), cpu_seconds());
+    let mut w = TableWriter::<TensorRow>::create(
+        &Output::Path(path.to_path_buf()),
+        &Meta::producer("bench_io"),
+    )?;
+    // One (step, rank) at a time, as gradtrace synthetic streams it.
+    for chunk in rows.chunks(16) {
+        w.write(chunk)?;
     }
+    w.finish()?;
+    let disk = std::fs::metadata(path)?.len();
+    s.add(WRITE, t.elapsed().as_secs_f64(), disk);
+    s.add(&format!("{WRITE} cpu"), cpu_seconds() - c, disk);
+    Ok(disk)
+}
 
+/// Times gradkit's `write_owned` of `rows` to `path`, then its `read_tensor` of the file.
+fn time_write_owned_read(
+    path: &Path,
+    rows: &[TensorRow],
+    disk: u64,
+    s: &mut Samples,
+) -> Result<()> {
+    // The consuming path (rows handed over, big `values` moved, not copied); the copy of
+    // the rows is made before the clock starts.
+    let owned: Vec<Vec<TensorRow>> = rows.chunks(16).map(|c| c.to_vec()).collect();
+    let moved = path.with_extension("prev");
+    std::fs::rename(path, &moved)?;
+    let (t, c) = (Instant::now(), cpu_seconds());
+    let mut w = TableWriter::<TensorRow>::create(
+        &Output::Path(path.to_path_buf()),
+        &Meta::producer("bench_io"),
+    )?;
+    for chunk in owned {
+        w.write_owned(chunk)?;
+    }
+    w.finish()?;
+    s.add(WRITE_OWNED, t.elapsed().as_secs_f64(), disk);
+    s.add(&format!("{WRITE_OWNED} cpu"), cpu_seconds() - c, disk);
+    std::fs::remove_file(&moved)?;
+
+    let (t, c) = (Instant::now(), cpu_seconds());
+    let back = read_tensor(&Input::Path(path.to_path_buf()), ReadOptions::default())?;
+    s.add(READ, t.elapsed().as_secs_f64(), disk);
+    s.add(&format!("{READ} cpu"), cpu_seconds() - c, disk);
+    assert_eq!(back.rows.len(), rows.len());
+    drop(back);
+    Ok(())
+}
+
+/// The stderr line of repetition `rep` (0-based): the seconds of each measurement.
+fn report_rep(rep: usize, s: &Samples) {
+    eprintln!(
+        "rep {}: write {:.2} s, write_owned {:.2} s, read {:.2} s, pyarrow write {:.2} s, read {:.2} s",
+        rep + 1,
+        s.0[WRITE].0[rep],
+        s.0[WRITE_OWNED].0[rep],
+        s.0[READ].0[rep],
+        s.0.get("pyarrow_write_zstd1_bss")
+            .map_or(f64::NAN, |v| v.0[rep]),
+        s.0.get("pyarrow_read").map_or(f64::NAN, |v| v.0[rep]),
+    );
+}
+
+/// The Markdown table: median, minimum, MB/s, CPU seconds and file size per measurement.
+fn print_table(s: &Samples, version: &str, nrows: usize, per_layer: u32, raw: f64, reps: usize) {
     println!(
         "Dense trace: {} rows × {} f32 = {:.3} GB of values ({:.2} GiB); median (min) of {reps} interleaved repetitions.",
-        rows.len(),
+        nrows,
         per_layer,
         raw / 1e9,
         raw / (1u64 << 30) as f64
@@ -226,17 +226,54 @@ fn main() -> Result<()> {
             *size as f64 / 1e6
         );
     }
+}
+
+/// The ratios of gradkit's medians to pyarrow's (read speed, write time, CPU time).
+fn print_ratios(s: &Samples) {
+    println!();
+    println!(
+        "read: gradkit {:.2}x pyarrow's read_table speed (same file); write: gradkit takes {:.2}x pyarrow's write_table time (same settings; write_owned {:.2}x), {:.2}x (pyarrow defaults); CPU time: write {:.2}x pyarrow's, read {:.2}x",
+        s.median("pyarrow_read") / s.median(READ),
+        s.median(WRITE) / s.median("pyarrow_write_zstd1_bss"),
+        s.median(WRITE_OWNED) / s.median("pyarrow_write_zstd1_bss"),
+        s.median(WRITE) / s.median("pyarrow_write_defaults"),
+        s.median(&format!("{WRITE} cpu")) / s.median("pyarrow_write_zstd1_bss cpu"),
+        s.median(&format!("{READ} cpu")) / s.median("pyarrow_read cpu"),
+    );
+}
+
+/// Runs REPS interleaved repetitions of every measurement and prints the table.
+fn main() -> Result<()> {
+    // The allocator setting every tool runs with (`cli::run`); MALLOC_ARENA_MAX=8 compares.
+    gradkit_core::cli::tune_allocator();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let gib: f64 = args.first().map_or(Ok(1.0), |s| s.parse())?;
+    let reps: usize = args.get(1).map_or(Ok(3), |s| s.parse())?;
+    let dir = PathBuf::from(args.get(2).map_or("data/out", |s| s.as_str()));
+    let write_only = std::env::var_os("BENCH_IO_WRITE_ONLY").is_some();
+    let python = std::env::var_os("BENCH_IO_NO_PYTHON").is_none() && !write_only;
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("bench_io.parquet");
+    let (rows, per_layer, raw) = dense_rows(gib)?;
+
+    let mut s = Samples::default();
+    let mut version = String::new();
+    for rep in 0..reps {
+        let disk = time_write(&path, &rows, &mut s)?;
+        if write_only {
+            eprintln!("rep {}: write {:.2} s", rep + 1, s.0[WRITE].0[rep]);
+            continue;
+        }
+        time_write_owned_read(&path, &rows, disk, &mut s)?;
+        if python {
+            version = run_python(&path, &mut s)?;
+        }
+        report_rep(rep, &s);
+    }
+
+    print_table(&s, &version, rows.len(), per_layer, raw, reps);
     if python {
-        println!();
-        println!(
-            "read: gradkit {:.2}x pyarrow's read_table speed (same file); write: gradkit takes {:.2}x pyarrow's write_table time (same settings; write_owned {:.2}x), {:.2}x (pyarrow defaults); CPU time: write {:.2}x pyarrow's, read {:.2}x",
-            s.median("pyarrow_read") / s.median(READ),
-            s.median(WRITE) / s.median("pyarrow_write_zstd1_bss"),
-            s.median(WRITE_OWNED) / s.median("pyarrow_write_zstd1_bss"),
-            s.median(WRITE) / s.median("pyarrow_write_defaults"),
-            s.median(&format!("{WRITE} cpu")) / s.median("pyarrow_write_zstd1_bss cpu"),
-            s.median(&format!("{READ} cpu")) / s.median("pyarrow_read cpu"),
-        );
+        print_ratios(&s);
     }
     std::fs::remove_file(&path)?;
     Ok(())
