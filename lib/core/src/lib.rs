@@ -21,4 +21,4 @@ mod write_pages;
 pub use io::{
     read_table, read_tensor, write_table, Input, Loaded, Meta, Output, ReadOptions, TableWriter,
 };
-pub use tables::{MetricRow, PlanRow, SchemaKind, Table, TensorRow};
+pub use tables::{CommRow, EventKind, MetricRow, PlanRow, SchemaKind, Table, TensorRow};

@@ -173,6 +173,8 @@ pub struct TrainConfig {
     pub keep_metrics: bool,
     /// Key-value metadata of the `--metrics` file and of a checkpoint's `metrics.parquet`.
     pub metrics_meta: gradkit_core::Meta,
+    /// Record every message of every step (commtrace/1) to this file (`--comm-trace`).
+    pub comm_trace: Option<PathBuf>,
 }
 
 impl Default for TrainConfig {
@@ -213,6 +215,7 @@ impl Default for TrainConfig {
             metrics_every: 0,
             keep_metrics: true,
             metrics_meta: gradkit_core::Meta::default(),
+            comm_trace: None,
         }
     }
 }
@@ -248,6 +251,9 @@ pub struct TrainReport {
 
 /// Validates the combination of flags before any work.
 pub fn check_config(cfg: &TrainConfig) -> Result<()> {
+    if let Some(path) = &cfg.comm_trace {
+        gradkit_core::paths::check_creatable("--comm-trace", path)?;
+    }
     crate::model::check_name(&cfg.model.name)?;
     let Some(_) = EXCHANGES.iter().find(|e| e.0 == cfg.exchange) else {
         let names: Vec<&str> = EXCHANGES.iter().map(|e| e.0).collect();
@@ -678,6 +684,9 @@ fn rank_main(
         Model::new(&cfg.model, data, cfg.seed)?
     };
     let mut run = Run::new(comm, cfg, data, model, resume)?;
+    if cfg.comm_trace.is_some() {
+        comm.traffic().start_recording(comm.rank());
+    }
     let pb = gradkit_core::cli::progress(
         "gradtrain",
         run.last.saturating_sub(run.first) as u64,
@@ -695,6 +704,13 @@ fn rank_main(
         }
     }
     pb.finish_and_clear();
+    if let Some(path) = &cfg.comm_trace {
+        if let Some(rows) = gradkit_comm::record::gather_recording(comm)? {
+            let mut meta = gradkit_core::Meta::producer("gradtrain");
+            meta.set("algo", &cfg.exchange).set("backend", comm.backend());
+            gradkit_comm::record::write_recording(path, meta, comm.size(), &rows)?;
+        }
+    }
     run.finish()
 }
 
@@ -785,6 +801,7 @@ impl<'a> Run<'a> {
             ..StepIo::default()
         };
         let before = comm.traffic().total();
+        comm.traffic().begin_step(step, &cfg.exchange);
         let (loss, g) = self.ex.compute(comm, &mut io, &self.model, &batch)?;
         if !loss.is_finite() {
             bail!("training diverged: loss is {loss} at step {step} on rank {rank} (try a smaller --lr)");
@@ -796,6 +813,7 @@ impl<'a> Run<'a> {
         }
         let t = Instant::now();
         self.ex.update(comm, &mut io, g)?;
+        comm.traffic().end_step();
         let comm_s = io
             .comm_s
             .unwrap_or((t.elapsed().as_secs_f64() - io.select_s - io.update_s).max(0.0));

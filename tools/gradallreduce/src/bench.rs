@@ -93,6 +93,9 @@ pub struct BenchArgs {
     /// table)
     #[arg(long, value_name = "PATH")]
     pub metrics: Option<PathBuf>,
+    /// Record every message of every timed call (commtrace/1) here, for `gradreport simulate`
+    #[arg(long, value_name = "PATH")]
+    pub comm_trace: Option<PathBuf>,
     /// No summary on stderr
     #[arg(short = 'q', long)]
     pub quiet: bool,
@@ -338,14 +341,17 @@ struct Timing {
     select: Vec<f64>,
     minflt: Vec<f64>,
     majflt: Vec<f64>,
+    /// What a recorded call ran (--comm-trace).
+    label: String,
     sent: u64,
     msgs: u64,
     wrong: usize,
 }
 
 impl Timing {
-    fn new(comm: &dyn Comm, iters: usize) -> Self {
+    fn new(comm: &dyn Comm, iters: usize, label: String) -> Self {
         Timing {
+            label,
             per_thread: comm.backend() != Backend::MPI,
             times: Vec::with_capacity(iters),
             select: Vec::with_capacity(iters),
@@ -375,9 +381,14 @@ impl Timing {
         // reducer may still report the ~0 s it took to take it).
         let selects = input.is_dense();
         let f0 = page_faults(self.per_thread);
+        if timed {
+            let n = comm.traffic().steps_recorded();
+            comm.traffic().begin_step(n, &self.label);
+        }
         let t0 = std::time::Instant::now();
         let out = reducer.reduce(comm, step, layout, input)?;
         let dt = t0.elapsed().as_secs_f64();
+        comm.traffic().end_step();
         let f1 = page_faults(self.per_thread);
         let t = comm.traffic().total();
         (self.sent, self.msgs) = (t.bytes_sent, t.msgs_sent);
@@ -450,7 +461,7 @@ fn measure(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> Result<
     let layout = Layout::new(vec![(0, "buffer".into(), n as u64, None)]);
     let exact = kind(algo)? == Kind::Exact;
     let mut reducer = bench_reducer(algo, args)?;
-    let mut timing = Timing::new(comm, args.iters);
+    let mut timing = Timing::new(comm, args.iters, format!("{algo} {bytes}B"));
     let mut data = huge_vec(n);
     for it in 0..args.warmup + args.iters {
         data.clear();
@@ -492,7 +503,7 @@ fn measure_sparse(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> 
         runs.push((
             input,
             bench_reducer(algo, args)?,
-            Timing::new(comm, args.iters),
+            Timing::new(comm, args.iters, format!("{algo} {bytes}B {}", input.name())),
         ));
     }
     // The pre-selection's own error feedback, as gradselect keeps it: acc = g + residual,
@@ -559,9 +570,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
         if let Some(path) = &args.metrics {
             gradkit_core::paths::check_creatable("--metrics", path)?;
         }
+        if let Some(path) = &args.comm_trace {
+            gradkit_core::paths::check_creatable("--comm-trace", path)?;
+        }
         Ok(sizes)
     })())?;
     let points = world.run(|comm| {
+        if args.comm_trace.is_some() {
+            comm.traffic().start_recording(comm.rank());
+        }
         let mut pts = Vec::new();
         for &b in &sizes {
             for a in &algos {
@@ -570,6 +587,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 } else {
                     pts.push(measure(comm, a, b, &args)?);
                 }
+            }
+        }
+        if let Some(path) = &args.comm_trace {
+            if let Some(rows) = gradkit_comm::record::gather_recording(comm)? {
+                let mut meta = gradkit_core::Meta::producer("gradallreduce");
+                meta.set("algo", &args.algo).set("backend", comm.backend());
+                gradkit_comm::record::write_recording(path, meta, comm.size(), &rows)?;
             }
         }
         Ok(pts)

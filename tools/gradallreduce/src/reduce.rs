@@ -38,6 +38,9 @@ pub struct ReduceArgs {
     /// Run name recorded in the metrics (default: the algorithm)
     #[arg(long)]
     pub run: Option<String>,
+    /// Record every message of every step (commtrace/1) here, for `gradreport simulate`
+    #[arg(long, value_name = "PATH")]
+    pub comm_trace: Option<PathBuf>,
     /// Density for algorithms that select from dense input (0 < d ≤ 1)
     #[arg(long, default_value_t = 0.01)]
     pub density: f64,
@@ -655,6 +658,9 @@ fn check_paths(args: &ReduceArgs) -> Result<()> {
     if let Some(state) = &args.state {
         gradkit_core::paths::check_creatable("--state", state)?;
     }
+    if let Some(path) = &args.comm_trace {
+        gradkit_core::paths::check_creatable("--comm-trace", path)?;
+    }
     gradkit_core::paths::check_distinct(
         &[
             ("IN", args.io.input.as_deref()),
@@ -668,6 +674,7 @@ fn check_paths(args: &ReduceArgs) -> Result<()> {
             ),
             ("--metrics", args.metrics.as_deref()),
             ("--state", args.state.as_deref()),
+            ("--comm-trace", args.comm_trace.as_deref()),
         ],
     )
 }
@@ -811,6 +818,9 @@ fn reduce_rank(
     quiet: bool,
 ) -> Result<RankOut> {
     let mut reducer = reducer_for(args.algo, params)?;
+    if args.comm_trace.is_some() {
+        comm.traffic().start_recording(comm.rank());
+    }
     // --state: this rank's saved errors, before the first step (none on a fresh start).
     if let Some(path) = &args.state {
         // Rank 0 reads the file as the feed's round asks for it and hands each piece to its
@@ -928,9 +938,11 @@ fn reduce_rank(
         };
         let before = comm.traffic().snapshot();
         let t0 = std::time::Instant::now();
+        comm.traffic().begin_step(step, algo);
         let out = reducer
             .reduce(comm, step, reducer_layout, input)
             .with_context(|| format!("step {step}"))?;
+        comm.traffic().end_step();
         let wall = t0.elapsed().as_secs_f64();
         let after = comm.traffic().snapshot();
         record(&mut sink, step, rank, &before, &after, wall);
@@ -969,6 +981,13 @@ fn reduce_rank(
         });
     }
     reducer.finish(comm)?;
+    if let Some(path) = &args.comm_trace {
+        if let Some(rows) = gradkit_comm::record::gather_recording(comm)? {
+            let mut meta = gradkit_core::Meta::producer("gradallreduce");
+            meta.set("algo", algo).set("backend", comm.backend());
+            gradkit_comm::record::write_recording(path, meta, comm.size(), &rows)?;
+        }
+    }
     // --state: every rank's errors after the last step, to the I/O rank, which saves them.
     // The reducer's buffers are moved out (not copied) and it is dropped.
     let state = args.state.is_some().then(|| reducer.take_state());
