@@ -7,7 +7,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
 
 APT_PKGS := build-essential pkg-config clang libclang-dev openmpi-bin libopenmpi-dev \
-            openssh-client python3-venv ca-certificates
+            openssh-client python3-venv ca-certificates libsimgrid-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 VENV := .venv
 CARGO := cargo

@@ -41,17 +41,16 @@ impl Recorder {
     fn now(&self) -> f64 {
         self.origin.elapsed().as_secs_f64()
     }
+    /// Adds an event of the open step (none: nothing); `what` is (kind, peer, tag, seq,
+    /// bytes).
     fn push(
         &mut self,
         rank: u32,
-        kind: EventKind,
-        peer: u32,
-        tag: u32,
-        seq: u64,
-        bytes: u64,
+        what: (EventKind, u32, u32, u64, u64),
         phase: &str,
         span: (f64, f64),
     ) {
+        let (kind, peer, tag, seq, bytes) = what;
         let Some((step, label)) = &self.step else {
             return;
         };
@@ -76,7 +75,7 @@ impl Recorder {
     fn compute_until(&mut self, rank: u32, t: f64, phase: &str) {
         if self.step.is_some() && t > self.last {
             let span = (self.last, t);
-            self.push(rank, EventKind::Compute, rank, 0, 0, 0, phase, span);
+            self.push(rank, (EventKind::Compute, rank, 0, 0, 0), phase, span);
             self.call += 1;
         }
         self.last = t;
@@ -173,11 +172,7 @@ impl Traffic {
             *n += 1;
             r.push(
                 rank,
-                EventKind::Send,
-                peer as u32,
-                tag,
-                seq,
-                bytes as u64,
+                (EventKind::Send, peer as u32, tag, seq, bytes as u64),
                 &phase,
                 span,
             );
@@ -188,11 +183,7 @@ impl Traffic {
             *n += 1;
             r.push(
                 rank,
-                EventKind::Recv,
-                peer as u32,
-                tag,
-                seq,
-                bytes as u64,
+                (EventKind::Recv, peer as u32, tag, seq, bytes as u64),
                 &phase,
                 span,
             );
@@ -212,11 +203,7 @@ impl Traffic {
             r.compute_until(rank, t, &phase);
             r.push(
                 rank,
-                EventKind::Allreduce,
-                rank,
-                0,
-                0,
-                bytes as u64,
+                (EventKind::Allreduce, rank, 0, 0, bytes as u64),
                 &phase,
                 (t, t),
             );

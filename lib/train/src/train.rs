@@ -707,7 +707,8 @@ fn rank_main(
     if let Some(path) = &cfg.comm_trace {
         if let Some(rows) = gradkit_comm::record::gather_recording(comm)? {
             let mut meta = gradkit_core::Meta::producer("gradtrain");
-            meta.set("algo", &cfg.exchange).set("backend", comm.backend());
+            meta.set("algo", &cfg.exchange)
+                .set("backend", comm.backend());
             gradkit_comm::record::write_recording(path, meta, comm.size(), &rows)?;
         }
     }

@@ -503,7 +503,11 @@ fn measure_sparse(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> 
         runs.push((
             input,
             bench_reducer(algo, args)?,
-            Timing::new(comm, args.iters, format!("{algo} {bytes}B {}", input.name())),
+            Timing::new(
+                comm,
+                args.iters,
+                format!("{algo} {bytes}B {}", input.name()),
+            ),
         ));
     }
     // The pre-selection's own error feedback, as gradselect keeps it: acc = g + residual,
