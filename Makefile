@@ -29,6 +29,7 @@ help:
 	@echo "make repro-oktopk | repro-deft | repro-onebit-lamb | repro-embrace   (FAST=1: ~1 min)"
 	@echo "make repro-oktopk-figs | repro-deft-figs   the figures alone, from target/release"
 	@echo "make repro-cluster   the shaped multi-host runs (root; docs/CLUSTER.md)"
+	@echo "make repro-sim | repro-scale   SimGrid replay: calibrated on the cluster | at 16-256 ranks (docs/SIMULATE.md)"
 	@echo "make cluster-up HOSTS=4 RATE=1gbit | cluster-status | cluster-down   (docs/CLUSTER.md)"
 	@echo "make build   release binaries in target/release    make deps   what is missing (apt, rustup, venv)"
 	@echo "make test-cuda-feature   the cuda feature built, clippy-checked and its device tests run"
@@ -117,7 +118,7 @@ stress-mpi: deps build
 	@bash pipelines/stress-mpi-errors.sh $(RUNS)
 
 include pipelines/oktopk.mk pipelines/deft.mk pipelines/onebit-lamb.mk pipelines/embrace.mk
-include pipelines/cluster.mk
+include pipelines/cluster.mk pipelines/sim.mk
 repro: repro-oktopk repro-deft repro-onebit-lamb repro-embrace
 
 fmt:
