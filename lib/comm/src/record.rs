@@ -8,14 +8,13 @@
 //! A tool turns it on per rank ([`Traffic::start_recording`]) and brackets each step with
 //! [`Traffic::begin_step`] / [`Traffic::end_step`]; only calls inside a step are recorded
 //! (the scatter of the tool's input and the gather of its output happen between steps).
-//! [`gather_recording`] brings every rank's rows to rank 0.
+//! [`gather_recording`] brings every rank's rows to rank 0, which writes them
+//! ([`gradkit_core::write_comm_trace`]).
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::time::Instant;
 
-use anyhow::Result;
-use gradkit_core::{CommRow, EventKind, Meta, Output};
+use gradkit_core::{CommRow, EventKind};
 
 use crate::{Comm, CommError, CommResult, Elem, Kind, Traffic};
 
@@ -236,19 +235,6 @@ pub fn gather_recording(comm: &dyn Comm) -> CommResult<Option<Vec<CommRow>>> {
         })?);
     }
     Ok(Some(all))
-}
-
-/// Writes the rows as `commtrace/1` to `path`, atomically (a temporary file renamed into
-/// place), with `meta` (the producer, the algorithm) and the world size.
-pub fn write_recording(
-    path: &Path,
-    mut meta: Meta,
-    world_size: usize,
-    rows: &[CommRow],
-) -> Result<()> {
-    meta.set("world_size", world_size);
-    let out = Output::for_flag("--comm-trace", Some(path))?;
-    gradkit_core::io::write_table(&out, &meta, rows)
 }
 
 fn put_str(out: &mut Vec<u8>, s: &str) {

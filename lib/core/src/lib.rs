@@ -21,4 +21,6 @@ mod write_pages;
 pub use io::{
     read_table, read_tensor, write_table, Input, Loaded, Meta, Output, ReadOptions, TableWriter,
 };
-pub use tables::{CommRow, EventKind, MetricRow, PlanRow, SchemaKind, Table, TensorRow};
+pub use tables::{
+    write_comm_trace, CommRow, EventKind, MetricRow, PlanRow, SchemaKind, Table, TensorRow,
+};

@@ -15,7 +15,7 @@ use arrow_buffer::OffsetBuffer;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 mod commtrace;
-pub use commtrace::{CommRow, EventKind};
+pub use commtrace::{write_comm_trace, CommRow, EventKind};
 
 /// Which table a file holds: the value of its `gradkit.schema` metadata key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

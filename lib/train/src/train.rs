@@ -709,7 +709,7 @@ fn rank_main(
             let mut meta = gradkit_core::Meta::producer("gradtrain");
             meta.set("algo", &cfg.exchange)
                 .set("backend", comm.backend());
-            gradkit_comm::record::write_recording(path, meta, comm.size(), &rows)?;
+            gradkit_core::write_comm_trace(path, meta, comm.size(), &rows)?;
         }
     }
     run.finish()

@@ -597,7 +597,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             if let Some(rows) = gradkit_comm::record::gather_recording(comm)? {
                 let mut meta = gradkit_core::Meta::producer("gradallreduce");
                 meta.set("algo", &args.algo).set("backend", comm.backend());
-                gradkit_comm::record::write_recording(path, meta, comm.size(), &rows)?;
+                gradkit_core::write_comm_trace(path, meta, comm.size(), &rows)?;
             }
         }
         Ok(pts)

@@ -985,7 +985,7 @@ fn reduce_rank(
         if let Some(rows) = gradkit_comm::record::gather_recording(comm)? {
             let mut meta = gradkit_core::Meta::producer("gradallreduce");
             meta.set("algo", algo).set("backend", comm.backend());
-            gradkit_comm::record::write_recording(path, meta, comm.size(), &rows)?;
+            gradkit_core::write_comm_trace(path, meta, comm.size(), &rows)?;
         }
     }
     // --state: every rank's errors after the last step, to the I/O rank, which saves them.

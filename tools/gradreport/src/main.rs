@@ -57,9 +57,9 @@ enum Cmd {
     /// Replay a --comm-trace recording on SimGrid: simulated time per step and phase beside
     /// the recorded time and the α-β model's (docs/SIMULATE.md)
     #[command(
-        after_help = "Example:\n  gradallreduce --algo ring --ranks 4 t.parquet -o /dev/null --comm-trace rec.parquet\n  \
+        after_help = "Example:\n  gradallreduce --algo ring --ranks 4 trace.parquet -o /dev/null --comm-trace rec.parquet\n  \
 gradreport simulate rec.parquet --link-rate 1Gbps --latency 50us --compute none\n  \
-gradreport simulate rec.parquet --topology dragonfly --link-rate 100Gbps --hosts-per-node 4 -o sim.csv"
+gradreport simulate rec.parquet --topology dragonfly --link-rate 100Gbps -o sim.csv"
     )]
     Simulate(Box<gradreport::simulate::SimulateArgs>),
     /// Pivot metrics: one row per group of --by columns, one column per metric

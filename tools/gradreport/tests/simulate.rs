@@ -27,7 +27,7 @@ fn record(path: &Path, algo: Algo, p: usize, n: usize) {
             reducer.reduce(comm, 0, &layout, Flat::Dense(x))?;
             comm.traffic().end_step();
             if let Some(rows) = gradkit_comm::record::gather_recording(comm)? {
-                gradkit_comm::record::write_recording(path, Meta::default(), p, &rows)?;
+                gradkit_core::write_comm_trace(path, Meta::default(), p, &rows)?;
             }
             Ok(())
         })

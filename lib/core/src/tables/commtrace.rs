@@ -186,3 +186,16 @@ impl Table for CommRow {
             .collect()
     }
 }
+
+/// Writes `rows` as `commtrace/1` to `path` (`--comm-trace`), atomically (a temporary file
+/// renamed into place), with `meta` (producer, algorithm, backend) and the world size.
+pub fn write_comm_trace(
+    path: &std::path::Path,
+    mut meta: crate::Meta,
+    world_size: usize,
+    rows: &[CommRow],
+) -> Result<()> {
+    meta.set("world_size", world_size);
+    let out = crate::Output::for_flag("--comm-trace", Some(path))?;
+    crate::io::write_table(&out, &meta, rows)
+}
