@@ -287,8 +287,14 @@ fn phase_order(ranks: &[Vec<&CommRow>]) -> Vec<String> {
 pub fn simulate(args: &SimulateArgs) -> Result<(Vec<Line>, Meta, usize)> {
     let (platform, compute) = args.check()?;
     let input = Input::Path(args.recording.clone());
-    let loaded = read_table::<CommRow>(&input, ReadOptions::default())
-        .with_context(|| format!("recording {}", args.recording.display()))?;
+    let loaded = read_table::<CommRow>(&input, ReadOptions::default()).map_err(|e| {
+        // The reader names the file and the version it holds.
+        if format!("{e:#}").contains("file holds `commtrace/") {
+            e.context("a recording of another format version (this gradkit replays commtrace/1: record it again)")
+        } else {
+            e
+        }
+    })?;
     let rows = loaded.rows;
     let ranks = match loaded.meta.get("world_size").map(str::parse::<usize>) {
         Some(Ok(p)) => p,

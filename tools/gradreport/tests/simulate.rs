@@ -198,6 +198,7 @@ fn bad_input_stops_with_one_line() {
     std::fs::write(&v2, bytes).unwrap();
     let (code, _, err) = simulate(&[v2.to_str().unwrap()]);
     one_error_line(code, &err, 1, "commtrace/2");
+    assert!(err.contains("another format version"), "{err}");
     // A platform with fewer hosts than ranks.
     let (code, _, err) = simulate(&[r, "--nodes", "1", "--hosts-per-node", "2"]);
     one_error_line(code, &err, 1, "fewer than the recording's 4 ranks");
