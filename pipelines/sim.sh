@@ -14,7 +14,10 @@
 source "$(dirname "$0")/lib.sh"
 OUT=$ROOT/data/out/sim
 [ "$FAST" != 0 ] && OUT=$ROOT/data/out/sim-fast
-rm -rf "$OUT" && mkdir -p "$OUT" && cd "$OUT"
+# REUSE=1: keep the runs already in $OUT and only rewrite the table and the section.
+REUSE=${REUSE:-0}
+[ "$REUSE" = 0 ] && rm -rf "$OUT"
+mkdir -p "$OUT" && cd "$OUT"
 if [ "$FAST" != 0 ]; then
   HOSTS=2; RATES="1gbit"; PS="2"; CAL_SIZES=4K:256K; CAL_ITERS=3; ITERS=2; SIZE=64K
   DENSE="ring"; SPARSE="oktopk"; DEFT=""
@@ -50,6 +53,7 @@ on_cluster() {
 }
 
 for RATE in $RATES; do
+  [ "$REUSE" != 0 ] && [ -f fit-$RATE-p${PS##* }.env ] && continue
   with_cluster $HOSTS $RATE on_cluster
   # Replays run with nothing else of ours running: the bare platform first, for the fit.
   for p in $PS; do
@@ -71,7 +75,8 @@ done
 {
   echo "Made by \`make repro-sim$( [ "$FAST" != 0 ] && echo ' FAST=1')\` (pipelines/sim.sh) on $(date -u +%F),"
   echo "SimGrid $(dpkg-query -W -f='${Version}' libsimgrid-dev 2>/dev/null || echo '?'), $HOSTS shaped hosts on $(nproc) shared cores;"
-  echo "wall time $(( $(date +%s) - T0 )) s. Per row, medians over $ITERS recorded calls of $SIZE per rank"
+  [ "$REUSE" != 0 ] && echo -n "REUSE=1: this text rewritten from the runs' files. " || echo -n "wall time $(( $(date +%s) - T0 )) s. "
+  echo "Per row, medians over $ITERS recorded calls of $SIZE per rank"
   echo "(sparse: density 0.01, pre-selected input; DEFT selects for itself): the measured wall time"
   echo "of the call on its slowest rank (as bench times it), its calibrated replay (fitted α and"
   echo "bandwidth factors, the recorded compute), the bare replay (fitted α, factors 1) and the α-β"
