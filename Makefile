@@ -7,7 +7,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
 
 APT_PKGS := build-essential pkg-config clang libclang-dev openmpi-bin libopenmpi-dev \
-            openssh-client python3-venv ca-certificates
+            openssh-client python3-venv ca-certificates libsimgrid-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 VENV := .venv
 CARGO := cargo
@@ -30,6 +30,7 @@ help:
 	@echo "make repro-oktopk | repro-deft | repro-onebit-lamb | repro-embrace   (FAST=1: ~1 min)"
 	@echo "make repro-oktopk-figs | repro-deft-figs | repro-deft-breakdown   the figures alone, from target/release"
 	@echo "make repro-cluster   the shaped multi-host runs (root; docs/CLUSTER.md)"
+	@echo "make repro-sim | repro-scale   SimGrid replay: calibrated on the cluster | at 16-256 ranks (docs/SIMULATE.md)"
 	@echo "make cluster-up HOSTS=4 RATE=1gbit | cluster-status | cluster-down   (docs/CLUSTER.md)"
 	@echo "make build   release binaries in target/release    make deps   what is missing (apt, rustup, venv)"
 	@echo "make test-cuda-feature   the cuda feature built, clippy-checked, its kernels compiled (NVRTC, ptxas) and its device tests run"
@@ -181,7 +182,7 @@ stress-mpi: deps build
 	@bash pipelines/stress-mpi-errors.sh $(RUNS)
 
 include pipelines/oktopk.mk pipelines/deft.mk pipelines/onebit-lamb.mk pipelines/embrace.mk
-include pipelines/cluster.mk
+include pipelines/cluster.mk pipelines/sim.mk
 repro: repro-oktopk repro-deft repro-onebit-lamb repro-embrace
 
 fmt:

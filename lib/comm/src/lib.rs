@@ -23,6 +23,7 @@ mod error;
 pub mod launch;
 pub mod local;
 pub mod mpi;
+pub mod record;
 mod traffic;
 
 pub use backend::Backend;
@@ -81,19 +82,25 @@ pub trait Comm {
         recvs: &[(usize, Kind)],
     ) -> CommResult<Vec<Buf>> {
         let me = self.rank();
-        let sent: Vec<usize> = sends
+        let sent: Vec<(usize, usize)> = sends
             .iter()
             .filter(|(d, _)| *d != me)
-            .map(|(_, b)| b.bytes())
+            .map(|(d, b)| (*d, b.bytes()))
             .collect();
+        let t0 = self.traffic().call_start();
         let got = self.exchange_raw(tag, sends, recvs)?;
-        for b in sent {
+        for &(_, b) in &sent {
             self.traffic().add_sent(b);
         }
+        let mut received = Vec::new();
         for ((s, _), b) in recvs.iter().zip(&got) {
             if *s != me {
                 self.traffic().add_recv(b.bytes());
+                received.push((*s, b.bytes()));
             }
+        }
+        if let Some(t0) = t0 {
+            self.traffic().record_call(t0, tag, &sent, &received);
         }
         Ok(got)
     }

@@ -29,8 +29,10 @@ impl PhaseCounts {
 /// `RefCell`; the counters travel with the communicator.
 #[derive(Debug)]
 pub struct Traffic {
-    phase: RefCell<String>,
+    pub(crate) phase: RefCell<String>,
     map: RefCell<BTreeMap<String, PhaseCounts>>,
+    /// The message recorder ([`crate::record`]) and its rank, when on.
+    pub(crate) rec: RefCell<Option<(u32, crate::record::Recorder)>>,
 }
 
 impl Default for Traffic {
@@ -38,6 +40,7 @@ impl Default for Traffic {
         Traffic {
             phase: RefCell::new("default".into()),
             map: RefCell::new(BTreeMap::new()),
+            rec: RefCell::new(None),
         }
     }
 }
@@ -84,6 +87,7 @@ impl Traffic {
     }
     /// Adds counts that the backend reports for an opaque operation (native allreduce).
     pub fn add_opaque(&self, bytes: usize) {
+        self.record_opaque(bytes);
         let p = self.phase.borrow().clone();
         let mut m = self.map.borrow_mut();
         let c = m.entry(p).or_default();

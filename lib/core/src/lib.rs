@@ -20,6 +20,7 @@ pub mod trace;
 mod write_pages;
 
 pub use io::{
-    read_table, read_tensor, write_table, Input, Loaded, Meta, Output, ReadOptions, TableWriter,
+    read_table, read_tensor, write_comm_trace, write_table, Input, Loaded, Meta, Output,
+    ReadOptions, TableWriter,
 };
-pub use tables::{MetricRow, PlanRow, SchemaKind, Table, TensorRow};
+pub use tables::{CommRow, EventKind, MetricRow, PlanRow, SchemaKind, Table, TensorRow};

@@ -14,12 +14,16 @@ use arrow_array::{
 use arrow_buffer::OffsetBuffer;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
+mod commtrace;
+pub use commtrace::{CommRow, EventKind};
+
 /// Which table a file holds: the value of its `gradkit.schema` metadata key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SchemaKind {
     Tensor,
     Plan,
     Metrics,
+    CommTrace,
 }
 
 impl SchemaKind {
@@ -28,6 +32,7 @@ impl SchemaKind {
             SchemaKind::Tensor => "tensor/1",
             SchemaKind::Plan => "plan/1",
             SchemaKind::Metrics => "metrics/1",
+            SchemaKind::CommTrace => "commtrace/1",
         }
     }
     pub fn parse(s: &str) -> Option<Self> {
@@ -35,6 +40,7 @@ impl SchemaKind {
             "tensor/1" => Some(SchemaKind::Tensor),
             "plan/1" => Some(SchemaKind::Plan),
             "metrics/1" => Some(SchemaKind::Metrics),
+            "commtrace/1" => Some(SchemaKind::CommTrace),
             _ => None,
         }
     }
@@ -44,21 +50,27 @@ impl SchemaKind {
             SchemaKind::Tensor => TensorRow::schema(),
             SchemaKind::Plan => PlanRow::schema(),
             SchemaKind::Metrics => MetricRow::schema(),
+            SchemaKind::CommTrace => CommRow::schema(),
         }
     }
     /// The tables whose every column `schema` has, by name: how a file without the
     /// `gradkit.schema` key (pandas and polars drop it) is recognised. The three tables'
     /// column sets differ, so a file matches at most one unless it carries extra columns.
     pub fn from_columns(schema: &Schema) -> Vec<SchemaKind> {
-        [SchemaKind::Tensor, SchemaKind::Plan, SchemaKind::Metrics]
-            .into_iter()
-            .filter(|k| {
-                k.schema()
-                    .fields()
-                    .iter()
-                    .all(|f| schema.field_with_name(f.name()).is_ok())
-            })
-            .collect()
+        [
+            SchemaKind::Tensor,
+            SchemaKind::Plan,
+            SchemaKind::Metrics,
+            SchemaKind::CommTrace,
+        ]
+        .into_iter()
+        .filter(|k| {
+            k.schema()
+                .fields()
+                .iter()
+                .all(|f| schema.field_with_name(f.name()).is_ok())
+        })
+        .collect()
     }
 }
 

@@ -332,6 +332,8 @@ pub struct TrainConfig {
     pub keep_metrics: bool,
     /// Key-value metadata of the `--metrics` file and of a checkpoint's `metrics.parquet`.
     pub metrics_meta: gradkit_core::Meta,
+    /// Record every message of every step (commtrace/1) to this file (`--comm-trace`).
+    pub comm_trace: Option<PathBuf>,
 }
 
 impl Default for TrainConfig {
@@ -372,6 +374,7 @@ impl Default for TrainConfig {
             metrics_every: 0,
             keep_metrics: true,
             metrics_meta: gradkit_core::Meta::default(),
+            comm_trace: None,
         }
     }
 }

@@ -51,6 +51,9 @@ pub struct TrainReport {
 
 /// Validates the combination of flags before any work.
 pub fn check_config(cfg: &TrainConfig) -> Result<()> {
+    if let Some(path) = &cfg.comm_trace {
+        gradkit_core::paths::check_creatable("--comm-trace", path)?;
+    }
     crate::model::check_name(&cfg.model.name)?;
     if !crate::optim::OPTIMIZERS.iter().any(|o| o.0 == cfg.opt.name) {
         let names: Vec<&str> = crate::optim::OPTIMIZERS.iter().map(|o| o.0).collect();
@@ -479,6 +482,9 @@ fn rank_main(
         Model::new(&cfg.model, data, cfg.seed)?
     };
     let mut run = Run::new(comm, cfg, data, model, resume)?;
+    if cfg.comm_trace.is_some() {
+        comm.traffic().start_recording(comm.rank());
+    }
     let pb = gradkit_core::cli::progress(
         "gradtrain",
         run.last.saturating_sub(run.first) as u64,
@@ -496,6 +502,14 @@ fn rank_main(
         }
     }
     pb.finish_and_clear();
+    if let Some(path) = &cfg.comm_trace {
+        if let Some(rows) = gradkit_comm::record::gather_recording(comm)? {
+            let mut meta = gradkit_core::Meta::producer("gradtrain");
+            meta.set("algo", cfg.exchange)
+                .set("backend", comm.backend());
+            gradkit_core::write_comm_trace(path, meta, comm.size(), &rows)?;
+        }
+    }
     run.finish()
 }
 
@@ -593,6 +607,7 @@ impl<'a> Run<'a> {
             ..StepIo::default()
         };
         let before = comm.traffic().total();
+        comm.traffic().begin_step(step, cfg.exchange.name());
         let (loss, g) = self.ex.compute(comm, &mut io, &self.model, &batch)?;
         if !loss.is_finite() {
             bail!("training diverged: loss is {loss} at step {step} on rank {rank} (try a smaller --lr)");
@@ -604,6 +619,7 @@ impl<'a> Run<'a> {
         }
         let t = Instant::now();
         self.ex.update(comm, &mut io, g)?;
+        comm.traffic().end_step();
         let comm_s = io
             .comm_s
             .unwrap_or((t.elapsed().as_secs_f64() - io.select_s - io.update_s).max(0.0));

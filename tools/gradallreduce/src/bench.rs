@@ -94,6 +94,9 @@ pub struct BenchArgs {
     /// table)
     #[arg(long, value_name = "PATH")]
     pub metrics: Option<PathBuf>,
+    /// Record every message of every timed call (commtrace/1) here, for `gradreport simulate`
+    #[arg(long, value_name = "PATH")]
+    pub comm_trace: Option<PathBuf>,
     /// No summary on stderr
     #[arg(short = 'q', long)]
     pub quiet: bool,
@@ -361,14 +364,17 @@ struct Timing {
     select: Vec<f64>,
     minflt: Vec<f64>,
     majflt: Vec<f64>,
+    /// What a recorded call ran (--comm-trace).
+    label: String,
     sent: u64,
     msgs: u64,
     wrong: usize,
 }
 
 impl Timing {
-    fn new(comm: &dyn Comm, iters: usize) -> Self {
+    fn new(comm: &dyn Comm, iters: usize, label: String) -> Self {
         Timing {
+            label,
             per_thread: comm.backend() != Backend::MPI,
             times: Vec::with_capacity(iters),
             select: Vec::with_capacity(iters),
@@ -398,9 +404,14 @@ impl Timing {
         // reducer may still report the ~0 s it took to take it).
         let selects = input.is_dense();
         let f0 = page_faults(self.per_thread);
+        if timed {
+            let n = comm.traffic().steps_recorded();
+            comm.traffic().begin_step(n, &self.label);
+        }
         let t0 = std::time::Instant::now();
         let out = reducer.reduce(comm, step, layout, input)?;
         let dt = t0.elapsed().as_secs_f64();
+        comm.traffic().end_step();
         let f1 = page_faults(self.per_thread);
         let t = comm.traffic().total();
         (self.sent, self.msgs) = (t.bytes_sent, t.msgs_sent);
@@ -473,7 +484,7 @@ fn measure(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> Result<
     let layout = Layout::new(vec![(0, "buffer".into(), n as u64, None)]);
     let exact = kind(algo)? == Kind::Exact;
     let mut reducer = bench_reducer(algo, args)?;
-    let mut timing = Timing::new(comm, args.iters);
+    let mut timing = Timing::new(comm, args.iters, format!("{algo} {bytes}B"));
     let mut data = huge_vec(n);
     for it in 0..args.warmup + args.iters {
         data.clear();
@@ -515,7 +526,11 @@ fn measure_sparse(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> 
         runs.push((
             input,
             bench_reducer(algo, args)?,
-            Timing::new(comm, args.iters),
+            Timing::new(
+                comm,
+                args.iters,
+                format!("{algo} {bytes}B {}", input.name()),
+            ),
         ));
     }
     // The pre-selection's own error feedback, as gradselect keeps it: acc = g + residual,
@@ -583,9 +598,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
         if let Some(path) = &args.metrics {
             gradkit_core::paths::check_creatable("--metrics", path)?;
         }
+        if let Some(path) = &args.comm_trace {
+            gradkit_core::paths::check_creatable("--comm-trace", path)?;
+        }
         Ok(sizes)
     })())?;
     let points = world.run(|comm| {
+        if args.comm_trace.is_some() {
+            comm.traffic().start_recording(comm.rank());
+        }
         let mut pts = Vec::new();
         for &b in &sizes {
             for a in &algos {
@@ -595,6 +616,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     pts.push(measure(comm, a, b, &args)?);
                 }
             }
+        }
+        if let Some(path) = &args.comm_trace {
+            crate::reduce::save_comm_trace(comm, path, &args.algo)?;
         }
         Ok(pts)
     })?;
@@ -606,21 +630,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let sink = report(&args, &points, &fits, p)?;
     let (alpha, beta) = (args.cost.alpha_s(), args.cost.beta_byte_s());
     if !args.quiet {
-        gradkit_core::noteln!(
-            "gradallreduce bench: {p} {} ranks; model column: α = {:.2} µs, β = {:.3} ns/byte ({:.2} GB/s) unless fitted",
-            world.backend(),
-            alpha * 1e6,
-            beta * 1e9,
-            1e-9 / beta
-        );
-        for (a, (al, be)) in &fits {
-            gradkit_core::noteln!(
-                "  fitted {a}: α = {:.2} µs per message, β = {:.3} ns/byte ({:.2} GB/s)",
-                al * 1e6,
-                be * 1e9,
-                1e-9 / be
-            );
-        }
+        model_note(&args, &fits, p, world.backend());
     }
     if let Some(path) = &args.metrics {
         let mut meta = Meta::producer("gradallreduce");
@@ -634,6 +644,30 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("{bad} wrong elements in the results (column `wrong`)");
     }
     Ok(())
+}
+
+/// What the model column assumed: the given α and β, and each algorithm's fit.
+fn model_note(
+    args: &BenchArgs,
+    fits: &BTreeMap<String, (f64, f64)>,
+    p: usize,
+    backend: impl std::fmt::Display,
+) {
+    let (alpha, beta) = (args.cost.alpha_s(), args.cost.beta_byte_s());
+    gradkit_core::noteln!(
+        "gradallreduce bench: {p} {backend} ranks; model column: α = {:.2} µs, β = {:.3} ns/byte ({:.2} GB/s) unless fitted",
+        alpha * 1e6,
+        beta * 1e9,
+        1e-9 / beta
+    );
+    for (a, (al, be)) in fits {
+        gradkit_core::noteln!(
+            "  fitted {a}: α = {:.2} µs per message, β = {:.3} ns/byte ({:.2} GB/s)",
+            al * 1e6,
+            be * 1e9,
+            1e-9 / be
+        );
+    }
 }
 
 /// --fit: per algorithm, t ≈ α·messages + β·bytes over its sizes (least squares).

@@ -38,6 +38,9 @@ pub struct ReduceArgs {
     /// Run name recorded in the metrics (default: the algorithm)
     #[arg(long)]
     pub run: Option<String>,
+    /// Record every message of every step (commtrace/1) here, for `gradreport simulate`
+    #[arg(long, value_name = "PATH")]
+    pub comm_trace: Option<PathBuf>,
     /// Density for algorithms that select from dense input (0 < d ≤ 1)
     #[arg(long, default_value_t = 0.01)]
     pub density: f64,
@@ -642,6 +645,9 @@ fn check_paths(args: &ReduceArgs) -> Result<()> {
     if let Some(state) = &args.state {
         gradkit_core::paths::check_creatable("--state", state)?;
     }
+    if let Some(path) = &args.comm_trace {
+        gradkit_core::paths::check_creatable("--comm-trace", path)?;
+    }
     gradkit_core::paths::check_distinct(
         &[
             ("IN", args.io.input.as_deref()),
@@ -655,6 +661,7 @@ fn check_paths(args: &ReduceArgs) -> Result<()> {
             ),
             ("--metrics", args.metrics.as_deref()),
             ("--state", args.state.as_deref()),
+            ("--comm-trace", args.comm_trace.as_deref()),
         ],
     )
 }
@@ -798,6 +805,9 @@ fn reduce_rank(
     quiet: bool,
 ) -> Result<RankOut> {
     let mut reducer = reducer_for(args.algo, params)?;
+    if args.comm_trace.is_some() {
+        comm.traffic().start_recording(comm.rank());
+    }
     if let Some(path) = &args.state {
         load_state(comm, path, &inputs, io.as_mut(), reducer.as_mut())?;
     }
@@ -844,7 +854,24 @@ fn reduce_rank(
         bar.inc(1);
     }
     bar.finish_and_clear();
+    finish_rank(comm, args, &inputs, reducer, sink, io)
+}
+
+/// After the last step: the reducer's last messages, `--comm-trace`, every rank's `--state`
+/// errors to the I/O rank (which saves them), the last metrics; the I/O rank's outputs.
+fn finish_rank(
+    comm: &dyn Comm,
+    args: &ReduceArgs,
+    inputs: &RankIn<'_>,
+    mut reducer: Box<dyn Reducer>,
+    mut sink: MetricSink,
+    mut io: Option<IoRank>,
+) -> Result<RankOut> {
+    let algo = args.algo.name();
     reducer.finish(comm)?;
+    if let Some(path) = &args.comm_trace {
+        save_comm_trace(comm, path, algo)?;
+    }
     // --state: every rank's errors after the last step, to the I/O rank, which saves them.
     // The reducer's buffers are moved out (not copied) and it is dropped.
     let state = args.state.is_some().then(|| reducer.take_state());
@@ -947,9 +974,11 @@ impl StepCtx<'_> {
         let n = layout.total();
         let before = comm.traffic().snapshot();
         let t0 = std::time::Instant::now();
+        comm.traffic().begin_step(step, self.args.algo.name());
         let out = reducer
             .reduce(comm, step, reducer_layout, input)
             .with_context(|| format!("step {step}"))?;
+        comm.traffic().end_step();
         let wall = t0.elapsed().as_secs_f64();
         let after = comm.traffic().snapshot();
         let sink = &mut *self.sink;
@@ -1023,6 +1052,18 @@ fn flat_input(
     let rows: Vec<&TensorRow> = mine.iter().collect();
     let s = Flat::Sparse(trace::flatten_sparse(&rows, layout));
     Ok((s, k_in))
+}
+
+/// `--comm-trace`: every rank's recorded messages gathered to rank 0, which writes them
+/// (commtrace/1, atomically) with the algorithm and the backend (collective: every rank calls
+/// it).
+pub(crate) fn save_comm_trace(comm: &dyn Comm, path: &std::path::Path, algo: &str) -> Result<()> {
+    if let Some(rows) = gradkit_comm::record::gather_recording(comm)? {
+        let mut meta = gradkit_core::Meta::producer("gradallreduce");
+        meta.set("algo", algo).set("backend", comm.backend());
+        gradkit_core::write_comm_trace(path, meta, comm.size(), &rows)?;
+    }
+    Ok(())
 }
 
 /// Writes the step's traffic: totals and one row per phase (`bytes_sent:<phase>`, …).

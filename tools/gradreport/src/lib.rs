@@ -10,13 +10,17 @@
 //!
 //! The cost model's predictions are read from `model_<metric>` rows that the producing tools
 //! write next to their measurements; [`model`] computes them with `gradkit_cost`
-//! when the input lacks them and the gradient size is given. Not here: running algorithms.
+//! when the input lacks them and the gradient size is given. [`simulate`] replays a
+//! `commtrace/1` recording on SimGrid ([`simgrid`]: TI traces, platforms, smpirun). Not here:
+//! running algorithms.
 
 pub mod export;
 pub mod figdata;
 pub mod metrics;
 pub mod model;
 pub mod plot;
+pub mod simgrid;
+pub mod simulate;
 pub mod table;
 pub mod tensor;
 pub mod volume;

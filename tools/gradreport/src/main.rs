@@ -56,6 +56,14 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Replay a --comm-trace recording on SimGrid: simulated time per step and phase beside
+    /// the recorded time and the α-β model's (docs/SIMULATE.md)
+    #[command(
+        after_help = "Example:\n  gradallreduce --algo ring --ranks 4 trace.parquet -o /dev/null --comm-trace rec.parquet\n  \
+gradreport simulate rec.parquet --link-rate 1Gbps --latency 50us --compute none\n  \
+gradreport simulate rec.parquet --topology dragonfly --link-rate 100Gbps -o sim.csv"
+    )]
+    Simulate(Box<gradreport::simulate::SimulateArgs>),
     /// Pivot metrics: one row per group of --by columns, one column per metric
     #[command(
         after_help = "Cells are the median over every (run, step, rank) sample of the group, \
@@ -397,6 +405,7 @@ fn body(args: Args) -> Result<()> {
             }
             volume::render(&lines, &opts).print(format)
         }
+        Cmd::Simulate(a) => gradreport::simulate::run(&a),
         Cmd::Tensor {
             file,
             step,
@@ -424,6 +433,23 @@ fn main() -> ExitCode {
     gradkit_core::cli::one_process_under_mpirun("gradreport");
     gradkit_core::paths::install_signal_cleanup();
     let args = Args::parse();
+    if let Cmd::Simulate(a) = &args.cmd {
+        // A command line that is wrong on its own is a usage error (exit 2).
+        if let Err(e) = a.check() {
+            use clap::CommandFactory;
+            let mut cmd = Args::command();
+            let sub = cmd
+                .find_subcommand_mut("simulate")
+                .cloned()
+                .unwrap_or_default();
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("{}\n", cli::chain_text(&e)),
+            )
+            .with_cmd(&sub)
+            .exit();
+        }
+    }
     cli::check_env();
     cli::run(|| body(args))
 }

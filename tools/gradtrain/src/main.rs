@@ -218,6 +218,9 @@ struct Cli {
     /// (`-`: stdout)
     #[arg(long, value_name = "RUN.parquet")]
     metrics: Option<PathBuf>,
+    /// Record every message of every step (commtrace/1) here, for `gradreport simulate`
+    #[arg(long, value_name = "PATH")]
+    comm_trace: Option<PathBuf>,
     /// Append the rows so far to --metrics every N steps (the file is complete after each
     /// append), so a killed run keeps the finished steps (0: only at the end and at checkpoints)
     #[arg(hide_short_help = true, long, default_value_t = 50, value_name = "N")]
@@ -360,6 +363,7 @@ fn config(a: &Cli) -> anyhow::Result<TrainConfig> {
         fp16_wire: a.wire == "fp16",
         metrics_path: a.metrics.clone(),
         metrics_every: a.metrics_every,
+        comm_trace: a.comm_trace.clone(),
         // The run appends the --metrics file itself; the rows are not held for a final write.
         keep_metrics: false,
         ..TrainConfig::default()

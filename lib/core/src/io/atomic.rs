@@ -45,3 +45,16 @@ pub fn write_file_staged(
     drop(f);
     Ok(Some(tmp))
 }
+
+/// Writes `rows` as `commtrace/1` to `path` (`--comm-trace`), atomically (a temporary file
+/// renamed into place), with `meta` (producer, algorithm, backend) and the world size.
+pub fn write_comm_trace(
+    path: &std::path::Path,
+    mut meta: crate::Meta,
+    world_size: usize,
+    rows: &[crate::tables::CommRow],
+) -> Result<()> {
+    meta.set("world_size", world_size);
+    let out = crate::Output::for_flag("--comm-trace", Some(path))?;
+    super::write_table(&out, &meta, rows)
+}

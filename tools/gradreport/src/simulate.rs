@@ -1,0 +1,587 @@
+//! `gradreport simulate`: replays a `commtrace/1` recording (`--comm-trace`) on SimGrid and
+//! sets, per step and phase, the simulated time beside the recorded wall time and the α-β
+//! model's (docs/SIMULATE.md).
+//!
+//! Each step is replayed on its own, from all ranks starting together. A step's phases are
+//! timed by replaying its prefixes: the step cut, on every rank, before its first event of a
+//! later phase; a phase's time is the prefix's minus the one before (its share of the
+//! critical path). A cut that would leave a message without its receive (a phase whose
+//! messages are received in another) gives the step's total alone.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use gradkit_core::cli::{fmt_num, Format, TextTable};
+use gradkit_core::{read_table, CommRow, EventKind, Input, Meta, MetricRow, Output, ReadOptions};
+
+use crate::simgrid::{self, Compute, Platform, Smpi, Topology};
+
+#[derive(Args, Clone, Debug)]
+pub struct SimulateArgs {
+    /// A commtrace/1 recording (gradallreduce, bench or gradtrain `--comm-trace`)
+    #[arg(value_name = "RECORDING")]
+    pub recording: PathBuf,
+    /// The network: flat (one switch), fat-tree or dragonfly
+    #[arg(long, value_name = "flat|fat-tree|dragonfly", default_value = "flat")]
+    pub topology: String,
+    /// Host link rate: e.g. 1Gbps, 100Mbps, 100Gbps, 12.5MBps (bits with `bps`, bytes with
+    /// `Bps`; `mbit`/`gbit` as the shaped cluster's RATE)
+    #[arg(long, value_name = "RATE", default_value = "10Gbps")]
+    pub link_rate: String,
+    /// Host link latency: e.g. 5us, 50us, 1ms
+    #[arg(long, value_name = "TIME", default_value = "5us")]
+    pub latency: String,
+    /// Ranks per node (GPUs per node): ranks of one node talk over its loopback
+    /// (--intra-rate, --intra-latency)
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub hosts_per_node: usize,
+    /// Within a node: rate and latency
+    #[arg(long, value_name = "RATE", default_value = "100GBps")]
+    pub intra_rate: String,
+    #[arg(long, value_name = "TIME", default_value = "1us")]
+    pub intra_latency: String,
+    /// Nodes of the platform (default: as many as the ranks need; a fat tree or dragonfly
+    /// rounds up to its shape)
+    #[arg(long, value_name = "N")]
+    pub nodes: Option<usize>,
+    /// SimGrid FAT_TREE parameters LEVELS;DOWN,…;UP,…;COUNT,… (default: 2 levels, 16 nodes
+    /// per leaf, full bisection)
+    #[arg(long, value_name = "PARAMS")]
+    pub fat_tree: Option<String>,
+    /// SimGrid DRAGONFLY parameters G,L;C,L;R,L;N (default: after Cray Aries, 4 nodes per
+    /// router, 16 routers per chassis, 6 chassis per group)
+    #[arg(long, value_name = "PARAMS")]
+    pub dragonfly: Option<String>,
+    /// SMPI's piecewise bandwidth factors (`smpi/bw-factor`, e.g. `65472:0.94;0:0.8`); the
+    /// default 0:1 is the bare link (calibrate: docs/SIMULATE.md)
+    #[arg(long, value_name = "FACTORS", default_value = "0:1")]
+    pub bw_factor: String,
+    /// SMPI's piecewise latency factors (`smpi/lat-factor`)
+    #[arg(long, value_name = "FACTORS", default_value = "0:1")]
+    pub lat_factor: String,
+    /// More SimGrid configuration, KEY:VALUE (repeatable), e.g. network/crosstraffic:1 (the
+    /// reverse traffic of TCP acknowledgements, off by default here)
+    #[arg(long = "smpi-cfg", value_name = "KEY:VALUE")]
+    pub smpi_cfg: Vec<String>,
+    /// Multiply every message's size by this (a target model size: sizes proportional to the
+    /// gradient, as dense and density-proportional sparse ones are, scale linearly)
+    #[arg(long, value_name = "X", default_value_t = 1.0)]
+    pub scale_bytes: f64,
+    /// Compute between the calls: recorded, none, or SECONDS per step on every rank
+    #[arg(long, value_name = "recorded|none|SECONDS", default_value = "recorded")]
+    pub compute: String,
+    /// Replay only these steps (comma-separated; default: every step)
+    #[arg(long, value_name = "STEPS", value_delimiter = ',')]
+    pub steps: Option<Vec<u32>>,
+    /// The step's total only, no per-phase replays
+    #[arg(long)]
+    pub no_phases: bool,
+    /// Keep the TI traces and platform files here (default: a temporary directory)
+    #[arg(long, value_name = "DIR")]
+    pub keep: Option<PathBuf>,
+    /// Also write the rows here: metrics/1 Parquet, or CSV when the name ends in .csv
+    #[arg(short = 'o', long, value_name = "PATH")]
+    pub output: Option<PathBuf>,
+    /// How the table is printed on stdout
+    #[arg(long, value_enum, default_value_t = Format::Md)]
+    pub format: Format,
+}
+
+/// A rate: `<number><unit>` with unit bps, Kbps, Mbps, Gbps (bits) or Bps, KBps, MBps, GBps
+/// (bytes), or kbit, mbit, gbit (tc's spelling); bytes per second.
+pub fn parse_rate(s: &str, flag: &str) -> Result<f64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == 'e' || c == 'E'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .parse()
+        .ok()
+        .filter(|v: &f64| v.is_finite() && *v > 0.0)
+        .with_context(|| {
+            format!("`{s}` is not a rate > 0 such as 10Gbps, 100Mbps or 12.5MBps (flag {flag})")
+        })?;
+    let mult = match unit {
+        "bps" | "bit" => 1.0 / 8.0,
+        "Kbps" | "kbps" | "kbit" => 1e3 / 8.0,
+        "Mbps" | "mbps" | "mbit" => 1e6 / 8.0,
+        "Gbps" | "gbps" | "gbit" => 1e9 / 8.0,
+        "Bps" => 1.0,
+        "KBps" | "kBps" => 1e3,
+        "MBps" => 1e6,
+        "GBps" => 1e9,
+        _ => bail!("`{s}`: unknown rate unit `{unit}` (bps, Kbps, Mbps, Gbps, Bps, KBps, MBps, GBps, mbit, gbit) (flag {flag})"),
+    };
+    Ok(v * mult)
+}
+
+/// A time: `<number><unit>` with unit s, ms, us, ns; seconds.
+pub fn parse_time(s: &str, flag: &str) -> Result<f64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == 'e' || c == 'E'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .parse()
+        .ok()
+        .filter(|v: &f64| v.is_finite() && *v >= 0.0)
+        .with_context(|| format!("`{s}` is not a time ≥ 0 such as 5us or 1ms (flag {flag})"))?;
+    let mult = match unit {
+        "s" => 1.0,
+        "ms" => 1e-3,
+        "us" => 1e-6,
+        "ns" => 1e-9,
+        _ => bail!("`{s}`: unknown time unit `{unit}` (s, ms, us, ns) (flag {flag})"),
+    };
+    Ok(v * mult)
+}
+
+impl SimulateArgs {
+    /// Checks made on the command line alone (usage errors).
+    pub fn check(&self) -> Result<(Platform, Compute)> {
+        let link = parse_rate(&self.link_rate, "--link-rate")?;
+        let lat = parse_time(&self.latency, "--latency")?;
+        let intra = parse_rate(&self.intra_rate, "--intra-rate")?;
+        let ilat = parse_time(&self.intra_latency, "--intra-latency")?;
+        if self.hosts_per_node == 0 {
+            bail!("--hosts-per-node must be at least 1 (flag --hosts-per-node)");
+        }
+        if self.nodes == Some(0) {
+            bail!("--nodes must be at least 1 (flag --nodes)");
+        }
+        if !(self.scale_bytes.is_finite() && self.scale_bytes > 0.0) {
+            bail!(
+                "--scale-bytes must be a number > 0, got {} (flag --scale-bytes)",
+                self.scale_bytes
+            );
+        }
+        let compute = match self.compute.as_str() {
+            "recorded" => Compute::Recorded,
+            "none" => Compute::None,
+            s => match s.parse::<f64>() {
+                Ok(v) if v.is_finite() && v >= 0.0 => Compute::PerStep(v),
+                _ => bail!("--compute takes recorded, none or a number of seconds ≥ 0, got `{s}` (flag --compute)"),
+            },
+        };
+        let topology = match self.topology.as_str() {
+            "flat" => Topology::Flat,
+            "fat-tree" => Topology::FatTree(String::new()),
+            "dragonfly" => Topology::Dragonfly(String::new()),
+            t => bail!(
+                "unknown --topology `{t}` (known: flat, fat-tree, dragonfly) (flag --topology)"
+            ),
+        };
+        if self.fat_tree.is_some() && !matches!(topology, Topology::FatTree(_)) {
+            bail!("--fat-tree applies to --topology fat-tree only (flag --fat-tree)");
+        }
+        if self.dragonfly.is_some() && !matches!(topology, Topology::Dragonfly(_)) {
+            bail!("--dragonfly applies to --topology dragonfly only (flag --dragonfly)");
+        }
+        Ok((
+            Platform {
+                topology,
+                hosts: 0,
+                ranks_per_host: self.hosts_per_node,
+                link_bps: link,
+                latency_s: lat,
+                intra_bps: intra,
+                intra_latency_s: ilat,
+            },
+            compute,
+        ))
+    }
+
+    /// The platform for `ranks` ranks: its topology's parameters and host count, checked to
+    /// hold every rank.
+    fn platform(&self, mut p: Platform, ranks: usize) -> Result<Platform> {
+        let need = ranks.div_ceil(p.ranks_per_host);
+        let want = self.nodes.unwrap_or(need);
+        p.topology = match p.topology {
+            Topology::Flat => Topology::Flat,
+            Topology::FatTree(_) => Topology::FatTree(
+                self.fat_tree
+                    .clone()
+                    .unwrap_or_else(|| simgrid::default_fat_tree(want).0),
+            ),
+            Topology::Dragonfly(_) => Topology::Dragonfly(
+                self.dragonfly
+                    .clone()
+                    .unwrap_or_else(|| simgrid::default_dragonfly(want).0),
+            ),
+        };
+        p.hosts = simgrid::topology_hosts(&p.topology)?.unwrap_or(want);
+        if p.hosts * p.ranks_per_host < ranks {
+            bail!(
+                "the platform has {} nodes × {} ranks per node = {} ranks' room, fewer than the recording's {ranks} ranks (flags --nodes, --hosts-per-node, --fat-tree, --dragonfly)",
+                p.hosts,
+                p.ranks_per_host,
+                p.hosts * p.ranks_per_host
+            );
+        }
+        Ok(p)
+    }
+}
+
+/// One line of the report.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Line {
+    pub step: u32,
+    pub label: String,
+    /// None: the whole step.
+    pub phase: Option<String>,
+    pub simulated_s: Option<f64>,
+    pub recorded_s: f64,
+    pub model_s: f64,
+}
+
+/// The recorded wall time of `events` on one rank: the span of each call (and compute
+/// interval) counted once.
+fn recorded(evs: &[&CommRow]) -> f64 {
+    let mut seen = std::collections::BTreeSet::new();
+    evs.iter()
+        .filter(|e| seen.insert(e.call))
+        .map(|e| (e.end_s - e.start_s).max(0.0))
+        .sum()
+}
+
+/// The α-β model on the recorded messages of one rank: every message it sends costs
+/// α + bytes·β, one after another (no waiting for peers, no contention); an opaque
+/// allreduce costs the ring's 2(P−1)·(α + bytes/P·β).
+fn alpha_beta(evs: &[&CommRow], p: usize, alpha: f64, beta: f64, scale: f64) -> f64 {
+    evs.iter()
+        .map(|e| match e.kind {
+            EventKind::Send => alpha + e.bytes as f64 * scale * beta,
+            EventKind::Allreduce if p > 1 => {
+                2.0 * (p as f64 - 1.0) * (alpha + e.bytes as f64 * scale / p as f64 * beta)
+            }
+            _ => 0.0,
+        })
+        .sum()
+}
+
+/// The phases of a step in the order they first appear (rank order, then time).
+fn phase_order(ranks: &[Vec<&CommRow>]) -> Vec<String> {
+    let mut order: Vec<String> = Vec::new();
+    for evs in ranks {
+        let mut last: Option<usize> = None;
+        for e in evs {
+            match order.iter().position(|p| *p == e.phase) {
+                Some(i) => last = Some(last.map_or(i, |l| l.max(i))),
+                None => {
+                    // A phase unseen so far goes after the last one this rank has been in.
+                    let at = last.map_or(order.len(), |l| l + 1).min(order.len());
+                    order.insert(at, e.phase.clone());
+                    last = Some(at);
+                }
+            }
+        }
+    }
+    order
+}
+
+/// Runs the simulation: the report's lines.
+pub fn simulate(args: &SimulateArgs) -> Result<(Vec<Line>, Meta, usize)> {
+    let (platform, compute) = args.check()?;
+    let (rows, meta, ranks) = load_recording(args)?;
+    let platform = args.platform(platform, ranks)?;
+    let smpi = Smpi::find(&args.bw_factor, &args.lat_factor, &args.smpi_cfg)?;
+    let tmp;
+    let dir = match &args.keep {
+        Some(d) => d.clone(),
+        None => {
+            tmp = tempfile_dir()?;
+            tmp.0.clone()
+        }
+    };
+    let steps = by_step(args, &rows, ranks)?;
+    let sim = Sim {
+        args,
+        smpi: &smpi,
+        platform: &platform,
+        compute,
+        dir: &dir,
+        ranks,
+    };
+    let mut lines = Vec::new();
+    for (step, mut per_rank) in steps {
+        for evs in &mut per_rank {
+            evs.sort_by_key(|e| e.event);
+        }
+        sim.step(step, &per_rank, &mut lines)?;
+    }
+    Ok((lines, meta, ranks))
+}
+
+/// The recording's rows, metadata and world size, checked: events there, ranks and peers in
+/// the world, the format version this gradkit replays.
+fn load_recording(args: &SimulateArgs) -> Result<(Vec<CommRow>, Meta, usize)> {
+    let input = Input::Path(args.recording.clone());
+    let loaded = read_table::<CommRow>(&input, ReadOptions::default()).map_err(|e| {
+        // The reader names the file and the version it holds.
+        if format!("{e:#}").contains("file holds `commtrace/") {
+            e.context("a recording of another format version (this gradkit replays commtrace/1: record it again)")
+        } else {
+            e
+        }
+    })?;
+    let rows = loaded.rows;
+    let ranks = match loaded.meta.get("world_size").map(str::parse::<usize>) {
+        Some(Ok(p)) => p,
+        _ => rows.iter().map(|r| r.rank as usize + 1).max().unwrap_or(0),
+    };
+    if rows.is_empty() || ranks == 0 {
+        bail!("recording {} holds no events", args.recording.display());
+    }
+    if let Some(r) = rows
+        .iter()
+        .find(|r| r.rank as usize >= ranks || r.peer as usize >= ranks)
+    {
+        bail!(
+            "recording {}: rank {} / peer {} outside its world of {ranks} ranks (metadata gradkit.world_size)",
+            args.recording.display(),
+            r.rank,
+            r.peer
+        );
+    }
+    Ok((rows, loaded.meta, ranks))
+}
+
+/// Step → per rank, its events (the steps `--steps` asks for).
+#[allow(clippy::type_complexity)]
+fn by_step<'a>(
+    args: &SimulateArgs,
+    rows: &'a [CommRow],
+    ranks: usize,
+) -> Result<BTreeMap<u32, Vec<Vec<&'a CommRow>>>> {
+    let mut steps: BTreeMap<u32, Vec<Vec<&CommRow>>> = BTreeMap::new();
+    for r in rows {
+        if args.steps.as_ref().is_some_and(|s| !s.contains(&r.step)) {
+            continue;
+        }
+        steps
+            .entry(r.step)
+            .or_insert_with(|| vec![Vec::new(); ranks])[r.rank as usize]
+            .push(r);
+    }
+    if steps.is_empty() {
+        bail!(
+            "no step of --steps is in the recording {} (flag --steps)",
+            args.recording.display()
+        );
+    }
+    Ok(steps)
+}
+
+/// What replaying a step needs.
+struct Sim<'a> {
+    args: &'a SimulateArgs,
+    smpi: &'a Smpi,
+    platform: &'a Platform,
+    compute: Compute,
+    dir: &'a Path,
+    ranks: usize,
+}
+
+impl Sim<'_> {
+    /// Replays the events `cut` of step `step` (per rank), in a folder of its own.
+    fn replay(&self, step: u32, cut: &[Vec<&CommRow>], name: &str) -> Result<f64> {
+        let traces: Vec<String> = cut
+            .iter()
+            .enumerate()
+            .map(|(r, evs)| simgrid::ti_trace(r, evs, self.compute, self.args.scale_bytes))
+            .collect();
+        let dir = self.dir.join(format!("step-{step}")).join(name);
+        self.smpi.replay(&dir, self.platform, &traces)
+    }
+
+    /// The step's line (simulated beside recorded and the α-β model), then one per phase.
+    fn step(&self, step: u32, per_rank: &[Vec<&CommRow>], lines: &mut Vec<Line>) -> Result<()> {
+        let (alpha, beta) = (self.platform.alpha_s(), self.platform.beta_s_per_byte());
+        let (ranks, scale) = (self.ranks, self.args.scale_bytes);
+        let label = per_rank
+            .iter()
+            .flatten()
+            .next()
+            .map(|e| e.label.clone())
+            .unwrap_or_default();
+        let total = self.replay(step, per_rank, "all")?;
+        let max_over = |f: &dyn Fn(&[&CommRow]) -> f64| -> f64 {
+            per_rank.iter().map(|e| f(e)).fold(0.0, f64::max)
+        };
+        lines.push(Line {
+            step,
+            label: label.clone(),
+            phase: None,
+            simulated_s: Some(total),
+            recorded_s: max_over(&|e| recorded(e)),
+            model_s: max_over(&|e| alpha_beta(e, ranks, alpha, beta, scale)),
+        });
+        let order = phase_order(per_rank);
+        if self.args.no_phases || order.len() < 2 {
+            return Ok(());
+        }
+        self.phases(step, per_rank, &order, total, &label, lines)
+    }
+
+    /// One line per phase: prefix k is, on every rank, the events before its first one of a
+    /// phase after the k-th; a phase's simulated time is its prefix's minus the one before.
+    fn phases(
+        &self,
+        step: u32,
+        per_rank: &[Vec<&CommRow>],
+        order: &[String],
+        total: f64,
+        label: &str,
+        lines: &mut Vec<Line>,
+    ) -> Result<()> {
+        let (alpha, beta) = (self.platform.alpha_s(), self.platform.beta_s_per_byte());
+        let (ranks, scale) = (self.ranks, self.args.scale_bytes);
+        let max_over = |f: &dyn Fn(&[&CommRow]) -> f64| -> f64 {
+            per_rank.iter().map(|e| f(e)).fold(0.0, f64::max)
+        };
+        let idx = |e: &CommRow| order.iter().position(|p| *p == e.phase).unwrap_or(0);
+        let mut prev = Some(0.0);
+        for (k, phase) in order.iter().enumerate() {
+            let cut: Vec<Vec<&CommRow>> = per_rank
+                .iter()
+                .map(|evs| evs.iter().take_while(|e| idx(e) <= k).copied().collect())
+                .collect();
+            let t = if k + 1 == order.len() {
+                Some(total)
+            } else if simgrid::consistent(&cut) {
+                Some(self.replay(step, &cut, &format!("upto-{k}"))?)
+            } else {
+                None
+            };
+            fn of_phase<'a>(evs: &[&'a CommRow], phase: &str) -> Vec<&'a CommRow> {
+                evs.iter().filter(|e| e.phase == phase).copied().collect()
+            }
+            lines.push(Line {
+                step,
+                label: label.to_string(),
+                phase: Some(phase.clone()),
+                simulated_s: match (t, prev) {
+                    (Some(t), Some(p)) => Some((t - p).max(0.0)),
+                    _ => None,
+                },
+                recorded_s: max_over(&|e| recorded(&of_phase(e, phase))),
+                model_s: max_over(&|e| alpha_beta(&of_phase(e, phase), ranks, alpha, beta, scale)),
+            });
+            prev = t;
+        }
+        Ok(())
+    }
+}
+
+/// A temporary directory removed when dropped.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tempfile_dir() -> Result<TempDir> {
+    let base = std::env::temp_dir();
+    for i in 0..1000u32 {
+        let d = base.join(format!("gradreport-simulate-{}-{i}", std::process::id()));
+        if std::fs::create_dir(&d).is_ok() {
+            return Ok(TempDir(d));
+        }
+    }
+    bail!("cannot create a temporary directory in {}", base.display())
+}
+
+/// The report as a table.
+pub fn render(lines: &[Line]) -> TextTable {
+    let mut t = TextTable::new([
+        "step",
+        "label",
+        "phase",
+        "simulated_ms",
+        "recorded_ms",
+        "alpha_beta_ms",
+        "sim/alpha_beta",
+    ]);
+    let ms = |s: f64| fmt_num(s * 1e3, 4);
+    for l in lines {
+        t.push([
+            l.step.to_string(),
+            l.label.clone(),
+            l.phase.clone().unwrap_or_else(|| "(step)".into()),
+            l.simulated_s.map_or("-".into(), ms),
+            ms(l.recorded_s),
+            ms(l.model_s),
+            match l.simulated_s {
+                Some(s) if l.model_s > 0.0 => fmt_num(s / l.model_s, 3),
+                _ => "-".into(),
+            },
+        ]);
+    }
+    t
+}
+
+/// The report as metrics/1 rows: `sim_time_s`, `recorded_time_s`, `model_time_s`, per phase
+/// as `name:<phase>`.
+pub fn metric_rows(lines: &[Line], algo: &str, ranks: usize) -> Vec<MetricRow> {
+    let mut out = Vec::new();
+    for l in lines {
+        let name = |m: &str| match &l.phase {
+            Some(p) => format!("{m}:{p}"),
+            None => m.to_string(),
+        };
+        let mut push = |m: &str, v: f64| {
+            out.push(MetricRow {
+                run: l.label.clone(),
+                tool: "gradreport simulate".into(),
+                algo: algo.to_string(),
+                world_size: ranks as u32,
+                step: l.step,
+                rank: 0,
+                metric: name(m),
+                value: v,
+            })
+        };
+        if let Some(s) = l.simulated_s {
+            push("sim_time_s", s);
+        }
+        push("recorded_time_s", l.recorded_s);
+        push("model_time_s", l.model_s);
+    }
+    out
+}
+
+/// `gradreport simulate`.
+pub fn run(args: &SimulateArgs) -> Result<()> {
+    let output = match &args.output {
+        Some(p) if p.as_os_str() == "-" => {
+            bail!("-o takes a file (the table is on stdout already) (flag -o)")
+        }
+        Some(p) => Some(Output::for_flag("-o", Some(p))?),
+        None => None,
+    };
+    let (lines, meta, ranks) = simulate(args)?;
+    let table = render(&lines);
+    if let Some(out) = output {
+        let Output::Path(path) = &out else {
+            bail!("-o takes a file (flag -o)")
+        };
+        if path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("csv"))
+        {
+            gradkit_core::io::write_file_atomic(path, table.render(Format::Csv).as_bytes())?;
+        } else {
+            let algo = meta.get("algo").unwrap_or("").to_string();
+            let mut m = Meta::producer("gradreport");
+            m.set("method", "simulate");
+            gradkit_core::io::write_table(&out, &m, &metric_rows(&lines, &algo, ranks))?;
+        }
+    }
+    table.print(args.format)
+}
