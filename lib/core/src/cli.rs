@@ -37,6 +37,20 @@ impl IoArgs {
     pub fn output(&self) -> Result<Output> {
         Output::from_arg(self.output.as_deref())
     }
+    /// A run's name in the metrics: `run` (`--run`) if given, else the input file's stem
+    /// (`stdin` when the input is stdin).
+    pub fn run_name(&self, run: Option<&str>) -> String {
+        if let Some(r) = run {
+            return r.to_string();
+        }
+        match &self.input {
+            Some(p) if p.as_os_str() != "-" => p
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            _ => "stdin".into(),
+        }
+    }
     pub fn read_options(&self) -> ReadOptions {
         ReadOptions {
             allow_nonfinite: self.allow_nonfinite,

@@ -228,7 +228,12 @@ fn body(a: &Cli) -> Result<()> {
     let d = a.density.unwrap_or(1.0);
     let k = ((d * n as f64).floor() as u64).clamp(1, n);
     let (meta, algo) = out_meta(a, p, d, k);
-    let mut sink = MetricSink::new(&run_name(a), "gradpartition", algo, p as u32);
+    let mut sink = MetricSink::new(
+        &a.io.run_name(a.run.as_deref()),
+        "gradpartition",
+        algo,
+        p as u32,
+    );
     // The plan and the metrics are written as the steps complete; each file appears at its
     // path only when finished.
     let mut out = Outputs::create(&output, metrics_out.as_ref(), &meta, algo)?;
@@ -253,17 +258,6 @@ fn check_paths(a: &Cli) -> Result<()> {
             ),
         ],
     )
-}
-
-/// The run's name in the metrics: `--run`, or the input file's stem.
-fn run_name(a: &Cli) -> String {
-    a.run.clone().unwrap_or_else(|| match &a.io.input {
-        Some(p) if p.as_os_str() != "-" => p
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        _ => "stdin".into(),
-    })
 }
 
 /// The plan's metadata and the `algo` of the metrics.

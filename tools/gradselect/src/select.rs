@@ -83,17 +83,6 @@ fn check_paths(a: &Cli) -> Result<()> {
     )
 }
 
-/// The run's name in the metrics: `--run`, or the input file's stem.
-fn run_name(a: &Cli) -> String {
-    a.run.clone().unwrap_or_else(|| match &a.io.input {
-        Some(p) if p.as_os_str() != "-" => p
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        _ => "stdin".into(),
-    })
-}
-
 /// The selection's metadata: the method and every parameter it read.
 fn out_meta(a: &Cli, method: &SMethod, kspec: KSpec, algo: &str, p: usize) -> Meta {
     let mut meta = Meta::producer("gradselect");
@@ -269,7 +258,12 @@ impl Run {
             residual_on,
             pieces: pdeft::pieces(layout, p),
             plan,
-            sink: MetricSink::new(&run_name(a), "gradselect", algo, p as u32),
+            sink: MetricSink::new(
+                &a.io.run_name(a.run.as_deref()),
+                "gradselect",
+                algo,
+                p as u32,
+            ),
             n,
             total: 0,
         }
