@@ -19,20 +19,32 @@ pub fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
 
 /// Runs `bin args…` in `dir` with stdin closed and asserts it refused as gradkit refuses a
 /// runtime mistake: exit 1, exactly one `error:` line that names every string of `names`,
-/// and not one byte of the directory changed.
+/// no panic, and not one byte of the directory changed.
 pub fn refused(bin: &str, dir: &Path, args: &[&str], names: &[&str]) {
+    refused_with_env(bin, dir, args, &[], names);
+}
+
+/// [`refused`] with environment variables set for the run (e.g. a stand-in library path).
+pub fn refused_with_env(
+    bin: &str,
+    dir: &Path,
+    args: &[&str],
+    envs: &[(&str, &Path)],
+    names: &[&str],
+) {
     let before = snapshot(dir);
-    let out = Command::new(bin)
-        .current_dir(dir)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let mut c = Command::new(bin);
+    c.current_dir(dir).args(args).stdin(Stdio::null());
+    for (k, v) in envs {
+        c.env(k, v);
+    }
+    let out = c.output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
     let lines: Vec<&str> = err.lines().collect();
     assert_eq!(lines.len(), 1, "{args:?}: {err}");
     assert!(lines[0].starts_with("error: "), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
     for f in names {
         assert!(lines[0].contains(f), "{args:?}: `{f}` not named in {err}");
     }

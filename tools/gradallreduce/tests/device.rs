@@ -40,7 +40,6 @@ fn run(dir: &Path, args: &[&str], envs: &[(&str, &Path)]) -> (Option<i32>, Strin
 /// `--device DEV` on a real reduction must stop with exit 1 and one `error:` line holding
 /// `needle`, and leave `dir` as it was.
 fn refused(dir: &Path, dev: &str, envs: &[(&str, &Path)], needle: &str) {
-    let before = gradkit_testkit::cli::snapshot(dir);
     let args = [
         "--algo",
         "onebit",
@@ -54,18 +53,7 @@ fn refused(dir: &Path, dev: &str, envs: &[(&str, &Path)], needle: &str) {
         "--metrics",
         "m.parquet",
     ];
-    let (code, err) = run(dir, &args, envs);
-    assert_eq!(code, Some(1), "{dev}: {err}");
-    let lines: Vec<&str> = err.lines().collect();
-    assert_eq!(lines.len(), 1, "{dev}: {err}");
-    assert!(lines[0].starts_with("error: "), "{err}");
-    assert!(lines[0].contains(needle), "{dev}: `{needle}` not in {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    assert_eq!(
-        gradkit_testkit::cli::snapshot(dir),
-        before,
-        "{dev}: a file was written"
-    );
+    gradkit_testkit::cli::refused_with_env(BIN, dir, &args, envs, &[needle]);
 }
 
 #[test]
