@@ -45,9 +45,16 @@ WIN = 1 if FAST else 5  # trailing window of the smoothed loss
 LINK_NS = {"100mbit": 80.0, "1gbit": 8.0, "10gbit": 0.8}  # ns per byte of the shaped link
 
 
+def metric_names(t):
+    """A metrics/1 table's metric names, a phase's rows as `metric:phase` (the file keeps the
+    phase in its own column, empty for a step's total)."""
+    ph = t.get("phase") or [""] * len(t["metric"])
+    return [f"{m}:{p}" if p else m for m, p in zip(t["metric"], ph)]
+
+
 def rows(path):
     t = pq.read_table(path).to_pydict()
-    return list(zip(t["algo"], t["step"], t["rank"], t["metric"], t["value"]))
+    return list(zip(t["algo"], t["step"], t["rank"], metric_names(t), t["value"]))
 
 
 def fmt(x, d=3):
@@ -577,7 +584,7 @@ for rate in RATES:
         continue
     t = pq.read_table(f).to_pydict()
     pts = defaultdict(dict)
-    for run, algo, step, m, v in zip(t["run"], t["algo"], t["step"], t["metric"], t["value"]):
+    for run, algo, step, m, v in zip(t["run"], t["algo"], t["step"], metric_names(t), t["value"]):
         pts[(algo, run)][m] = v
         pts[(algo, run)]["size"] = step
     for algo in ("oktopk", "gtopk"):

@@ -77,7 +77,13 @@ def load_sparse(path, offsets=None):
 
 
 def load_metrics(paths):
-    return pd.concat([pq.read_table(p).to_pandas() for p in paths], ignore_index=True)
+    """metrics/1 rows with a phase's rows named `metric:phase` (the file keeps the phase in its
+    own column, empty for a step's total)."""
+    df = pd.concat([pq.read_table(p).to_pandas() for p in paths], ignore_index=True)
+    if "phase" in df:
+        ph = df["phase"].fillna("")
+        df["metric"] = df["metric"].where(ph == "", df["metric"] + ":" + ph)
+    return df
 
 
 def wide(m, index=("run", "step", "rank")):

@@ -66,7 +66,8 @@ class FormatQuestionsTest(unittest.TestCase):
         want = {}
         for a in ("ring", "topka", "oktopk"):
             for r in self.rows(os.path.join(d, f"m_{a}.parquet")):
-                if r["metric"] == "bytes_sent":
+                # The step's total; its phases' rows name the phase in `phase`.
+                if r["metric"] == "bytes_sent" and not r["phase"]:
                     want[(r["step"], r["rank"], a)] = r["value"]
         got = {(r["step"], r["rank"], a): r[a] for r in per_algo.to_dicts()
                for a in ("ring", "topka", "oktopk")}

@@ -453,7 +453,7 @@ impl AllToAllReducer {
 
 impl Reducer for AllToAllReducer {
     fn name(&self) -> &'static str {
-        "alltoall"
+        "embrace"
     }
 
     fn reduce(

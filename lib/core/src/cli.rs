@@ -37,24 +37,44 @@ impl IoArgs {
     pub fn output(&self) -> Result<Output> {
         Output::from_arg(self.output.as_deref())
     }
-    /// A run's name in the metrics: `run` (`--run`) if given, else the input file's stem
-    /// (`stdin` when the input is stdin).
-    pub fn run_name(&self, run: Option<&str>) -> String {
-        if let Some(r) = run {
-            return r.to_string();
-        }
-        match &self.input {
-            Some(p) if p.as_os_str() != "-" => p
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-            _ => "stdin".into(),
-        }
-    }
     pub fn read_options(&self) -> ReadOptions {
         ReadOptions {
             allow_nonfinite: self.allow_nonfinite,
         }
+    }
+}
+
+/// What a run kept of each gradient, for its default name: a density or an exact k.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Keep {
+    Density(f64),
+    K(u64),
+}
+
+/// A run's default name in the metrics (`--run` absent): the algorithm or method and, where
+/// it selects, what it kept, so two runs that differ in density never share a name:
+/// `oktopk-d0.01`, `topk-k1000`, `ring`.
+pub fn default_run_name(what: &str, keep: Option<Keep>) -> String {
+    match keep {
+        None => what.to_string(),
+        Some(Keep::Density(d)) => format!("{what}-d{d}"),
+        Some(Keep::K(k)) => format!("{what}-k{k}"),
+    }
+}
+
+/// Says once, on the I/O rank, that `flag` was given an old spelling that is still taken
+/// (`--exchange dense` for `ring`): one name per algorithm across the tools.
+pub fn note_old_spelling(flag: &str, old: &str, new: &str) {
+    static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    if old == new || launcher_rank() != 0 {
+        return;
+    }
+    let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
+    if !said.iter().any(|s| s == flag) {
+        said.push(flag.to_string());
+        crate::noteln!(
+            "note: {flag} {old} is now spelled `{new}` (the same name in every tool and in the metrics' `algo` column); the old spelling is still accepted"
+        );
     }
 }
 

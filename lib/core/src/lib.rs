@@ -23,4 +23,6 @@ pub use io::{
     read_table, read_tensor, write_comm_trace, write_table, Input, Loaded, Meta, Output,
     ReadOptions, TableWriter,
 };
-pub use tables::{CommRow, EventKind, MetricRow, PlanRow, SchemaKind, Table, TensorRow};
+pub use tables::{
+    CommRow, EventKind, MetricRow, PlanRow, RunSettings, SchemaKind, Table, TensorRow,
+};

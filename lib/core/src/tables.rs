@@ -68,7 +68,7 @@ impl SchemaKind {
             k.schema()
                 .fields()
                 .iter()
-                .all(|f| schema.field_with_name(f.name()).is_ok())
+                .all(|f| is_optional(f) || schema.field_with_name(f.name()).is_ok())
         })
         .collect()
     }
@@ -164,7 +164,7 @@ pub struct PlanRow {
 }
 
 /// One row of `metrics/1` (long form).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct MetricRow {
     pub run: String,
     pub tool: String,
@@ -172,8 +172,68 @@ pub struct MetricRow {
     pub world_size: u32,
     pub step: u32,
     pub rank: u32,
+    /// The metric's name, with its phase after a colon where it is measured per phase of an
+    /// algorithm (`bytes_sent:split_and_reduce`): in the file the phase is its own column,
+    /// `phase` (empty for the step's totals), so a filter on `metric` never mixes the two.
     pub metric: String,
     pub value: f64,
+    /// The run's settings, the same in every row of a run (the file's `density`,
+    /// `optimizer`, `model`, `seed` columns).
+    pub settings: Arc<RunSettings>,
+}
+
+/// The settings of a run that every `metrics/1` row carries as columns, so that runs are
+/// compared by a filter or a group-by instead of by their names; `None` (null) where the
+/// run has no such setting (a dense allreduce has no density).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunSettings {
+    /// The fraction of entries a sparse method keeps (`--density`).
+    pub density: Option<f64>,
+    /// The optimiser (`gradtrain --optimizer`).
+    pub optimizer: Option<String>,
+    /// The model (`gradtrain --model`).
+    pub model: Option<String>,
+    /// The seed of the run's randomness (`--seed`).
+    pub seed: Option<u64>,
+}
+
+/// Metrics measured per phase of an algorithm: written as a `phase` column beside the metric,
+/// `name:phase` in [`MetricRow::metric`]. Other names with a colon (`lamb_coeff:<tensor>`)
+/// are whole metric names.
+pub const PHASE_METRICS: &[&str] = &[
+    "bytes_sent",
+    "bytes_recv",
+    "messages",
+    "time_s",
+    "wait_s",
+    "sim_time_s",
+    "recorded_time_s",
+    "model_time_s",
+];
+
+impl MetricRow {
+    /// The metric's name and its phase (`""` for a step's total): the file's `metric` and
+    /// `phase` columns.
+    pub fn name_and_phase(&self) -> (&str, &str) {
+        match self.metric.split_once(':') {
+            Some((name, phase)) if PHASE_METRICS.contains(&name) => (name, phase),
+            _ => (&self.metric, ""),
+        }
+    }
+}
+
+/// A column a reader does without: older files lack it (read as null) and new writers
+/// always write it. Marked by the field metadata key `gradkit.optional`.
+fn optional(f: Field) -> Field {
+    f.with_metadata(std::collections::HashMap::from([(
+        "gradkit.optional".to_string(),
+        "1".to_string(),
+    )]))
+}
+
+/// Whether a column of a table's schema may be absent from a file (see [`optional`]).
+pub fn is_optional(f: &Field) -> bool {
+    f.metadata().contains_key("gradkit.optional")
 }
 
 fn list_field(name: &str, item: DataType, nullable: bool) -> Field {
@@ -464,12 +524,20 @@ impl Table for MetricRow {
             Field::new("step", DataType::UInt32, false),
             Field::new("rank", DataType::UInt32, false),
             Field::new("metric", DataType::Utf8, false),
+            optional(Field::new("phase", DataType::Utf8, false)),
             Field::new("value", DataType::Float64, false),
+            optional(Field::new("density", DataType::Float64, true)),
+            optional(Field::new("optimizer", DataType::Utf8, true)),
+            optional(Field::new("model", DataType::Utf8, true)),
+            optional(Field::new("seed", DataType::UInt64, true)),
         ]))
     }
     fn to_batch(rows: &[Self]) -> Result<RecordBatch> {
         let s = |f: fn(&MetricRow) -> &str| -> ArrayRef {
             Arc::new(StringArray::from_iter_values(rows.iter().map(f)))
+        };
+        let opt_s = |f: fn(&RunSettings) -> Option<&str>| -> ArrayRef {
+            Arc::new(StringArray::from_iter(rows.iter().map(|r| f(&r.settings))))
         };
         Ok(RecordBatch::try_new(
             Self::schema(),
@@ -482,8 +550,15 @@ impl Table for MetricRow {
                 )),
                 Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.step))),
                 Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.rank))),
-                s(|r| &r.metric),
+                s(|r| r.name_and_phase().0),
+                s(|r| r.name_and_phase().1),
                 Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| r.value))),
+                Arc::new(Float64Array::from_iter(
+                    rows.iter().map(|r| r.settings.density),
+                )),
+                opt_s(|s| s.optimizer.as_deref()),
+                opt_s(|s| s.model.as_deref()),
+                Arc::new(UInt64Array::from_iter(rows.iter().map(|r| r.settings.seed))),
             ],
         )?)
     }
@@ -512,6 +587,8 @@ impl Table for MetricRow {
             .as_primitive::<Float64Type>()
             .values()
             .to_vec();
+        let phase = col(b, "phase")?.as_string::<i32>();
+        let settings = run_settings(b)?;
         Ok((0..b.num_rows())
             .map(|i| MetricRow {
                 run: run[i].clone(),
@@ -520,11 +597,40 @@ impl Table for MetricRow {
                 world_size: ws[i],
                 step: step[i],
                 rank: rank[i],
-                metric: metric[i].clone(),
+                // A file from before the `phase` column holds `name:phase` in `metric`.
+                metric: match phase.is_valid(i).then(|| phase.value(i)) {
+                    Some(p) if !p.is_empty() => format!("{}:{p}", metric[i]),
+                    _ => metric[i].clone(),
+                },
                 value: value[i],
+                settings: settings[i].clone(),
             })
             .collect())
     }
+}
+
+/// Each row's [`RunSettings`], shared between the rows of a run (consecutive rows with the
+/// same settings share one allocation).
+fn run_settings(b: &RecordBatch) -> Result<Vec<Arc<RunSettings>>> {
+    let density = col(b, "density")?.as_primitive::<Float64Type>();
+    let optimizer = col(b, "optimizer")?.as_string::<i32>();
+    let model = col(b, "model")?.as_string::<i32>();
+    let seed = col(b, "seed")?.as_primitive::<UInt64Type>();
+    let s = |a: &arrow_array::StringArray, i: usize| a.is_valid(i).then(|| a.value(i).to_string());
+    let mut out: Vec<Arc<RunSettings>> = Vec::with_capacity(b.num_rows());
+    for i in 0..b.num_rows() {
+        let r = RunSettings {
+            density: density.is_valid(i).then(|| density.value(i)),
+            optimizer: s(optimizer, i),
+            model: s(model, i),
+            seed: seed.is_valid(i).then(|| seed.value(i)),
+        };
+        match out.last() {
+            Some(prev) if **prev == r => out.push(prev.clone()),
+            _ => out.push(Arc::new(r)),
+        }
+    }
+    Ok(out)
 }
 
 /// Checks that `actual` has every column of `expected` with the expected Arrow type or one
@@ -532,6 +638,9 @@ impl Table for MetricRow {
 /// are not compared: pyarrow and arrow-rs differ there). Extra columns are ignored.
 pub fn check_schema(expected: &Schema, actual: &Schema) -> Result<()> {
     for f in expected.fields() {
+        if is_optional(f) && actual.field_with_name(f.name()).is_err() {
+            continue;
+        }
         let a = actual.field_with_name(f.name()).map_err(|_| {
             anyhow!(
                 "missing column `{}` (expected {})",
@@ -826,6 +935,11 @@ pub fn conform(expected: &Schema, batch: &RecordBatch, first_row: usize) -> Resu
     let mut fields = Vec::with_capacity(expected.fields().len());
     let mut cols = Vec::with_capacity(expected.fields().len());
     for f in expected.fields() {
+        if is_optional(f) && batch.column_by_name(f.name()).is_none() {
+            fields.push(Field::new(f.name(), f.data_type().clone(), true));
+            cols.push(arrow_array::new_null_array(f.data_type(), batch.num_rows()));
+            continue;
+        }
         let a = normalize_array(col(batch, f.name())?)?;
         let at = |i: usize| format!("column `{}`, row {}", f.name(), first_row + i);
         let a = cast_values(f.data_type(), &a, &at)?;

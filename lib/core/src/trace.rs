@@ -3,9 +3,11 @@
 
 use std::collections::BTreeMap;
 
+use std::sync::Arc;
+
 use anyhow::{bail, Result};
 
-use crate::tables::{MetricRow, TensorRow};
+use crate::tables::{MetricRow, RunSettings, TensorRow};
 
 /// One layer of the model, as the trace describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -317,6 +319,8 @@ pub struct MetricSink {
     pub algo: String,
     pub world_size: u32,
     pub rows: Vec<MetricRow>,
+    /// The run's settings, carried by every row ([`MetricSink::with_settings`]).
+    pub settings: Arc<RunSettings>,
 }
 
 impl MetricSink {
@@ -327,7 +331,13 @@ impl MetricSink {
             algo: algo.into(),
             world_size,
             rows: Vec::new(),
+            settings: Arc::default(),
         }
+    }
+    /// The run's settings, written as columns beside every row it pushes from now on.
+    pub fn with_settings(mut self, settings: RunSettings) -> Self {
+        self.settings = Arc::new(settings);
+        self
     }
     pub fn push(&mut self, step: u32, rank: u32, metric: &str, value: f64) {
         self.rows.push(MetricRow {
@@ -339,6 +349,7 @@ impl MetricSink {
             rank,
             metric: metric.into(),
             value,
+            settings: self.settings.clone(),
         });
     }
 }

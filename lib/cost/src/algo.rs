@@ -105,7 +105,7 @@ impl Algo {
             Algo::TopkUnion => "topk-union",
             Algo::OneBit => "onebit",
             Algo::OneBitNaive => "onebit-naive",
-            Algo::AllToAll => "alltoall",
+            Algo::AllToAll => "embrace",
         }
     }
 
@@ -154,6 +154,10 @@ impl Algo {
         }
     }
 
+    /// Old spellings `--algo` still takes (with a note): one name per algorithm in every tool
+    /// (`gradtrain --exchange`) and in the metrics' `algo` column.
+    pub const ALIASES: &'static [(&'static str, Algo)] = &[("alltoall", Algo::AllToAll)];
+
     /// The `--algo` names of [`Algo::ALL`], in order.
     pub fn names() -> impl Iterator<Item = &'static str> {
         Algo::ALL.iter().map(|a| a.name())
@@ -188,12 +192,19 @@ impl std::error::Error for UnknownAlgo {}
 impl FromStr for Algo {
     type Err = UnknownAlgo;
 
-    /// The exact `--algo` name (case-sensitive, as the CLI has always taken it).
+    /// The exact `--algo` name (case-sensitive, as the CLI has always taken it), or an old
+    /// spelling in [`Algo::ALIASES`].
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Algo::ALL
             .iter()
             .copied()
             .find(|a| a.name() == s)
+            .or_else(|| {
+                Algo::ALIASES
+                    .iter()
+                    .find(|(old, _)| *old == s)
+                    .map(|(_, a)| *a)
+            })
             .ok_or_else(|| UnknownAlgo(s.to_string()))
     }
 }

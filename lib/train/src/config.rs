@@ -16,8 +16,8 @@ use crate::data::DataSpec;
 use crate::model::ModelSpec;
 use crate::optim::{Decay, OptConfig};
 
-/// `FromStr` (exact name; the error lists the known names and the flag) and `Display` (the
-/// name) for an enum with `ALL` and `name()`.
+/// `FromStr` (exact name, or an old spelling in `ALIASES`; the error lists the known names and
+/// the flag) and `Display` (the name) for an enum with `ALL`, `ALIASES` and `name()`.
 macro_rules! named {
     ($t:ty, $flag:literal, $suffix:literal) => {
         impl std::str::FromStr for $t {
@@ -27,6 +27,12 @@ macro_rules! named {
                     .iter()
                     .copied()
                     .find(|v| v.name() == s)
+                    .or_else(|| {
+                        <$t>::ALIASES
+                            .iter()
+                            .find(|(old, _)| *old == s)
+                            .map(|(_, v)| *v)
+                    })
                     .ok_or_else(|| {
                         let known: Vec<&str> = <$t>::ALL.iter().map(|v| v.name()).collect();
                         format!(
@@ -50,8 +56,8 @@ macro_rules! named {
 /// How a run exchanges its gradients (`--exchange`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exchange {
-    Dense,
-    Topk,
+    Ring,
+    TopkA,
     GaussianK,
     TopkDsa,
     GTopk,
@@ -68,8 +74,8 @@ pub enum Exchange {
 impl Exchange {
     /// Every exchange, in the order `--help` lists them.
     pub const ALL: &'static [Exchange] = &[
-        Exchange::Dense,
-        Exchange::Topk,
+        Exchange::Ring,
+        Exchange::TopkA,
         Exchange::GaussianK,
         Exchange::TopkDsa,
         Exchange::GTopk,
@@ -83,7 +89,12 @@ impl Exchange {
         Exchange::AllGatherRaw,
     ];
 
-    /// The `--exchange` name.
+    /// Old spellings `--exchange` still takes: the same algorithm has one name in every tool
+    /// (`gradallreduce --algo`) and in the metrics' `algo` column.
+    pub const ALIASES: &'static [(&'static str, Exchange)] =
+        &[("dense", Exchange::Ring), ("topk", Exchange::TopkA)];
+
+    /// The `--exchange` name: `gradallreduce --algo`'s name of the same algorithm.
     pub const fn name(self) -> &'static str {
         self.entry().0
     }
@@ -100,9 +111,9 @@ impl Exchange {
 
     const fn entry(self) -> (&'static str, &'static str, &'static str) {
         match self {
-            Exchange::Dense => ("dense", "ring", "ring allreduce of the gradients, mean"),
-            Exchange::Topk => (
-                "topk",
+            Exchange::Ring => ("ring", "ring", "ring allreduce of the gradients, mean"),
+            Exchange::TopkA => (
+                "topka",
                 "topka",
                 "local top-k of residual+gradient, allgatherv (TopkA)",
             ),
@@ -148,17 +159,17 @@ impl Exchange {
             ),
             Exchange::Embrace => (
                 "embrace",
-                "alltoall",
+                "embrace",
                 "EmbRace: token embedding sharded by columns, AlltoAll lookups and row gradients, ring for the rest (--schedule)",
             ),
             Exchange::AllGather => (
                 "allgather",
-                "alltoall",
+                "embrace",
                 "sparse baseline: row-sparse embedding gradients (duplicate rows coalesced first) allgathered onto full replicas, ring for the rest",
             ),
             Exchange::AllGatherRaw => (
                 "allgather-raw",
-                "alltoall",
+                "embrace",
                 "Horovod/DDP sparse baseline: one embedding-gradient row per token (uncoalesced) allgathered onto full replicas, ring for the rest",
             ),
         }
@@ -175,7 +186,7 @@ impl Exchange {
     /// The sparse exchanges (error feedback, `--density`, `--dense-warmup`): every exchange
     /// but dense, onebit and EmbRace's.
     pub const fn is_sparse(self) -> bool {
-        !matches!(self, Exchange::Dense | Exchange::OneBit) && !self.is_embedding()
+        !matches!(self, Exchange::Ring | Exchange::OneBit) && !self.is_embedding()
     }
 
     /// The names of the sparse exchanges, for messages.
@@ -206,6 +217,8 @@ pub enum Schedule {
 impl Schedule {
     /// Every schedule, in the order `--help` lists them.
     pub const ALL: &'static [Schedule] = &[Schedule::Fifo, Schedule::Embrace, Schedule::TwoD];
+    /// No old spellings.
+    pub const ALIASES: &'static [(&'static str, Schedule)] = &[];
 
     /// The `--schedule` name.
     pub const fn name(self) -> &'static str {
@@ -241,6 +254,8 @@ pub enum Lookup {
 impl Lookup {
     /// Every lookup, in the order `--help` lists them.
     pub const ALL: &'static [Lookup] = &[Lookup::PerToken, Lookup::Unique];
+    /// No old spellings.
+    pub const ALIASES: &'static [(&'static str, Lookup)] = &[];
 
     /// The `--lookup` name.
     pub const fn name(self) -> &'static str {
@@ -336,12 +351,50 @@ pub struct TrainConfig {
     pub comm_trace: Option<PathBuf>,
 }
 
+impl TrainConfig {
+    /// The run's name when `--run` is not given: the exchange as the metrics' `algo` column
+    /// names it (`ring-fp16` with `--wire fp16`), the density where it selects, the
+    /// optimiser unless it is plain SGD, and EmbRace's schedule unless it is FIFO:
+    /// `oktopk-d0.01`, `ring-adam`, `onebit-lamb`, `embrace-2d`.
+    pub fn default_run_name(&self) -> String {
+        let mut parts: Vec<String> = Vec::new();
+        match self.exchange {
+            // The 1-bit optimisers name the exchange already.
+            Exchange::OneBit => {}
+            Exchange::Ring if self.fp16_wire => parts.push("ring-fp16".into()),
+            e => parts.push(e.name().into()),
+        }
+        if self.exchange.is_sparse() {
+            parts.push(format!("d{}", self.density));
+        }
+        if self.opt.name != "sgd" || parts.is_empty() {
+            parts.push(self.opt.name.clone());
+        }
+        if self.exchange.is_embedding() && self.schedule != Schedule::Fifo {
+            parts.push(self.schedule.name().into());
+        }
+        parts.join("-")
+    }
+}
+
+impl TrainConfig {
+    /// The settings every metrics row carries as columns.
+    pub fn run_settings(&self) -> gradkit_core::RunSettings {
+        gradkit_core::RunSettings {
+            density: self.exchange.is_sparse().then_some(self.density),
+            optimizer: Some(self.opt.name.clone()),
+            model: Some(self.model.name.clone()),
+            seed: Some(self.seed),
+        }
+    }
+}
+
 impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
             model: ModelSpec::default(),
             data: DataSpec::default(),
-            exchange: Exchange::Dense,
+            exchange: Exchange::Ring,
             density: 0.01,
             dense_warmup: 0,
             period: 64,

@@ -132,7 +132,7 @@ pub fn make(cfg: &TrainConfig, model: &Model) -> Result<Box<dyn Exchange>> {
     let reducer =
         make_reducer(algo, &params).with_context(|| format!("--exchange {}", cfg.exchange))?;
     Ok(match cfg.exchange {
-        ExchangeName::Dense => Box::new(Dense { rep }),
+        ExchangeName::Ring => Box::new(Dense { rep }),
         ExchangeName::OneBit => {
             let n = rep.params.len() as u64;
             let layout = Layout::new(vec![(0, "momentum".into(), n, None)]);
@@ -244,14 +244,14 @@ macro_rules! replica_params {
     };
 }
 
-/// `--exchange dense`: ring allreduce of the gradients (mean), then the optimiser.
+/// `--exchange ring`: ring allreduce of the gradients (mean), then the optimiser.
 pub struct Dense {
     rep: Replica,
 }
 
 impl Exchange for Dense {
     fn method(&self) -> String {
-        "dense".into()
+        self.rep.dense_algo.into()
     }
     fn update(&mut self, comm: &dyn Comm, io: &mut StepIo, g: Vec<f32>) -> Result<()> {
         self.rep.dense_step(comm, io, g)

@@ -112,7 +112,7 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
     if cfg.exchange.is_embedding() {
         crate::embrace::check_config(cfg)?;
     }
-    let dense_part = matches!(cfg.exchange, ExchangeName::Dense | ExchangeName::OneBit)
+    let dense_part = matches!(cfg.exchange, ExchangeName::Ring | ExchangeName::OneBit)
         || cfg.exchange.is_embedding()
         || cfg.dense_warmup > 0;
     if cfg.fp16_wire && !dense_part {
@@ -579,7 +579,8 @@ impl<'a> Run<'a> {
             cfg,
             data,
             shard: Shard::new(data, rank, p, cfg.batch, cfg.model.seq_len)?,
-            sink: MetricSink::new(&cfg.run_name, "gradtrain", &ex.method(), p as u32),
+            sink: MetricSink::new(&cfg.run_name, "gradtrain", &ex.method(), p as u32)
+                .with_settings(cfg.run_settings()),
             model,
             ex,
             meta,

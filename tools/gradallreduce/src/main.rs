@@ -99,7 +99,11 @@ fn main() -> std::process::ExitCode {
     gradkit_core::cli::run(|| match cli.cmd {
         Some(Cmd::Bench(a)) => bench::run(a),
         Some(Cmd::Model(a)) => model::run(a),
-        None => reduce::run(cli.reduce),
+        None => {
+            let mut r = cli.reduce;
+            r.resolve_wire();
+            reduce::run(r)
+        }
     })
 }
 

@@ -81,8 +81,8 @@ pub fn run(a: ModelArgs) -> Result<()> {
         "P",
         "n",
         "k",
-        "latency_alpha",
-        "words_per_rank",
+        "alpha_terms",
+        "bytes_per_rank",
         "time_ms",
         "speedup_vs_dense",
     ]);
@@ -94,7 +94,7 @@ pub fn run(a: ModelArgs) -> Result<()> {
             (n as u64).to_string(),
             (k as u64).to_string(),
             fmt_num(c.latency, 4),
-            fmt_num(c.words, 5),
+            fmt_num(c.bytes(), 5),
             fmt_num(time * 1e3, 4),
             fmt_num(dense_t / time, 3),
         ]);

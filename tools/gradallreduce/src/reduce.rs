@@ -25,6 +25,10 @@ pub struct ReduceArgs {
     /// Allreduce algorithm (see the list below)
     #[arg(long, default_value_t = Algo::Ring, value_parser = AlgoParser)]
     pub algo: Algo,
+    /// Wire format of the dense ring: fp16 halves the bytes (`--algo ring --wire fp16` is
+    /// `ring-fp16`, gradtrain's spelling of it)
+    #[arg(hide_short_help = true, long, value_name = "f32|fp16", default_value = "f32", value_parser = ["f32", "fp16"])]
+    pub wire: String,
     /// sum or mean (the sum divided by P); not for the 1-bit algorithms, which always average
     #[arg(hide_short_help = true, long, default_value_t = Op::Sum, value_parser = named(Op::ALL, Op::name, Op::help))]
     pub op: Op,
@@ -35,7 +39,8 @@ pub struct ReduceArgs {
     /// Write per-rank, per-step traffic and timing (metrics/1) here (`-`: stdout)
     #[arg(long, value_name = "PATH")]
     pub metrics: Option<PathBuf>,
-    /// Run name recorded in the metrics (default: the algorithm)
+    /// Run name recorded in the metrics [default: the algorithm, and what a sparse one keeps:
+    /// `topka-d0.01`, `oktopk-k1000`, `ring`]
     #[arg(long)]
     pub run: Option<String>,
     /// Record every message of every step (commtrace/1) here, for `gradreport simulate`
@@ -110,9 +115,12 @@ impl TypedValueParser for AlgoParser {
         _arg: Option<&clap::Arg>,
         value: &std::ffi::OsStr,
     ) -> std::result::Result<Algo, clap::Error> {
-        value.to_string_lossy().parse::<Algo>().map_err(|e| {
+        let given = value.to_string_lossy();
+        let algo = given.parse::<Algo>().map_err(|e| {
             clap::Error::raw(clap::error::ErrorKind::InvalidValue, format!("{e}\n")).with_cmd(cmd)
-        })
+        })?;
+        gradkit_core::cli::note_old_spelling("--algo", &given, algo.name());
+        Ok(algo)
     }
 
     fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
@@ -184,10 +192,30 @@ impl ReduceArgs {
                 );
             }
         }
+        if self.wire == "fp16" && !matches!(algo, Algo::Ring | Algo::RingFp16) {
+            bail!("--wire fp16 applies to --algo ring only, not --algo {algo} (flag --wire)");
+        }
         if gradkit_core::cli::given(m, "op") && matches!(algo, Algo::OneBit | Algo::OneBitNaive) {
             bail!("--op does not apply to --algo {algo}: the 1-bit allreduce always averages (its result is the mean)");
         }
         Ok(())
+    }
+
+    /// What a sparse algorithm keeps of dense input (`--k`, else `--density`); nothing for the
+    /// others.
+    pub fn keep(&self) -> Option<gradkit_core::cli::Keep> {
+        use gradkit_core::cli::Keep;
+        (self.algo.family() == gradkit_collectives::Family::Sparse).then(|| match self.k {
+            Some(k) => Keep::K(k),
+            None => Keep::Density(self.density),
+        })
+    }
+
+    /// The algorithm `--algo` and `--wire` name together (`ring` + `fp16` is `ring-fp16`).
+    pub fn resolve_wire(&mut self) {
+        if self.wire == "fp16" && self.algo == Algo::Ring {
+            self.algo = Algo::RingFp16;
+        }
     }
 
     fn params(&self) -> Result<Params> {
@@ -610,7 +638,7 @@ fn check_memory(
     let n: u128 = layout.layers.iter().map(|l| l.numel as u128).sum();
     let dense_result = matches!(
         algo,
-        "ring" | "rabenseifner" | "tree" | "native" | "onebit" | "onebit-naive" | "alltoall"
+        "ring" | "rabenseifner" | "tree" | "native" | "onebit" | "onebit-naive" | "embrace"
     );
     let any_sparse = rows.iter().any(|r| !r.is_dense());
     if (!dense_result || any_sparse) && n > u32::MAX as u128 + 1 {
@@ -709,7 +737,10 @@ pub fn run(args: ReduceArgs) -> Result<()> {
     // Rank 0 streams the trace to every rank, step by step, and writes the output.
     let io = std::sync::Mutex::new(io);
     let feed = dist::Feed::<TensorRow>::new(world.backend(), world.size());
-    let run_name = args.run.clone().unwrap_or_else(|| args.algo.to_string());
+    let run_name = args
+        .run
+        .clone()
+        .unwrap_or_else(|| gradkit_core::cli::default_run_name(args.algo.name(), args.keep()));
     let quiet = args.io.quiet;
 
     let results = world.run(|comm| {
@@ -812,7 +843,14 @@ fn reduce_rank(
         load_state(comm, path, &inputs, io.as_mut(), reducer.as_mut())?;
     }
     let algo = args.algo.name();
-    let mut sink = MetricSink::new(run_name, "gradallreduce", algo, comm.size() as u32);
+    let mut sink = MetricSink::new(run_name, "gradallreduce", algo, comm.size() as u32)
+        .with_settings(gradkit_core::RunSettings {
+            density: match args.keep() {
+                Some(gradkit_core::cli::Keep::Density(d)) => Some(d),
+                _ => None,
+            },
+            ..Default::default()
+        });
     let steps = io.as_ref().map_or(0, |io| io.trace.steps().len());
     let bar = gradkit_core::cli::progress("reduce", steps as u64, quiet || comm.rank() != 0);
     let mut layouts: Option<Layouts> = None;

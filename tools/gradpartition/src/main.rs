@@ -90,7 +90,8 @@ struct Cli {
     /// Also write the metrics (metrics/1) to this Parquet file (`-`: stdout)
     #[arg(long, value_name = "M.parquet")]
     metrics: Option<PathBuf>,
-    /// Run name in the metrics table (default: the input file's stem)
+    /// Run name in the metrics table [default: the method, and DEFT's density: `deft-d0.01`,
+    /// `oktopk`]
     #[arg(long, value_name = "NAME")]
     run: Option<String>,
     /// Format of the summary: md (Markdown, on stderr, for people); csv or json (on stdout,
@@ -228,11 +229,17 @@ fn body(a: &Cli) -> Result<()> {
     let d = a.density.unwrap_or(1.0);
     let k = ((d * n as f64).floor() as u64).clamp(1, n);
     let (meta, algo) = out_meta(a, p, d, k);
-    let mut sink = MetricSink::new(
-        &a.io.run_name(a.run.as_deref()),
-        "gradpartition",
-        algo,
-        p as u32,
+    // Ok-Topk's partition balances a selection whatever its density: no density to name.
+    let density = (a.method == Method::Deft).then_some(d);
+    let run = a
+        .run
+        .clone()
+        .unwrap_or_else(|| cli::default_run_name(algo, density.map(cli::Keep::Density)));
+    let mut sink = MetricSink::new(&run, "gradpartition", algo, p as u32).with_settings(
+        gradkit_core::RunSettings {
+            density,
+            ..Default::default()
+        },
     );
     // The plan and the metrics are written as the steps complete; each file appears at its
     // path only when finished.

@@ -150,6 +150,7 @@ pub fn samples(rows: &[MetricRow], metric: &str) -> Vec<MetricRow> {
             rank,
             metric: metric.into(),
             value,
+            settings: Default::default(),
         })
         .collect()
 }

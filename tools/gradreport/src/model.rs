@@ -106,6 +106,7 @@ pub fn complete(
                     rank: 0,
                     metric: metric.into(),
                     value,
+                    settings: Default::default(),
                 });
             }
         }

@@ -545,6 +545,7 @@ pub fn metric_rows(lines: &[Line], algo: &str, ranks: usize) -> Vec<MetricRow> {
                 rank: 0,
                 metric: name(m),
                 value: v,
+                settings: Default::default(),
             })
         };
         if let Some(s) = l.simulated_s {

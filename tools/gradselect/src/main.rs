@@ -132,7 +132,8 @@ struct Cli {
     /// Also write per-(step, rank) metrics (metrics/1) to this Parquet file (`-`: stdout)
     #[arg(long, value_name = "M.parquet")]
     metrics: Option<PathBuf>,
-    /// Run name in the metrics table (default: the input file's stem)
+    /// Run name in the metrics table [default: the method and what it keeps: `topk-d0.01`,
+    /// `topk-k1000`]
     #[arg(long, value_name = "NAME")]
     run: Option<String>,
     /// Where the selection kernels run: cpu, or cuda / cuda:N (a build with `--features cuda`

@@ -125,6 +125,19 @@ fn out_meta(a: &Cli, method: &SMethod, kspec: KSpec, algo: &str, p: usize) -> Me
     meta
 }
 
+/// The run's name in the metrics: `--run`, else the method and what it keeps
+/// (`topk-d0.01`, `topk-k1000`).
+fn run_name(a: &Cli, algo: &str, kspec: KSpec) -> String {
+    a.run.clone().unwrap_or_else(|| {
+        let keep = match kspec {
+            KSpec::Density(d) => Some(cli::Keep::Density(d)),
+            KSpec::Count(k) => Some(cli::Keep::K(k as u64)),
+            KSpec::None => None,
+        };
+        cli::default_run_name(algo, keep)
+    })
+}
+
 /// The run's outputs, written as the steps complete.
 struct Writers {
     out: TableWriter<TensorRow>,
@@ -258,12 +271,18 @@ impl Run {
             residual_on,
             pieces: pdeft::pieces(layout, p),
             plan,
-            sink: MetricSink::new(
-                &a.io.run_name(a.run.as_deref()),
-                "gradselect",
-                algo,
-                p as u32,
-            ),
+            sink: MetricSink::new(&run_name(a, algo, kspec), "gradselect", algo, p as u32)
+                .with_settings(gradkit_core::RunSettings {
+                    density: match kspec {
+                        KSpec::Density(d) => Some(d),
+                        _ => None,
+                    },
+                    seed: match method {
+                        SMethod::RandomK { seed } => Some(seed),
+                        _ => None,
+                    },
+                    ..Default::default()
+                }),
             n,
             total: 0,
         }

@@ -87,9 +87,11 @@ struct Cli {
     /// digits | synthetic-lm | FILE.parquet
     #[arg(long, default_value = "digits")]
     data: String,
-    /// dense | topk | gaussiank | topkdsa | gtopk | oktopk | deft | cltk | topk-union | onebit | embrace | allgather
-    /// (rows coalesced before sending) | allgather-raw (one row per token, Horovod/DDP style)
-    #[arg(long, default_value = "dense")]
+    /// ring | topka | gaussiank | topkdsa | gtopk | oktopk | deft | cltk | topk-union | onebit | embrace | allgather
+    /// (rows coalesced before sending) | allgather-raw (one row per token, Horovod/DDP style);
+    /// gradallreduce --algo's names (old spellings: dense = ring, topk = topka, ring-fp16 =
+    /// ring --wire fp16)
+    #[arg(long, default_value = "ring")]
     exchange: String,
     /// --exchange embrace: fifo (gradient-generation order) | embrace (vertical split only:
     /// prior rows first, delayed rows overlapped with the next step's compute) | 2d (vertical
@@ -269,9 +271,11 @@ struct Cli {
     /// attention heads
     #[arg(hide_short_help = true, long, default_value_t = 4)]
     heads: usize,
-    /// Name of the run in the metrics table
-    #[arg(long, default_value = "gradtrain")]
-    run: String,
+    /// Name of the run in the metrics table [default: the exchange, its density where it
+    /// selects, the optimiser unless sgd, the schedule unless fifo: `oktopk-d0.01`,
+    /// `ring-adam`, `onebit-lamb`, `embrace-2d`]
+    #[arg(long)]
+    run: Option<String>,
     /// The device checked for the exchange: cpu, or cuda / cuda:N (a build with `--features
     /// cuda` on a GPU node; without a usable GPU it stops with one line saying why). The
     /// exchange itself still runs the CPU kernels (docs/GPU.md). The model: candle CPU, or
@@ -288,6 +292,15 @@ struct Cli {
 /// `--device`'s parser: a typo is a usage error (exit 2) listing the values.
 fn device(s: &str) -> Result<gradkit_cuda::Device, String> {
     s.parse()
+}
+
+/// `--exchange` as an exchange's name: `ring-fp16` (gradallreduce's name of the fp16-wire
+/// ring) is `ring` with `--wire fp16`.
+fn exchange_name(a: &Cli) -> &str {
+    match a.exchange.as_str() {
+        "ring-fp16" => "ring",
+        e => e,
+    }
 }
 
 /// The run's configuration; the names (--exchange, --schedule, --lookup) parsed here, once.
@@ -308,7 +321,7 @@ fn config(a: &Cli) -> anyhow::Result<TrainConfig> {
             corpus_seed: a.corpus_seed,
             tokens: a.tokens,
         },
-        exchange: a.exchange.parse().map_err(anyhow::Error::msg)?,
+        exchange: exchange_name(a).parse().map_err(anyhow::Error::msg)?,
         density: a.density,
         dense_warmup: a.dense_warmup,
         period: a.period,
@@ -356,11 +369,11 @@ fn config(a: &Cli) -> anyhow::Result<TrainConfig> {
         resume: a.resume,
         overwrite_checkpoint: a.overwrite_checkpoint,
         quiet: a.quiet,
-        run_name: a.run.clone(),
+        run_name: a.run.clone().unwrap_or_default(),
         schedule: a.schedule.parse().map_err(anyhow::Error::msg)?,
         lookup: a.lookup.parse().map_err(anyhow::Error::msg)?,
         record_rss: a.rss,
-        fp16_wire: a.wire == "fp16",
+        fp16_wire: a.wire == "fp16" || a.exchange == "ring-fp16",
         metrics_path: a.metrics.clone(),
         metrics_every: a.metrics_every,
         comm_trace: a.comm_trace.clone(),
@@ -368,6 +381,10 @@ fn config(a: &Cli) -> anyhow::Result<TrainConfig> {
         keep_metrics: false,
         ..TrainConfig::default()
     };
+    gradkit_core::cli::note_old_spelling("--exchange", exchange_name(a), cfg.exchange.name());
+    if a.run.is_none() {
+        cfg.run_name = cfg.default_run_name();
+    }
     cfg.metrics_meta = metrics_meta(&cfg);
     Ok(cfg)
 }
@@ -485,13 +502,13 @@ fn check_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
 /// reads is refused, as `--lookup unique`, `--adjust` and `--wire fp16` are, rather than
 /// silently ignored (also when it is given its default value: it still does nothing).
 fn ignored_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
-    let exchange: Exchange = a.exchange.parse().map_err(anyhow::Error::msg)?;
+    let exchange: Exchange = exchange_name(a).parse().map_err(anyhow::Error::msg)?;
     let ex = exchange.name();
     let sparse = exchange.is_sparse();
     let sparse_list = format!("the sparse exchanges ({})", Exchange::sparse_names());
     let emb = exchange.is_embedding();
     let dense_part =
-        matches!(exchange, Exchange::Dense | Exchange::OneBit) || emb || a.dense_warmup > 0;
+        matches!(exchange, Exchange::Ring | Exchange::OneBit) || emb || a.dense_warmup > 0;
     let opt = a.optimizer.as_str();
     // (argument id, whether it has an effect, what it applies to, the value it lacks)
     let rules: [(&str, bool, &str, &str); 13] = [
