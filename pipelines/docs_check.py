@@ -479,6 +479,14 @@ def f_cluster_onebit():
             f"paper's end-to-end {PAPER_ONEBIT_E2E}× (Table 5: 2.2×/1.5×/2.1×)")
 
 
+def f_sim_error_bar():
+    """The SimGrid validation's summary line, quoted by every at-scale section (sim-scale*)."""
+    m = re.search(r"Calibrated replay vs measured: (.*?)\.?\n", section("docs/RESULTS.md", "sim-validation"))
+    if not m:
+        raise Stale("docs/RESULTS.md section 'sim-validation' has no 'Calibrated replay vs measured:' line")
+    return m.group(1)
+
+
 # Where each fragment must stand: deleting one (and writing its numbers by hand again) fails
 # the check as surely as editing it.
 PLACES = {
@@ -500,9 +508,11 @@ PLACES = {
     "heap-eq6": ["docs/ALGORITHMS.md", "docs/gradpartition.md"],
     "embrace-lmhead-share": ["docs/gradtrain.md"],
     "embrace-lmhead-share-bytes": ["docs/results/embrace.md"],
+    "sim-error-bar": ["docs/RESULTS.md"],
 }
 
 FRAGMENTS = {
+    "sim-error-bar": f_sim_error_bar,
     "deft-speedup": f_deft_speedup,
     "deft-buildup-sweep": f_deft_buildup_sweep,
     "deft-speedup-by-p": f_deft_speedup_by_p,

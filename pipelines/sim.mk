@@ -1,8 +1,13 @@
 ## make repro-sim [FAST=1]: SimGrid's replay calibrated and validated against the shaped
 ## cluster (pipelines/sim.sh; root, docs/SIMULATE.md). make repro-scale: recordings at
-## P = 16…256 in-process replayed on platforms after the papers' clusters (pipelines/scale.sh).
+## P = 16…256 in-process replayed on platforms after the papers' clusters (pipelines/scale.sh:
+## Ok-Topk and its baselines; pipelines/scale-papers.sh: DEFT, 1-bit LAMB, EmbRace, Ok-Topk's
+## weak scaling). SCALE_PARTS="okt deft …" runs some of them.
 .PHONY: repro-sim repro-scale
 repro-sim: build
 	@bash pipelines/sim.sh
+SCALE_PARTS ?= okt deft onebit embrace weak
 repro-scale: build
-	@bash pipelines/scale.sh
+	@if echo " $(SCALE_PARTS) " | grep -q " okt "; then bash pipelines/scale.sh; fi
+	@parts=$$(echo " $(SCALE_PARTS) " | sed 's/ okt / /'); \
+	  if [ -n "$${parts// /}" ]; then PARTS="$$parts" bash pipelines/scale-papers.sh; fi
