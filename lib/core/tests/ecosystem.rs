@@ -384,6 +384,7 @@ fn metrics_with_large_strings_and_float32_values_read() {
             rank: 0,
             metric: "loss".into(),
             value: 0.5 + i as f64 * 0.25, // exact in f32
+            settings: Default::default(),
         })
         .collect();
     let b = MetricRow::to_batch(&rows).unwrap();

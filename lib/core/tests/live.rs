@@ -17,6 +17,7 @@ fn row(step: u32, rank: u32, metric: &str, value: f64) -> MetricRow {
         rank,
         metric: metric.into(),
         value,
+        settings: Default::default(),
     }
 }
 

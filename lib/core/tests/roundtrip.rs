@@ -141,6 +141,7 @@ fn metric_rows_round_trip() {
             rank: i % 4,
             metric: "bytes_sent".into(),
             value: i as f64 * 1.5e9 + 0.125,
+            settings: Default::default(),
         })
         .collect();
     let p = tmp(&dir, "m.parquet");

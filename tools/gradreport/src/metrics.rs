@@ -389,6 +389,7 @@ mod tests {
             rank,
             metric: metric.into(),
             value,
+            settings: Default::default(),
         }
     }
 

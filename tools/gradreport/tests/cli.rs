@@ -16,6 +16,7 @@ fn m(run: &str, algo: &str, ws: u32, step: u32, rank: u32, metric: &str, value: 
         rank,
         metric: metric.into(),
         value,
+        settings: Default::default(),
     }
 }
 

@@ -28,6 +28,7 @@ fn a_figure_never_overwrites_its_metrics() {
             rank: 0,
             metric: "loss".into(),
             value: 1.0 / (step + 1) as f64,
+            settings: Default::default(),
         })
         .collect();
     let p = d.path();

@@ -63,7 +63,7 @@ const AFTER: &str = "Examples:
   gradselect --method deft --density 0.01 --plan plan.parquet --residual-out res.parquet \\
     trace.parquet -o deft.parquet
 
-Metrics (--metrics, metrics/1, per step and rank): k_target, nnz, threshold, density,
+Metrics (--metrics, metrics/1, per step and rank): k_target, nnz, threshold, density_achieved,
 time_select_s, residual_norm, exact_topk (docs/gradselect.md).";
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

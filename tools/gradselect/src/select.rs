@@ -398,7 +398,7 @@ impl Run {
         }
         sink.push(step, rank, "exact_topk", f64::from(u8::from(o.exact_topk)));
         let density = if n > 0 { nnz as f64 / n as f64 } else { 0.0 };
-        sink.push(step, rank, "density", density);
+        sink.push(step, rank, "density_achieved", density);
         sink.push(step, rank, "time_select_s", o.time);
         sink.push(step, rank, "residual_norm", residual_norm);
     }

@@ -68,6 +68,7 @@ fn metric_rows() -> Vec<MetricRow> {
             rank: i % 2,
             metric: "bytes_sent".into(),
             value: 1.5 * i as f64 + 0.25,
+            settings: Default::default(),
         })
         .collect()
 }

@@ -226,6 +226,7 @@ pub fn tiny_metrics(path: &Path) {
                     rank: 0,
                     metric: metric.into(),
                     value,
+                    settings: Default::default(),
                 });
             }
         }
