@@ -25,6 +25,7 @@ pub mod kernels;
 pub mod oktopk;
 pub mod onebit;
 pub mod randomk;
+pub mod resident;
 pub mod threshold;
 pub mod topk;
 
