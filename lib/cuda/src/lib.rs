@@ -27,6 +27,7 @@ pub mod exec;
 pub mod nccl;
 #[cfg(feature = "cuda")]
 pub mod nv;
+pub mod resident;
 
 /// Where selection and compression run: `--device cpu` (the default), `cuda` (= `cuda:0`) or
 /// `cuda:N`.
@@ -260,6 +261,44 @@ pub fn kernels_for(device: Device) -> Result<&'static dyn Kernels, DeviceError> 
             #[cfg(not(feature = "cuda"))]
             {
                 unreachable!("probe() fails without the cuda feature")
+            }
+        }
+    }
+}
+
+/// The device that keeps a step's tensors resident for `device` (`Params::resident`,
+/// docs/GPU.md §7): `None` for [`Device::Cpu`] (host memory); for [`Device::Cuda`] the GPU's
+/// [`resident::Resident`], one per process and GPU, opened as [`kernels_for`] opens it (the
+/// same errors).
+pub fn resident_for(
+    device: Device,
+) -> Result<Option<&'static dyn gradkit_sparsify::resident::DeviceKernels>, DeviceError> {
+    match device {
+        Device::Cpu => Ok(None),
+        Device::Cuda(ordinal) => {
+            kernels_for(device)?;
+            #[cfg(feature = "cuda")]
+            {
+                use std::collections::HashMap;
+                use std::sync::{Mutex, OnceLock};
+                type R = &'static resident::Resident<nv::Nv>;
+                static RESIDENT: OnceLock<Mutex<HashMap<u32, R>>> = OnceLock::new();
+                let g = gpu(ordinal)?;
+                let mut m = RESIDENT
+                    .get_or_init(Default::default)
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                let r: R = *m
+                    .entry(ordinal)
+                    .or_insert_with(|| Box::leak(Box::new(resident::Resident::new(g))));
+                Ok(Some(
+                    r as &'static dyn gradkit_sparsify::resident::DeviceKernels,
+                ))
+            }
+            #[cfg(not(feature = "cuda"))]
+            {
+                let _ = ordinal;
+                unreachable!("kernels_for fails without the cuda feature")
             }
         }
     }
