@@ -250,3 +250,81 @@ fn bench_takes_the_device_too() {
         assert!(out.is_empty(), "{out}");
     }
 }
+
+/// `--backend BACKEND` on a real reduction must stop with exit 1 and one `error:` line
+/// holding `needle`, and leave `dir` as it was.
+fn refused_backend(dir: &Path, backend: &str, envs: &[(&str, &Path)], needle: &str) {
+    let args = [
+        "--algo",
+        "topka",
+        "--ranks",
+        "2",
+        "--backend",
+        backend,
+        "trace.parquet",
+        "-o",
+        "out.parquet",
+        "--metrics",
+        "m.parquet",
+    ];
+    gradkit_testkit::cli::refused_with_env(BIN, dir, &args, envs, &[needle]);
+}
+
+#[test]
+fn a_backend_typo_is_a_usage_error_listing_the_values() {
+    let d_dir = tmpdir("backend-typo");
+    let d = d_dir.path().to_path_buf();
+    trace(&d);
+    for bad in ["NCCL", "gloo", ""] {
+        let before = gradkit_testkit::cli::snapshot(&d);
+        let (code, err) = run(
+            &d,
+            &["--backend", bad, "trace.parquet", "-o", "out.parquet"],
+            &[],
+        );
+        assert_eq!(code, Some(2), "{bad}: {err}");
+        assert!(err.starts_with("error: "), "{err}");
+        assert!(
+            err.contains("--backend") && err.contains("mpi, nccl"),
+            "{err}"
+        );
+        assert_eq!(gradkit_testkit::cli::snapshot(&d), before);
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn without_the_feature_the_nccl_backend_says_to_rebuild() {
+    let d_dir = tmpdir("backend-nofeature");
+    let d = d_dir.path().to_path_buf();
+    trace(&d);
+    refused_backend(
+        &d,
+        "nccl",
+        &[],
+        "gradkit was built without the `cuda` feature: rebuild with `cargo build --release --features cuda`",
+    );
+}
+
+/// With the feature: no driver names the driver; a driver with a GPU but no libnccl names
+/// NCCL and the symlink to make.
+#[cfg(feature = "cuda")]
+#[test]
+fn with_the_feature_the_nccl_backend_names_what_is_missing() {
+    let d_dir = tmpdir("backend-stubs");
+    let d = d_dir.path().to_path_buf();
+    trace(&d);
+    if !stub::system_has("libcuda.so") {
+        refused_backend(&d, "nccl", &[], "no CUDA driver found (libcuda.so)");
+    }
+    let one_dir = stub::libs("gar-nonccl", Some(stub::Driver::Gpus(1)), true, false);
+    let one = one_dir.path().to_path_buf();
+    if !stub::system_has("libnccl.so") {
+        refused_backend(
+            &d,
+            "nccl",
+            &[("LD_LIBRARY_PATH", &one)],
+            "no NCCL library found (libnccl.so)",
+        );
+    }
+}
