@@ -39,6 +39,10 @@ pub enum Device {
     /// The CUDA GPU with this ordinal (as the driver numbers them, after
     /// `CUDA_VISIBLE_DEVICES`).
     Cuda(u32),
+    /// The device seam's test device (`--device counting`, not listed in `--help`): host
+    /// memory, the CPU kernels, every host ↔ device copy explicit and counted
+    /// ([`gradkit_sparsify::resident::Counting`]; docs/GPU.md §3). Runs anywhere.
+    Counting,
 }
 
 impl Device {
@@ -56,6 +60,7 @@ impl fmt::Display for Device {
         match self {
             Device::Cpu => f.write_str("cpu"),
             Device::Cuda(n) => write!(f, "cuda:{n}"),
+            Device::Counting => f.write_str("counting"),
         }
     }
 }
@@ -67,6 +72,7 @@ impl FromStr for Device {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "cpu" => return Ok(Device::Cpu),
+            "counting" => return Ok(Device::Counting),
             "cuda" => return Ok(Device::Cuda(0)),
             _ => {}
         }
@@ -245,7 +251,7 @@ pub fn probe_nccl() -> Result<(), DeviceError> {
 /// compiled and loaded once per process; [`DeviceError::Open`] when that fails).
 pub fn kernels_for(device: Device) -> Result<&'static dyn Kernels, DeviceError> {
     match device {
-        Device::Cpu => Ok(kernels::cpu()),
+        Device::Cpu | Device::Counting => Ok(kernels::cpu()),
         Device::Cuda(ordinal) => {
             let info = probe()?;
             if ordinal as usize >= info.count() {
@@ -275,6 +281,7 @@ pub fn resident_for(
 ) -> Result<Option<&'static dyn gradkit_sparsify::resident::DeviceKernels>, DeviceError> {
     match device {
         Device::Cpu => Ok(None),
+        Device::Counting => Ok(Some(counting())),
         Device::Cuda(ordinal) => {
             kernels_for(device)?;
             #[cfg(feature = "cuda")]
@@ -302,6 +309,24 @@ pub fn resident_for(
             }
         }
     }
+}
+
+/// One line for a tool's summary: the host ↔ device copies this process made on `device`'s
+/// resident tensors (`None` for the CPU).
+pub fn transfer_note(tool: &str, device: Device) -> Option<String> {
+    let d = resident_for(device).ok()??;
+    let t = d.transfers();
+    Some(format!(
+        "{tool}: device {device}: {} uploads ({} bytes), {} downloads ({} bytes)",
+        t.uploads, t.upload_bytes, t.downloads, t.download_bytes
+    ))
+}
+
+/// The process's one counting device ([`Device::Counting`]).
+pub fn counting() -> &'static gradkit_sparsify::resident::Counting {
+    static C: std::sync::OnceLock<gradkit_sparsify::resident::Counting> =
+        std::sync::OnceLock::new();
+    C.get_or_init(Default::default)
 }
 
 /// The CUDA kernels on GPU `ordinal` as their concrete type (device-resident calls, the

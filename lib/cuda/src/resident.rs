@@ -53,6 +53,9 @@ impl<B: Backend + 'static> DeviceKernels for Resident<B> {
     fn transfers(&self) -> Transfers {
         self.counters.get()
     }
+    fn zeros(&self, n: usize) -> DVec {
+        wrap(n, self.gpu.alloc(4 * n))
+    }
     fn upload_f32(&self, x: &[f32]) -> DVec {
         self.counters.upload(4 * x.len());
         wrap(x.len(), self.gpu.upload(x))

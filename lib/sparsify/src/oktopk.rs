@@ -628,6 +628,11 @@ impl OkTopk {
         self.select_values_at(reeval, acc, k)
     }
 
+    /// Whether the next [`OkTopk::select_values`] call re-evaluates (every τ' calls).
+    pub fn reevaluates_next(&self) -> bool {
+        self.calls.is_multiple_of(self.reeval as u64)
+    }
+
     /// One selection with the re-evaluation decided by the caller (the collective's call
     /// counter); a call without a threshold yet re-evaluates.
     pub fn select_values_at(&mut self, reeval: bool, acc: &[f32], k: usize) -> (OkStep, Vec<f32>) {

@@ -136,6 +136,8 @@ pub trait DeviceKernels: Send + Sync + fmt::Debug {
     fn name(&self) -> &'static str;
     /// The transfers so far.
     fn transfers(&self) -> Transfers;
+    /// `n` zeros allocated on the device (no transfer).
+    fn zeros(&self, n: usize) -> DVec;
     /// Host → device.
     fn upload_f32(&self, x: &[f32]) -> DVec;
     /// Host → device.
@@ -299,6 +301,9 @@ impl DeviceKernels for Counting {
     }
     fn transfers(&self) -> Transfers {
         self.counters.get()
+    }
+    fn zeros(&self, n: usize) -> DVec {
+        host(vec![0.0; n])
     }
     fn upload_f32(&self, x: &[f32]) -> DVec {
         self.counters.upload(4 * x.len());

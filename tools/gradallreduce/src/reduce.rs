@@ -774,6 +774,9 @@ fn write_outputs(
     gradkit_core::paths::commit_all(files)?;
     if !args.io.quiet {
         summarize(bytes_sent, time_comm_s, world.size());
+        if let Some(line) = gradkit_cuda::transfer_note("gradallreduce", args.device) {
+            gradkit_core::noteln!("{line}");
+        }
     }
     Ok(())
 }

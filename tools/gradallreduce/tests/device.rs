@@ -328,3 +328,63 @@ fn with_the_feature_the_nccl_backend_names_what_is_missing() {
         );
     }
 }
+
+/// `--device counting` (the device seam's test device: host memory, counted copies) reduces
+/// exactly as the CPU does, and the sparse reducers' gradients go up once per rank and step.
+#[test]
+fn the_counting_device_reduces_as_the_cpu_and_uploads_each_gradient_once() {
+    let d_dir = tmpdir("counting");
+    let d = d_dir.path().to_path_buf();
+    let rows = gradkit_testkit::traces::dense(2, 3, &[("w", 2000), ("b", 9)]);
+    write_table(&Output::Path(d.join("t.parquet")), &Meta::default(), &rows).unwrap();
+    for algo in ["topka", "gaussiank", "oktopk", "deft"] {
+        let mut got = Vec::new();
+        for dev in ["cpu", "counting"] {
+            let out = format!("{algo}-{dev}.parquet");
+            let args = [
+                "--algo",
+                algo,
+                "--ranks",
+                "2",
+                "--density",
+                "0.05",
+                "--device",
+                dev,
+                "t.parquet",
+                "-o",
+                &out,
+            ];
+            let (code, err) = run(&d, &args, &[]);
+            assert_eq!(code, Some(0), "{args:?}: {err}");
+            let rows = read_tensor(&Input::Path(d.join(&out)), Default::default())
+                .unwrap()
+                .rows;
+            got.push((rows, err));
+        }
+        assert_eq!(got[1].0, got[0].0, "{algo}");
+        let line = got[1]
+            .1
+            .lines()
+            .find(|l| l.contains("gradallreduce: device counting:"))
+            .unwrap_or_else(|| panic!("{algo}: no transfer note: {}", got[1].1));
+        let n: Vec<u64> = line
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        // Both ranks share the process's device, 2 ranks × 3 steps: up, each gradient (2009
+        // floats) and the index list the residual rule zeroes (DEFT: and the gathered union
+        // to read its values at); down, the selection's indices and values (DEFT: each
+        // range's indices, then the values at the union).
+        let (ups, downs) = if algo == "deft" {
+            (18, None)
+        } else {
+            (12, Some(12))
+        };
+        assert_eq!(n[0], ups, "{algo}: {line}");
+        assert!(n[1] >= 6 * 4 * 2009, "{algo}: {line}");
+        if let Some(d) = downs {
+            assert_eq!(n[2], d, "{algo}: {line}");
+        }
+        assert!(n[3] < 6 * 4 * 2009, "{algo}: model-sized downloads: {line}");
+    }
+}
