@@ -200,7 +200,8 @@ pub struct Params {
     /// gradkit-sparsify's CPU reference unless a device implementation is given.
     pub kernels: &'static dyn gradkit_sparsify::kernels::Kernels,
     /// A device that keeps the step's tensors resident (docs/GPU.md §7): the sparse reducers
-    /// that select from dense input (topka, topkdsa, gtopk, gaussiank, oktopk, deft) upload
+    /// that select from dense input (topka, topkdsa, gtopk, gaussiank, oktopk, deft, cltk,
+    /// topk-union) upload
     /// the gradient once, select and keep the residual on it, and download the selection.
     /// `None`: host memory, the `kernels` above.
     pub resident: Option<&'static dyn gradkit_sparsify::resident::DeviceKernels>,

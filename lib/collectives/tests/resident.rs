@@ -74,7 +74,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 /// Runs `algo` both ways and checks equality and the counters; `extra_up` and `down` give
 /// the expected upload count beyond the gradient and download count per step, from the
 /// step's output.
-fn check(algo: &str, params: Params, extra_up: u64, down: impl Fn(&StepOutput) -> u64) {
+fn check(algo: &str, params: Params, extra_up: u64, down: impl Fn(usize, &StepOutput) -> u64) {
     let g = grads(7);
     let host = run(algo, &params, false, &g);
     let dev = run(algo, &params, true, &g);
@@ -101,7 +101,7 @@ fn check(algo: &str, params: Params, extra_up: u64, down: impl Fn(&StepOutput) -
                 m.upload_bytes - 4 * N as u64 <= 4 * (sent + 2 * got),
                 "{at}: more than index lists went up: {m:?}"
             );
-            assert_eq!(m.downloads, down(d), "{at}: downloads {m:?}");
+            assert_eq!(m.downloads, down(r, d), "{at}: downloads {m:?}");
             assert!(
                 m.download_bytes <= 8 * sent + 4 * got,
                 "{at}: more than the selection came down: {m:?}"
@@ -129,13 +129,13 @@ fn sparse(reeval: u32, adjust: Adjust) -> Params {
 fn topka_topkdsa_gtopk_on_the_device_equal_the_host_and_copy_only_messages() {
     for algo in ["topka", "topkdsa", "gtopk"] {
         // Up: the gradient, the indices that leave the residual; down: indices, values.
-        check(algo, sparse(32, Adjust::Ladder), 1, |_| 2);
+        check(algo, sparse(32, Adjust::Ladder), 1, |_, _| 2);
     }
 }
 
 #[test]
 fn gaussiank_on_the_device_equals_the_host() {
-    check("gaussiank", sparse(32, Adjust::Ladder), 1, |_| 2);
+    check("gaussiank", sparse(32, Adjust::Ladder), 1, |_, _| 2);
 }
 
 #[test]
@@ -146,7 +146,7 @@ fn oktopk_on_the_device_equals_the_host_under_every_reuse_policy() {
         Adjust::Reference(Bands::preset("vgg").expect("preset")),
     ] {
         // Re-evaluation every 3 calls: exact top-k steps and reuse steps both run.
-        check("oktopk", sparse(3, adjust), 1, |_| 2);
+        check("oktopk", sparse(3, adjust), 1, |_, _| 2);
     }
 }
 
@@ -154,8 +154,19 @@ fn oktopk_on_the_device_equals_the_host_under_every_reuse_policy() {
 fn deft_on_the_device_equals_the_host() {
     // Up: the gradient, the gathered union (to read the values at it), the union again as
     // the indices that leave. Down: each own range's indices, then the values at the union.
-    check("deft", sparse(32, Adjust::Ladder), 2, |o| {
+    check("deft", sparse(32, Adjust::Ladder), 2, |_, o| {
         let pieces = o.metrics.iter().find(|(k, _)| k == "pieces").unwrap().1;
         pieces as u64 + 1
     });
+}
+
+#[test]
+fn cltk_and_topk_union_on_the_device_equal_the_host() {
+    // Up: the gradient, the indices whose values are summed, the same indices leaving the
+    // residual. Down: the leader's top-k indices (CLT-k: the leader only), the values.
+    check("cltk", sparse(32, Adjust::Ladder), 2, |r, o| {
+        let leader = o.metrics.iter().find(|(k, _)| k == "leader").unwrap().1;
+        1 + u64::from(r == leader as usize)
+    });
+    check("topk-union", sparse(32, Adjust::Ladder), 2, |_, _| 2);
 }

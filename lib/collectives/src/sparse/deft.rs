@@ -70,7 +70,7 @@ fn exchange_acc(comm: &dyn Comm, acc: &Acc, sel: Vec<u32>) -> Result<Sparse> {
         Acc::Host(a) => exchange(comm, a, sel),
         Acc::Dev(..) => {
             let union = gather_union(comm, sel)?;
-            super::allreduce_gathered(comm, union, |idx| acc.values_at(idx))
+            super::allreduce_at_acc(comm, "deft", "the gathered indices", acc, union)
         }
     }
 }

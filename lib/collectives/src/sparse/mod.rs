@@ -394,6 +394,32 @@ pub(crate) fn allreduce_at(
     acc: &[f32],
     indices: Vec<u32>,
 ) -> Result<Sparse> {
+    check_at(algo, what, acc.len(), &indices)?;
+    allreduce_gathered(comm, indices, |idx| {
+        idx.iter().map(|&i| acc[i as usize]).collect()
+    })
+}
+
+/// [`allreduce_at`] with the accumulator where it lives (resident on a device: the indices
+/// go up, the accumulator's values at them come down).
+pub(crate) fn allreduce_at_acc(
+    comm: &dyn Comm,
+    algo: &str,
+    what: &str,
+    acc: &Acc,
+    indices: Vec<u32>,
+) -> Result<Sparse> {
+    match acc {
+        Acc::Host(a) => allreduce_at(comm, algo, what, a, indices),
+        Acc::Dev(_, d) => {
+            check_at(algo, what, d.len(), &indices)?;
+            allreduce_gathered(comm, indices, |idx| acc.values_at(idx))
+        }
+    }
+}
+
+/// [`allreduce_at`]'s checks of `indices` against an accumulator of `len` elements.
+fn check_at(algo: &str, what: &str, len: usize, indices: &[u32]) -> Result<()> {
     for w in indices.windows(2) {
         ensure!(
             w[0] < w[1],
@@ -404,14 +430,11 @@ pub(crate) fn allreduce_at(
     }
     if let Some(&last) = indices.last() {
         ensure!(
-            (last as usize) < acc.len(),
-            "{algo}: {what} include {last}, outside the model's {} elements",
-            acc.len()
+            (last as usize) < len,
+            "{algo}: {what} include {last}, outside the model's {len} elements"
         );
     }
-    allreduce_gathered(comm, indices, |idx| {
-        idx.iter().map(|&i| acc[i as usize]).collect()
-    })
+    Ok(())
 }
 
 /// The ring allreduce of [`allreduce_at`] on values gathered by `gather` at checked indices.
