@@ -199,6 +199,12 @@ pub struct Params {
     /// The selection and compression kernels (top-k, thresholds, 1-bit pack/unpack):
     /// gradkit-sparsify's CPU reference unless a device implementation is given.
     pub kernels: &'static dyn gradkit_sparsify::kernels::Kernels,
+    /// A device that keeps the step's tensors resident (docs/GPU.md §7): the sparse reducers
+    /// that select from dense input (topka, topkdsa, gtopk, gaussiank, oktopk, deft, cltk,
+    /// topk-union) upload
+    /// the gradient once, select and keep the residual on it, and download the selection.
+    /// `None`: host memory, the `kernels` above.
+    pub resident: Option<&'static dyn gradkit_sparsify::resident::DeviceKernels>,
 }
 
 impl Default for Params {
@@ -217,6 +223,7 @@ impl Default for Params {
             split: Split::Columns,
             seed: 0,
             kernels: gradkit_sparsify::kernels::cpu(),
+            resident: None,
         }
     }
 }

@@ -400,6 +400,22 @@ GK_KERNEL void gk_scatter_add(float* dense, const u32* idx, const float* val, u3
   }
 }
 
+// ---- error feedback on resident data (the device seam, resident.rs) ------------------------
+
+// a[i] += b[i]: the accumulator acc = residual + g, in the residual's memory.
+GK_KERNEL void gk_add(float* a, const float* b, u32 n) {
+  for (u32 i = blockIdx.x * GK_BLOCK + threadIdx.x; i < n; i += gridDim.x * GK_BLOCK) {
+    a[i] = a[i] + b[i];
+  }
+}
+
+// x[idx[j]] = +0: the entries that leave the residual (distinct indices).
+GK_KERNEL void gk_zero_at(float* x, const u32* idx, u32 m) {
+  for (u32 j = blockIdx.x * GK_BLOCK + threadIdx.x; j < m; j += gridDim.x * GK_BLOCK) {
+    x[idx[j]] = 0.0f;
+  }
+}
+
 // ---- the fp16 wire: IEEE binary16 as the `half` crate converts (its portable path) ----------
 
 GK_DEVICE u16 gk_f32_to_f16(float v) {
@@ -463,4 +479,4 @@ GK_KERNEL void gk_from_f16(const u16* h, u32 n, float* out) {
   X(gk_moments_part) X(gk_moments_final) X(gk_sumsq_sum) X(gk_scale_final)               \
   X(gk_onebit_compress) X(gk_onebit_deferred) X(gk_onebit_server) X(gk_sum_final)        \
   X(gk_onebit_pack) X(gk_onebit_unpack)                                                  \
-  X(gk_gather) X(gk_scatter_add) X(gk_to_f16) X(gk_from_f16)
+  X(gk_gather) X(gk_scatter_add) X(gk_to_f16) X(gk_from_f16) X(gk_add) X(gk_zero_at)

@@ -16,6 +16,7 @@
 //! * mean/std: relative 1e-9; scatter-add with repeated indices: the sum's rounding.
 
 use gradkit_sparsify::kernels::{cpu, Kernels};
+use gradkit_sparsify::resident::{self, Counting, DeviceKernels};
 
 use crate::exec::{Backend, Gpu, TILE};
 
@@ -637,4 +638,130 @@ pub fn check_large<B: Backend>(g: &Gpu<B>, n: usize, seed: u64) -> Vec<Row> {
     );
     row("mean_std, fp16 wire", check_extras(g, "large", &x, &mut t));
     rows
+}
+
+// ---- the device seam (resident.rs) ------------------------------------------------------
+
+fn bits_of(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Equal bits, any NaN equal to any NaN (the GPU's arithmetic NaN is canonical).
+fn same_any_nan(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
+}
+
+fn close_rel(a: f64, b: f64, rel: f64) -> bool {
+    a == b || (a - b).abs() <= rel * a.abs().max(b.abs()) || (a.is_nan() && b.is_nan())
+}
+
+/// Every primitive of `g` against the counting device on `x`; the first difference.
+fn check_resident_one(g: &dyn DeviceKernels, name: &str, x: &[f32]) -> Result<(), String> {
+    let c = Counting::new();
+    let n = x.len();
+    let (xg, xc) = (g.upload_f32(x), c.upload_f32(x));
+    let err = |what: &str| Err(format!("{what} differs on {name} (n = {n})"));
+    if bits_of(&g.download_f32(&xg)) != bits_of(x) {
+        return err("upload/download");
+    }
+    let ranges = [0..n, n / 3..n - n / 5];
+    check_resident_topk(g, &c, (&xg, &xc), &ranges, name)?;
+    let mut ths = vec![-1.0, 0.0, f32::from_bits(1), f32::INFINITY, f32::NAN];
+    if n > 0 {
+        ths.extend([x[n / 2].abs(), c.kth_largest_magnitude(&xc, n.div_ceil(3))]);
+        for k in [1, n.div_ceil(3), n] {
+            if g.kth_largest_magnitude(&xg, k).to_bits()
+                != c.kth_largest_magnitude(&xc, k).to_bits()
+            {
+                return err(&format!("kth_largest_magnitude k = {k}"));
+            }
+        }
+    }
+    for th in ths {
+        let (gi, gv) = g.select_above(&xg, th);
+        let (ci, cv) = c.select_above(&xc, th);
+        if g.download_u32(&gi) != c.download_u32(&ci)
+            || !same_any_nan(&g.download_f32(&gv), &c.download_f32(&cv))
+        {
+            return err(&format!("select_above th = {th}"));
+        }
+        if g.count_above(&xg, th) != c.count_above(&xc, th) {
+            return err(&format!("count_above th = {th}"));
+        }
+    }
+    let idx: Vec<u32> = (0..n as u32).filter(|i| i % 3 == 1).collect();
+    let (ig, ic) = (g.upload_u32(&idx), c.upload_u32(&idx));
+    if !same_any_nan(
+        &g.download_f32(&g.gather(&xg, &ig)),
+        &c.download_f32(&c.gather(&xc, &ic)),
+    ) {
+        return err("gather");
+    }
+    // acc = x + y, then the entries at idx zeroed: the residual of error feedback.
+    let y: Vec<f32> = x.iter().rev().copied().collect();
+    let (mut ag, mut ac) = (g.upload_f32(x), c.upload_f32(x));
+    let (sg, sc) = (
+        g.add_squared(&mut ag, &g.upload_f32(&y)),
+        c.add_squared(&mut ac, &c.upload_f32(&y)),
+    );
+    if !same_any_nan(&g.download_f32(&ag), &c.download_f32(&ac)) || !close_rel(sg, sc, 1e-12) {
+        return err("add_squared");
+    }
+    let (lg, lc) = (g.zero_at(&mut ag, &ig), c.zero_at(&mut ac, &ic));
+    if !same_any_nan(&g.download_f32(&ag), &c.download_f32(&ac)) || !close_rel(lg, lc, 1e-12) {
+        return err("zero_at");
+    }
+    let (ng, nc) = (g.range_norms(&xg, &ranges), c.range_norms(&xc, &ranges));
+    if ng.iter().zip(&nc).any(|(a, b)| !close_rel(*a, *b, 1e-12)) {
+        return err("range_norms");
+    }
+    if n > 0 {
+        let ((mg, sg), (mc, sc)) = (g.mean_std(&xg), c.mean_std(&xc));
+        if !close_rel(mg, mc, 1e-9) || !close_rel(sg, sc, 1e-9) {
+            return err("mean_std");
+        }
+    }
+    Ok(())
+}
+
+/// The device seam's primitives of `g` against the counting host device (the CPU functions)
+/// on [`inputs`] of each length: bit for bit, the f64 sums to 1e-12 relative (Gaussiank's
+/// moments 1e-9). Returns the inputs checked, or the first difference naming the primitive.
+pub fn check_resident(g: &dyn DeviceKernels, lengths: &[usize]) -> Result<usize, String> {
+    let mut cases = 0;
+    for &n in lengths {
+        for (name, x) in inputs(n, 5) {
+            check_resident_one(g, &name, &x)?;
+            cases += 1;
+        }
+    }
+    Ok(cases)
+}
+
+/// [`check_resident`]'s top-k of each range and k.
+fn check_resident_topk(
+    g: &dyn DeviceKernels,
+    c: &Counting,
+    (xg, xc): (&resident::DVec, &resident::DVec),
+    ranges: &[std::ops::Range<usize>],
+    name: &str,
+) -> Result<(), String> {
+    let n = xg.len();
+    let err = |what: &str| Err(format!("{what} differs on {name} (n = {n})"));
+    for r in ranges {
+        for k in [0, 1, 2, r.len() / 2, r.len()] {
+            let (gi, gv, gt) = g.topk(xg, r.clone(), k);
+            let (ci, cv, ct) = c.topk(xc, r.clone(), k);
+            if g.download_u32(&gi) != c.download_u32(&ci)
+                || !same_any_nan(&g.download_f32(&gv), &c.download_f32(&cv))
+                || gt.map(f32::to_bits) != ct.map(f32::to_bits)
+            {
+                return err(&format!("topk k = {k} in {r:?}"));
+            }
+        }
+    }
+    Ok(())
 }

@@ -35,7 +35,7 @@ pub const TILE: u32 = 2048;
 const MAX_GRID: u32 = 4096;
 
 /// Every `extern "C"` kernel of [`SOURCE`].
-pub const KERNEL_NAMES: [&str; 19] = [
+pub const KERNEL_NAMES: [&str; 21] = [
     "gk_count",
     "gk_scan",
     "gk_compact",
@@ -55,6 +55,8 @@ pub const KERNEL_NAMES: [&str; 19] = [
     "gk_scatter_add",
     "gk_to_f16",
     "gk_from_f16",
+    "gk_add",
+    "gk_zero_at",
 ];
 
 /// One kernel argument, passed by value as `cuLaunchKernel` takes it.
@@ -147,6 +149,20 @@ impl DevBuf<'_> {
         let mut v = vec![T::ZERO; n];
         self.read_into(T::as_bytes_mut(&mut v));
         v
+    }
+    /// `bytes` bytes from `offset` as a buffer of their own, not freed on drop (a range of
+    /// a resident tensor).
+    pub fn view(&self, offset: usize, bytes: usize) -> std::mem::ManuallyDrop<DevBuf<'_>> {
+        assert!(offset + bytes <= self.bytes, "a view past a device buffer");
+        std::mem::ManuallyDrop::new(DevBuf {
+            be: self.be,
+            ptr: if bytes == 0 {
+                0
+            } else {
+                self.ptr + offset as u64
+            },
+            bytes,
+        })
     }
     /// Host → device at the start of the buffer.
     pub fn write<T: Pod>(&self, src: &[T]) {
@@ -274,14 +290,14 @@ impl<B: Backend> Gpu<B> {
         b
     }
 
-    fn launch(&self, kernel: &'static str, grid: u32, args: &[Arg]) {
+    pub(crate) fn launch(&self, kernel: &'static str, grid: u32, args: &[Arg]) {
         if grid > 0 {
             ok(self.be.launch(kernel, grid, BLOCK, args));
         }
     }
 
     /// Blocks of a grid-stride launch over `n` items.
-    fn grid(&self, n: usize) -> u32 {
+    pub(crate) fn grid(&self, n: usize) -> u32 {
         blocks(n, BLOCK).clamp(1, self.be.max_grid().max(1))
     }
 
@@ -372,12 +388,72 @@ impl<B: Backend> Gpu<B> {
         }
     }
 
+    /// `#{i < n : |x_i| > th}` (the count pass of [`Gpu::select`], no compaction).
+    pub fn count_above(&self, x: &DevBuf<'_>, n: u32, th: f32) -> u32 {
+        if n == 0 {
+            return 0;
+        }
+        let st = self.alloc(16);
+        let nb = blocks(n as usize, TILE);
+        let counts = self.alloc(2 * nb as usize * 4);
+        let totals = self.alloc(8);
+        self.launch(
+            "gk_count",
+            nb,
+            &[
+                Arg::Ptr(x.ptr()),
+                Arg::U32(n),
+                Arg::U32(0),
+                Arg::F32(th),
+                Arg::Ptr(st.ptr()),
+                Arg::Ptr(counts.ptr()),
+                Arg::U32(nb),
+            ],
+        );
+        self.launch(
+            "gk_scan",
+            1,
+            &[Arg::Ptr(counts.ptr()), Arg::U32(nb), Arg::Ptr(totals.ptr())],
+        );
+        totals.read::<u32>(1)[0]
+    }
+
+    /// `Σ (x[i] + 0)²` over `x[..n]` in f64 (per-block partial sums, then one block).
+    pub fn sum_squares(&self, x: &DevBuf<'_>, n: u32) -> f64 {
+        if n == 0 {
+            return 0.0;
+        }
+        let grid = self.grid(n as usize);
+        let part = self.alloc(grid as usize * 8);
+        let total = self.alloc(8);
+        self.launch(
+            "gk_sumsq_sum",
+            grid,
+            &[
+                Arg::Ptr(0),
+                Arg::U32(0),
+                Arg::Ptr(x.ptr()),
+                Arg::U32(n),
+                Arg::Ptr(part.ptr()),
+            ],
+        );
+        self.launch(
+            "gk_sum_final",
+            1,
+            &[Arg::Ptr(part.ptr()), Arg::U32(grid), Arg::Ptr(total.ptr())],
+        );
+        total.read::<f64>(1)[0]
+    }
+
     /// Gaussiank's mean and population standard deviation of `x` (f64; a fixed tree order,
     /// not the CPU's lanes: equal to `gaussiank::mean_std` up to rounding).
     pub fn mean_std(&self, x: &[f32]) -> (f64, f64) {
-        let n = len32(x.len());
-        let xd = self.upload(x);
-        let grid = self.grid(x.len());
+        self.mean_std_resident(&self.upload(x), len32(x.len()))
+    }
+
+    /// [`Gpu::mean_std`] of `xd[..n]` on the device.
+    pub fn mean_std_resident(&self, xd: &DevBuf<'_>, n: u32) -> (f64, f64) {
+        let grid = self.grid(n as usize);
         let part = self.alloc(2 * grid as usize * 8);
         let out = self.alloc(16);
         self.launch(

@@ -27,6 +27,7 @@ pub mod exec;
 pub mod nccl;
 #[cfg(feature = "cuda")]
 pub mod nv;
+pub mod resident;
 
 /// Where selection and compression run: `--device cpu` (the default), `cuda` (= `cuda:0`) or
 /// `cuda:N`.
@@ -38,6 +39,10 @@ pub enum Device {
     /// The CUDA GPU with this ordinal (as the driver numbers them, after
     /// `CUDA_VISIBLE_DEVICES`).
     Cuda(u32),
+    /// The device seam's test device (`--device counting`, not listed in `--help`): host
+    /// memory, the CPU kernels, every host ↔ device copy explicit and counted
+    /// ([`gradkit_sparsify::resident::Counting`]; docs/GPU.md §3). Runs anywhere.
+    Counting,
 }
 
 impl Device {
@@ -55,6 +60,7 @@ impl fmt::Display for Device {
         match self {
             Device::Cpu => f.write_str("cpu"),
             Device::Cuda(n) => write!(f, "cuda:{n}"),
+            Device::Counting => f.write_str("counting"),
         }
     }
 }
@@ -66,6 +72,7 @@ impl FromStr for Device {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "cpu" => return Ok(Device::Cpu),
+            "counting" => return Ok(Device::Counting),
             "cuda" => return Ok(Device::Cuda(0)),
             _ => {}
         }
@@ -244,7 +251,7 @@ pub fn probe_nccl() -> Result<(), DeviceError> {
 /// compiled and loaded once per process; [`DeviceError::Open`] when that fails).
 pub fn kernels_for(device: Device) -> Result<&'static dyn Kernels, DeviceError> {
     match device {
-        Device::Cpu => Ok(kernels::cpu()),
+        Device::Cpu | Device::Counting => Ok(kernels::cpu()),
         Device::Cuda(ordinal) => {
             let info = probe()?;
             if ordinal as usize >= info.count() {
@@ -263,6 +270,63 @@ pub fn kernels_for(device: Device) -> Result<&'static dyn Kernels, DeviceError> 
             }
         }
     }
+}
+
+/// The device that keeps a step's tensors resident for `device` (`Params::resident`,
+/// docs/GPU.md §7): `None` for [`Device::Cpu`] (host memory); for [`Device::Cuda`] the GPU's
+/// [`resident::Resident`], one per process and GPU, opened as [`kernels_for`] opens it (the
+/// same errors).
+pub fn resident_for(
+    device: Device,
+) -> Result<Option<&'static dyn gradkit_sparsify::resident::DeviceKernels>, DeviceError> {
+    match device {
+        Device::Cpu => Ok(None),
+        Device::Counting => Ok(Some(counting())),
+        Device::Cuda(ordinal) => {
+            kernels_for(device)?;
+            #[cfg(feature = "cuda")]
+            {
+                use std::collections::HashMap;
+                use std::sync::{Mutex, OnceLock};
+                type R = &'static resident::Resident<nv::Nv>;
+                static RESIDENT: OnceLock<Mutex<HashMap<u32, R>>> = OnceLock::new();
+                let g = gpu(ordinal)?;
+                let mut m = RESIDENT
+                    .get_or_init(Default::default)
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                let r: R = *m
+                    .entry(ordinal)
+                    .or_insert_with(|| Box::leak(Box::new(resident::Resident::new(g))));
+                Ok(Some(
+                    r as &'static dyn gradkit_sparsify::resident::DeviceKernels,
+                ))
+            }
+            #[cfg(not(feature = "cuda"))]
+            {
+                let _ = ordinal;
+                unreachable!("kernels_for fails without the cuda feature")
+            }
+        }
+    }
+}
+
+/// One line for a tool's summary: the host ↔ device copies this process made on `device`'s
+/// resident tensors (`None` for the CPU).
+pub fn transfer_note(tool: &str, device: Device) -> Option<String> {
+    let d = resident_for(device).ok()??;
+    let t = d.transfers();
+    Some(format!(
+        "{tool}: device {device}: {} uploads ({} bytes), {} downloads ({} bytes)",
+        t.uploads, t.upload_bytes, t.downloads, t.download_bytes
+    ))
+}
+
+/// The process's one counting device ([`Device::Counting`]).
+pub fn counting() -> &'static gradkit_sparsify::resident::Counting {
+    static C: std::sync::OnceLock<gradkit_sparsify::resident::Counting> =
+        std::sync::OnceLock::new();
+    C.get_or_init(Default::default)
 }
 
 /// The CUDA kernels on GPU `ordinal` as their concrete type (device-resident calls, the

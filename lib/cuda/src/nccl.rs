@@ -16,14 +16,25 @@
 //!   allreduce and a stream synchronisation.
 //! * Traffic: counted by `Comm::exchange` from the buffers, as for MPI, so the counters of a
 //!   run are the same on both backends.
-//! * Not done: a watchdog calling `ncclCommAbort` on a stuck job (cudarc's `Comm` aborts
-//!   when dropped), device-resident `Buf`s.
+//! * The watchdog: every wait for NCCL's work polls the stream (`cuStreamQuery`) instead of
+//!   blocking on it, under the MPI backend's limit (`GRADKIT_COMM_TIMEOUT`, default 1800 s,
+//!   0 = forever). Past it the communicator is aborted (`ncclCommAbort`, by dropping
+//!   cudarc's `Comm`), which releases the stuck kernels, and the call fails with
+//!   [`CommError::Timeout`] naming the peer waited on; the tool then ends the job as for
+//!   MPI. Later calls fail at once. Not covered: an `ncclGroupEnd` that blocks while NCCL
+//!   sets up its connections (NCCL's blocking mode).
+//! * Not done: device-resident `Buf`s.
 
+use std::cell::RefCell;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use cudarc::driver::sys::{cuStreamQuery, CUresult};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cudarc::nccl::{self, ReduceOp};
-use gradkit_comm::{check_exchange, Backend, Buf, Comm, CommError, CommExt, Kind, Traffic};
+use gradkit_comm::{
+    check_exchange, Backend, Buf, Comm, CommError, CommExt, Kind, Traffic, Waiting,
+};
 
 /// This backend's name and capabilities.
 pub const BACKEND: Backend = Backend::new("nccl");
@@ -39,19 +50,19 @@ fn err(what: impl std::fmt::Display) -> CommError {
 
 /// A rank of an NCCL world.
 pub struct NcclComm {
-    comm: nccl::Comm,
+    /// `None` once the watchdog has aborted it.
+    comm: RefCell<Option<nccl::Comm>>,
+    rank: usize,
+    size: usize,
     stream: Arc<CudaStream>,
     traffic: Traffic,
+    /// How long a wait for NCCL's work may take (`GRADKIT_COMM_TIMEOUT`; `None`: forever).
+    timeout: Option<Duration>,
 }
 
 impl std::fmt::Debug for NcclComm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "NcclComm {{ rank: {}, size: {} }}",
-            self.comm.rank(),
-            self.comm.world_size()
-        )
+        write!(f, "NcclComm {{ rank: {}, size: {} }}", self.rank, self.size)
     }
 }
 
@@ -103,14 +114,69 @@ impl NcclComm {
         let comm = nccl::Comm::from_rank(stream.clone(), rank, size, nccl::Id::uninit(internal))
             .map_err(|e| anyhow::anyhow!("ncclCommInitRank (rank {rank} of {size}): {e:?}"))?;
         Ok(NcclComm {
-            comm,
+            comm: RefCell::new(Some(comm)),
+            rank,
+            size,
             stream,
             traffic: Traffic::default(),
+            timeout: gradkit_comm::mpi::comm_timeout(),
         })
     }
 
-    fn sync(&self) -> CommResult<()> {
-        self.stream.synchronize().map_err(err)
+    /// The communicator, unless the watchdog aborted it.
+    fn with_comm<T>(&self, f: impl FnOnce(&nccl::Comm) -> CommResult<T>) -> CommResult<T> {
+        match self.comm.borrow().as_ref() {
+            Some(c) => f(c),
+            None => Err(err(
+                "the NCCL communicator was aborted after a timeout (GRADKIT_COMM_TIMEOUT)",
+            )),
+        }
+    }
+
+    /// Waits for everything enqueued on the stream, polling under the watchdog: past the
+    /// limit the communicator is aborted (`ncclCommAbort`) and the wait fails with a timeout
+    /// naming `peer`.
+    fn wait(&self, peer: usize) -> CommResult<()> {
+        let start = Instant::now();
+        let mut polls = 0u64;
+        loop {
+            // SAFETY: the stream is alive (held by self) and the call only reads its state.
+            match unsafe { cuStreamQuery(self.stream.cu_stream()) } {
+                CUresult::CUDA_SUCCESS => return Ok(()),
+                CUresult::CUDA_ERROR_NOT_READY => {}
+                e => return Err(err(format!("waiting for NCCL: {e:?}"))),
+            }
+            polls += 1;
+            if polls < 1024 {
+                std::hint::spin_loop();
+                continue;
+            }
+            std::thread::sleep(Duration::from_micros(50));
+            if let Some(limit) = self.timeout.filter(|l| start.elapsed() > *l) {
+                self.abort();
+                return Err(CommError::Timeout {
+                    peer,
+                    waiting: Waiting::Recv,
+                    secs: limit.as_secs(),
+                });
+            }
+        }
+    }
+
+    /// `ncclCommAbort` (cudarc's `Comm` aborts when dropped): ends this rank's NCCL work,
+    /// stuck kernels included. A failing abort (cudarc panics on it) is reported, not raised.
+    fn abort(&self) {
+        if let Some(c) = self.comm.borrow_mut().take() {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(c)));
+            if r.is_err() {
+                eprintln!("warning: ncclCommAbort failed after a timeout");
+            }
+        }
+    }
+
+    /// The peer a collective waits on: the next rank.
+    fn next_peer(&self) -> usize {
+        (self.rank + 1) % self.size.max(1)
     }
 
     fn up(&self, bytes: &[u8]) -> CommResult<CudaSlice<u8>> {
@@ -129,11 +195,14 @@ impl NcclComm {
             return Ok(());
         }
         let mut d = self.stream.clone_htod(&*data).map_err(err)?;
-        self.comm
-            .all_reduce_in_place(&mut d, &ReduceOp::Sum)
-            .map_err(|e| err(format!("ncclAllReduce: {e:?}")))?;
+        self.with_comm(|c| {
+            c.all_reduce_in_place(&mut d, &ReduceOp::Sum)
+                .map_err(|e| err(format!("ncclAllReduce: {e:?}")))
+        })?;
+        // Polled before the copy down, which would block on a stuck allreduce.
+        self.wait(self.next_peer())?;
         self.stream.memcpy_dtoh(&d, data).map_err(err)?;
-        self.sync()
+        self.wait(self.next_peer())
     }
 }
 
@@ -181,6 +250,15 @@ fn buf_of(kind: Kind, bytes: &[u8]) -> CommResult<Buf> {
     })
 }
 
+/// The peer an exchange waits on, for the watchdog's message: the first it receives from,
+/// else the first it sends to.
+fn waited_on(from: &[(usize, usize)], out_peer: &[usize], me: usize) -> usize {
+    from.first()
+        .map(|f| f.1)
+        .or(out_peer.first().copied())
+        .unwrap_or(me)
+}
+
 impl NcclComm {
     /// Round 1 of [`Comm::exchange_raw`]: every message's length to its receiver (grouped
     /// send/recv); the lengths of the messages from `from`, in order.
@@ -198,8 +276,8 @@ impl NcclComm {
             .iter()
             .map(|_| self.stream.alloc_zeros::<u64>(1).map_err(err))
             .collect::<CommResult<_>>()?;
-        {
-            let mut g = self.comm.group();
+        self.with_comm(|c| {
+            let mut g = c.group();
             for (s, &d) in send_lens.iter().zip(out_peer) {
                 g.send(s.as_view(), d as i32)
                     .map_err(|e| err(format!("ncclSend: {e:?}")))?;
@@ -208,7 +286,9 @@ impl NcclComm {
                 g.recv(r.as_view_mut(), s as i32)
                     .map_err(|e| err(format!("ncclRecv: {e:?}")))?;
             }
-        }
+            Ok(())
+        })?;
+        self.wait(waited_on(from, out_peer, self.rank))?;
         recv_lens
             .iter()
             .map(|r| Ok(self.stream.clone_dtoh(r).map_err(err)?[0] as usize))
@@ -236,8 +316,8 @@ impl NcclComm {
                     .transpose()
             })
             .collect::<CommResult<_>>()?;
-        {
-            let mut g = self.comm.group();
+        self.with_comm(|c| {
+            let mut g = c.group();
             for (s, &d) in send_data.iter().zip(out_peer) {
                 if let Some(s) = s {
                     g.send(s.as_view(), d as i32)
@@ -250,17 +330,19 @@ impl NcclComm {
                         .map_err(|e| err(format!("ncclRecv: {e:?}")))?;
                 }
             }
-        }
+            Ok(())
+        })?;
+        self.wait(waited_on(from, out_peer, self.rank))?;
         Ok(recv_data)
     }
 }
 
 impl Comm for NcclComm {
     fn rank(&self) -> usize {
-        self.comm.rank()
+        self.rank
     }
     fn size(&self) -> usize {
-        self.comm.world_size()
+        self.size
     }
     fn backend(&self) -> Backend {
         BACKEND
@@ -295,7 +377,6 @@ impl Comm for NcclComm {
             .collect();
         let lens = self.exchange_lengths(&out_bytes, &out_peer, &from)?;
         let recv_data = self.exchange_payloads(&out_bytes, &out_peer, &from, &lens)?;
-        self.sync()?;
         let mut got: Vec<Option<Buf>> = (0..recvs.len()).map(|_| None).collect();
         for ((i, _), d) in from.iter().zip(&recv_data) {
             let bytes = match d {

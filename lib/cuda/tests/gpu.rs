@@ -61,7 +61,23 @@ fn kernels_equal_the_cpu_on_the_gpu() {
         );
     }
     f16(g, table.as_mut());
-    let mut failed = usize::from(t.is_err());
+    // The device seam's primitives on the GPU against the counting host device.
+    let dev = gradkit_cuda::resident_for(gradkit_cuda::Device::Cuda(0))
+        .unwrap_or_else(|e| panic!("error: {e}"))
+        .expect("a GPU device");
+    let r = check::check_resident(dev, &check::small_lengths());
+    if let Some(f) = table.as_mut() {
+        let detail = match &r {
+            Ok(c) => format!("{c} inputs"),
+            Err(e) => e.clone(),
+        };
+        let _ = writeln!(
+            f,
+            "| 0 … 6139 | the device seam (resident) | {} | {detail} |",
+            r.is_ok()
+        );
+    }
+    let mut failed = usize::from(t.is_err()) + usize::from(r.is_err());
     for log2 in (10..=max_log2()).step_by(2) {
         let n = 1usize << log2;
         for (m, ok, detail) in check::check_large(g, n, 3) {

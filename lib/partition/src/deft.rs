@@ -202,22 +202,7 @@ pub fn worker_of_bin(bin: usize, step: u32, p: usize) -> usize {
 pub fn piece_norms(layout: &Layout, pieces: &[Piece], flat: &[f32]) -> Vec<f64> {
     pieces
         .iter()
-        .map(|pc| {
-            let s = &flat[pc.flat_range(layout)];
-            let mut acc = [0.0f64; 4];
-            let mut chunks = s.chunks_exact(4);
-            for c in &mut chunks {
-                for j in 0..4 {
-                    let v = c[j] as f64;
-                    acc[j] += v * v;
-                }
-            }
-            let mut tail = 0.0f64;
-            for &v in chunks.remainder() {
-                tail += v as f64 * v as f64;
-            }
-            (acc[0] + acc[1] + acc[2] + acc[3] + tail).sqrt()
-        })
+        .map(|pc| gradkit_sparsify::deft::range_norm(&flat[pc.flat_range(layout)]))
         .collect()
 }
 

@@ -30,3 +30,22 @@ pub fn select_in_ranges(acc: &[f32], ranges: &[(usize, usize, usize)]) -> Vec<u3
     }
     out
 }
+
+/// The L2 norm of one piece (DEFT's norm-based k allocation, deft.md §1.2): f64 squares in
+/// four lanes, then the tail, in a fixed order (gradkit-partition's `piece_norms`, and the
+/// device seam's `range_norms`).
+pub fn range_norm(s: &[f32]) -> f64 {
+    let mut acc = [0.0f64; 4];
+    let mut chunks = s.chunks_exact(4);
+    for c in &mut chunks {
+        for j in 0..4 {
+            let v = c[j] as f64;
+            acc[j] += v * v;
+        }
+    }
+    let mut tail = 0.0f64;
+    for &v in chunks.remainder() {
+        tail += v as f64 * v as f64;
+    }
+    (acc[0] + acc[1] + acc[2] + acc[3] + tail).sqrt()
+}

@@ -43,7 +43,7 @@ impl Residual {
     /// `Σ acc²` (f64, summed as [`Residual::norm`] sums), for [`Residual::settle_norm`].
     pub fn compensate(&self, g: &mut [f32]) -> f64 {
         assert_eq!(g.len(), self.values.len(), "gradient and residual lengths");
-        add_par(g, &self.values)
+        add_squared(g, &self.values)
     }
 
     /// `acc = residual + g` (`g` itself while the residual is empty), reusing `g`'s buffer.
@@ -72,7 +72,7 @@ impl Residual {
         }
         assert_eq!(g.len(), self.values.len(), "gradient and residual lengths");
         let mut acc = std::mem::take(&mut self.values);
-        let sq = add_par(&mut acc, &g);
+        let sq = add_squared(&mut acc, &g);
         (acc, sq)
     }
 
@@ -103,12 +103,7 @@ impl Residual {
         acc_sq: f64,
     ) -> f64 {
         let left = self.zero_leaving(acc, rule, sent, result);
-        let rest = acc_sq - left;
-        if acc_sq.is_finite() && left.is_finite() && rest >= acc_sq / 1024.0 {
-            rest.sqrt()
-        } else {
-            self.norm()
-        }
+        norm_after(acc_sq, left, || sum_squares(&self.values))
     }
 
     /// Zeroes the entries `rule` names, keeps `acc` as the residual, and returns the sum of
@@ -214,9 +209,22 @@ mod avx2 {
     }
 }
 
+/// The norm of what remains after entries whose squares sum to `left` leave a vector whose
+/// squares sum to `acc_sq`: `√(acc_sq − left)`, or `√full()` summed over what remains where
+/// the difference would lose digits (the rest below 1/1024 of `acc_sq`) or a sum is not
+/// finite ([`Residual::settle_norm`], and the device seam's `resident::settle`).
+pub fn norm_after(acc_sq: f64, left: f64, full: impl FnOnce() -> f64) -> f64 {
+    let rest = acc_sq - left;
+    if acc_sq.is_finite() && left.is_finite() && rest >= acc_sq / 1024.0 {
+        rest.sqrt()
+    } else {
+        full().sqrt()
+    }
+}
+
 /// `Σ v²` on all cores, the chunks' sums added in chunk order: the same bits on any number
 /// of threads.
-fn sum_squares(x: &[f32]) -> f64 {
+pub fn sum_squares(x: &[f32]) -> f64 {
     let parts: Vec<f64> = x
         .par_chunks(crate::topk::CHUNK)
         .map(chunk_squares)
@@ -228,7 +236,7 @@ fn sum_squares(x: &[f32]) -> f64 {
 /// accumulation of error feedback ([`Residual::compensate`], [`Residual::absorb`]). Returns
 /// `Σ dst²` after the addition, summed as [`sum_squares`] sums (each chunk's sum taken while
 /// the chunk is in cache).
-fn add_par(dst: &mut [f32], src: &[f32]) -> f64 {
+pub fn add_squared(dst: &mut [f32], src: &[f32]) -> f64 {
     let parts: Vec<f64> = dst
         .par_chunks_mut(crate::topk::CHUNK)
         .zip(src.par_chunks(crate::topk::CHUNK))

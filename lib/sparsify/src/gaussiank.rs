@@ -132,7 +132,8 @@ pub fn fit_threshold(x: &[f32], density: f64) -> f32 {
     fit_from(mean, std, density)
 }
 
-fn fit_from(mean: f64, std: f64, density: f64) -> f32 {
+/// The fit's threshold from a mean and std: `|mean| + Φ⁻¹(1 − density/2)·std`.
+pub fn fit_from(mean: f64, std: f64, density: f64) -> f32 {
     let z = norm_ppf(1.0 - density.clamp(1e-12, 1.0) / 2.0);
     (mean.abs() + z * std) as f32
 }
@@ -221,6 +222,20 @@ fn candidate_floor(x: &[f32], v_low: f32, need: usize, density: f64) -> f32 {
     } else {
         v_low * 0.5
     }
+}
+
+/// The halving ladder as [`select_values`] runs it, over a counting function: from the fit
+/// (`f32::MAX` when not finite), halve until `count(t) ≥ need` or t ≤ 0 (0 after
+/// [`MAX_LOWER`] halvings); returns the threshold, whose selection is `{|x| > t}`. For
+/// callers that count elsewhere (the device seam, `resident::gaussiank_select`).
+pub fn lower_until(fit: f32, need: usize, mut count: impl FnMut(f32) -> usize) -> f32 {
+    let mut t = if fit.is_finite() { fit } else { f32::MAX };
+    let mut tries = 0;
+    while t > 0.0 && count(t) < need {
+        tries += 1;
+        t = if tries >= MAX_LOWER { 0.0 } else { t * 0.5 };
+    }
+    t
 }
 
 /// One pass: (mean, std) as [`mean_std`] computes them, and the ascending positions with

@@ -25,6 +25,7 @@ pub mod kernels;
 pub mod oktopk;
 pub mod onebit;
 pub mod randomk;
+pub mod resident;
 pub mod threshold;
 pub mod topk;
 
@@ -168,6 +169,54 @@ impl Selector {
                 exact_topk,
             },
         }
+    }
+}
+
+impl Selector {
+    /// [`Selector::select`] of an accumulator resident on `dev` (docs/GPU.md §7), the
+    /// selection downloaded: top-k, threshold, Ok-Topk and Gaussiank. `None` for the methods
+    /// with no device path (DGC, random-k), which select on the host.
+    pub fn select_resident(
+        &mut self,
+        dev: &dyn resident::DeviceKernels,
+        acc: &resident::DVec,
+        k: usize,
+    ) -> Option<Selection> {
+        let k = k.min(acc.len());
+        let (s, threshold, exact_topk) = match &self.method {
+            Method::Topk => {
+                let (i, v, th) = dev.topk(acc, 0..acc.len(), k);
+                (resident::download_sparse(dev, &i, &v, 0), th, true)
+            }
+            Method::Threshold(th) => {
+                let (i, v) = dev.select_above(acc, *th);
+                (resident::download_sparse(dev, &i, &v, 0), Some(*th), false)
+            }
+            Method::OkTopk { .. } => {
+                let ok = self.ok.as_mut().expect("oktopk state");
+                let reeval = ok.reevaluates_next();
+                let (st, values) = ok.select_values_resident(dev, reeval, acc, k);
+                let s = gradkit_core::trace::Sparse {
+                    indices: st.indices,
+                    values,
+                };
+                (s, st.threshold, st.reevaluated)
+            }
+            Method::GaussianK => {
+                let (s, th) = resident::gaussiank_select(dev, acc, k);
+                (s, Some(th), false)
+            }
+            Method::Dgc { .. } | Method::RandomK { .. } => return None,
+        };
+        Some(Selection {
+            indices: s.indices,
+            values: s.values,
+            info: SelectInfo {
+                k_target: k,
+                threshold,
+                exact_topk,
+            },
+        })
     }
 }
 

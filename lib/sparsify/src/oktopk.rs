@@ -30,6 +30,9 @@
 
 use rayon::prelude::*;
 
+use gradkit_core::trace::Sparse;
+
+use crate::resident::{self, DVec, DeviceKernels};
 use crate::{threshold, topk};
 
 /// The reference code's count bands for the local threshold, and the global threshold's
@@ -506,6 +509,71 @@ fn reference_local(
     (i, v, th)
 }
 
+/// `{|acc| > th'}` on the device, downloaded, for th' as the policy adjusts the reused th:
+/// `paper` th itself; `reference` the pre-selection loop ([`reference_local`]); `ladder`
+/// [`ladder_local`]'s rule on exact counts.
+fn reuse_resident(
+    dev: &dyn DeviceKernels,
+    acc: &DVec,
+    th: f32,
+    k: usize,
+    adjust: Adjust,
+) -> (Sparse, f32) {
+    let take = |t: f32| {
+        let (i, v) = dev.select_above(acc, t);
+        (resident::download_sparse(dev, &i, &v, 0), t)
+    };
+    let counts =
+        |rungs: &[f32]| -> Vec<u64> { rungs.iter().map(|&r| dev.count_above(acc, r)).collect() };
+    match adjust {
+        Adjust::Paper => take(th),
+        Adjust::Reference(b) => {
+            let over = |c: u64| (c as f64) > b.pre_upper * k as f64;
+            if th >= 0.0 && b.pre_factor >= 1.0 && (b.pre_loops as usize) < RUNG_TABLE - 1 {
+                let mut rungs = vec![th];
+                for _ in 0..b.pre_loops {
+                    rungs.push(rungs[rungs.len() - 1] * b.pre_factor);
+                }
+                let c = counts(&rungs);
+                let stop = (0..rungs.len())
+                    .find(|&j| !over(c[j]))
+                    .unwrap_or(rungs.len() - 1);
+                return take(rungs[stop]);
+            }
+            let (mut s, mut th) = take(th);
+            let mut loops = 0;
+            while over(s.indices.len() as u64) && loops < b.pre_loops {
+                th *= b.pre_factor;
+                threshold::refine_values(&mut s.indices, &mut s.values, th);
+                loops += 1;
+            }
+            (s, th)
+        }
+        Adjust::Ladder => {
+            if th <= 0.0 || !th.is_finite() {
+                return take(th);
+            }
+            let mut rungs = th_ladder(th);
+            let mut c = counts(&rungs);
+            for round in 1..=TH_ADJUST_ROUNDS {
+                let last = round == TH_ADJUST_ROUNDS;
+                let mut rung = pick_rung(&c, u64::MAX, k as u64, last);
+                if rung == Rung::Recentre(0) {
+                    rung = pick_rung(&c, dev.count_above(acc, 0.0), k as u64, last);
+                }
+                match rung {
+                    Rung::Take(i) => return take(rungs[i]),
+                    Rung::Recentre(i) => {
+                        rungs = th_ladder(rungs[i]);
+                        c = counts(&rungs);
+                    }
+                }
+            }
+            unreachable!("the last round takes a rung")
+        }
+    }
+}
+
 /// Ok-Topk's local threshold state of one rank (one per layer with `--scope layer`).
 #[derive(Clone, Debug)]
 pub struct OkTopk {
@@ -560,6 +628,11 @@ impl OkTopk {
         self.select_values_at(reeval, acc, k)
     }
 
+    /// Whether the next [`OkTopk::select_values`] call re-evaluates (every τ' calls).
+    pub fn reevaluates_next(&self) -> bool {
+        self.calls.is_multiple_of(self.reeval as u64)
+    }
+
     /// One selection with the re-evaluation decided by the caller (the collective's call
     /// counter); a call without a threshold yet re-evaluates.
     pub fn select_values_at(&mut self, reeval: bool, acc: &[f32], k: usize) -> (OkStep, Vec<f32>) {
@@ -567,24 +640,42 @@ impl OkTopk {
         self.calls += 1;
         let reeval = reeval || self.th.is_none() || k == 0;
         let (step, values) = if reeval {
-            let (mut indices, mut values, mut th) = topk::topk_with_values(acc, k);
-            // At most k non-zeros (e.g. density 1): all of them, and th = 0 lets every
-            // non-zero through on the reuse steps (one counting pass, every τ' steps only).
-            if th == Some(0.0) || (th.is_some() && threshold::count_above(acc, 0.0) <= k) {
-                threshold::refine_values(&mut indices, &mut values, 0.0);
-                th = Some(0.0);
-            }
-            self.th = th;
-            let step = OkStep {
-                indices,
-                threshold: th,
-                reevaluated: true,
-                rescans: 0,
-            };
-            (step, values)
+            let (indices, values, th) = topk::topk_with_values(acc, k);
+            self.reevaluated(indices, values, th, k, || threshold::count_above(acc, 0.0))
         } else {
             self.reuse(acc, k)
         };
+        self.after(&step, k);
+        (step, values)
+    }
+
+    /// A re-evaluation step's selection from the exact top-k and its k-th largest |acc|.
+    fn reevaluated(
+        &mut self,
+        mut indices: Vec<u32>,
+        mut values: Vec<f32>,
+        mut th: Option<f32>,
+        k: usize,
+        nonzeros: impl FnOnce() -> usize,
+    ) -> (OkStep, Vec<f32>) {
+        // At most k non-zeros (e.g. density 1): all of them, and th = 0 lets every
+        // non-zero through on the reuse steps (one counting pass, every τ' steps only).
+        if th == Some(0.0) || (th.is_some() && nonzeros() <= k) {
+            threshold::refine_values(&mut indices, &mut values, 0.0);
+            th = Some(0.0);
+        }
+        self.th = th;
+        let step = OkStep {
+            indices,
+            threshold: th,
+            reevaluated: true,
+            rescans: 0,
+        };
+        (step, values)
+    }
+
+    /// The threshold the next call reuses (the reference policy's nudge from this count).
+    fn after(&mut self, step: &OkStep, k: usize) {
         self.th = match (self.adjust, step.threshold) {
             (Adjust::Reference(b), Some(th)) => {
                 let c = step.indices.len() as f64;
@@ -598,6 +689,41 @@ impl OkTopk {
             }
             (_, th) => th,
         };
+    }
+
+    /// [`OkTopk::select_values_at`] on an accumulator resident on `dev` (docs/GPU.md §7):
+    /// the same decisions from the device's exact counts, the selection downloaded. The
+    /// ladder's counts are exact here where the host's one-pass scan keeps lower bounds
+    /// below its floor; the rule takes only rungs letting at most 4k/3 through, which both
+    /// exclude, so the rung picked is the same. `rescans` is 0 (no streaming pass).
+    pub fn select_values_resident(
+        &mut self,
+        dev: &dyn DeviceKernels,
+        reeval: bool,
+        acc: &DVec,
+        k: usize,
+    ) -> (OkStep, Vec<f32>) {
+        let k = k.min(acc.len());
+        self.calls += 1;
+        let reeval = reeval || self.th.is_none() || k == 0;
+        let (step, values) = if reeval {
+            let (i, v, th) = dev.topk(acc, 0..acc.len(), k);
+            let s = resident::download_sparse(dev, &i, &v, 0);
+            self.reevaluated(s.indices, s.values, th, k, || {
+                dev.count_above(acc, 0.0) as usize
+            })
+        } else {
+            let th = self.th.expect("threshold set");
+            let (s, th) = reuse_resident(dev, acc, th, k, self.adjust);
+            let step = OkStep {
+                indices: s.indices,
+                threshold: Some(th),
+                reevaluated: false,
+                rescans: 0,
+            };
+            (step, s.values)
+        };
+        self.after(&step, k);
         (step, values)
     }
 

@@ -349,6 +349,12 @@ pub struct TrainConfig {
     pub metrics_meta: gradkit_core::Meta,
     /// Record every message of every step (commtrace/1) to this file (`--comm-trace`).
     pub comm_trace: Option<PathBuf>,
+    /// The exchange's selection and compression kernels (`--device`; the CPU reference by
+    /// default): the reducers' `Params::kernels`.
+    pub kernels: &'static dyn gradkit_sparsify::kernels::Kernels,
+    /// A device that keeps the sparse exchanges' tensors resident (`Params::resident`,
+    /// docs/GPU.md §7); `None`: host memory.
+    pub resident: Option<&'static dyn gradkit_sparsify::resident::DeviceKernels>,
 }
 
 impl TrainConfig {
@@ -428,6 +434,8 @@ impl Default for TrainConfig {
             keep_metrics: true,
             metrics_meta: gradkit_core::Meta::default(),
             comm_trace: None,
+            kernels: gradkit_sparsify::kernels::cpu(),
+            resident: None,
         }
     }
 }

@@ -127,6 +127,8 @@ pub fn make(cfg: &TrainConfig, model: &Model) -> Result<Box<dyn Exchange>> {
         reeval_step_d: cfg.reeval_step_d,
         residual: true, // Algorithm 2: the reducer keeps this rank's residual
         seed: cfg.seed,
+        kernels: cfg.kernels,
+        resident: cfg.resident,
         ..Params::default()
     };
     let reducer =

@@ -308,6 +308,9 @@ fn sparse_params(args: &BenchArgs) -> Params {
         residual: true,
         seed: args.seed,
         kernels: kernels(args),
+        // The sparse reducers' tensors on the device: the gradient's upload is in the timed
+        // call, as in a reduction (docs/GPU.md §7).
+        resident: gradkit_cuda::resident_for(args.device).ok().flatten(),
         ..Params::default()
     }
 }

@@ -92,6 +92,11 @@ pub struct ReduceArgs {
     /// without a usable GPU it stops with one line saying why — docs/GPU.md)
     #[arg(long, value_name = "cpu|cuda[:N]", default_value = "cpu", value_parser = device)]
     pub device: gradkit_cuda::Device,
+    /// Which backend carries the reducer's messages: mpi (MPI under mpirun, in-process
+    /// threads otherwise) or nccl (a `--features cuda` build on a GPU node with NCCL, one
+    /// GPU per rank by local rank; the trace's feed stays on MPI — docs/GPU.md)
+    #[arg(long, value_name = "mpi|nccl", default_value = "mpi", value_parser = crate::backend::parse)]
+    pub backend: crate::backend::CommBackend,
     #[command(flatten)]
     pub memory: gradkit_core::budget::MemoryArgs,
 }
@@ -712,9 +717,12 @@ pub fn run(args: ReduceArgs) -> Result<()> {
     // then the I/O rank's (output, input): each is an agreement point, so a mistake is
     // reported once under mpirun.
     let kernels = world.agree(gradkit_cuda::kernels_for(args.device).map_err(Into::into))?;
+    world.agree(crate::backend::check(args.backend))?;
     world.agree(check_paths(&args))?;
     let params = world.agree(args.params().and_then(|mut params| {
         params.kernels = kernels;
+        // The sparse reducers keep their tensors on the GPU (docs/GPU.md §7).
+        params.resident = gradkit_cuda::resident_for(args.device)?;
         // Validate the algorithm's parameters before reading anything.
         reducer_for(args.algo, &params)?;
         Ok(params)
@@ -797,6 +805,9 @@ fn write_outputs(
     gradkit_core::paths::commit_all(files)?;
     if !args.io.quiet {
         summarize(bytes_sent, time_comm_s, world.size());
+        if let Some(line) = gradkit_cuda::transfer_note("gradallreduce", args.device) {
+            gradkit_core::noteln!("{line}");
+        }
     }
     Ok(())
 }
@@ -836,11 +847,15 @@ fn reduce_rank(
     quiet: bool,
 ) -> Result<RankOut> {
     let mut reducer = reducer_for(args.algo, params)?;
+    // `--backend nccl`: the reducer's messages over NCCL, the trace's feed on the host.
+    let nccl = crate::backend::open(args.backend, comm)?;
+    let host = comm;
+    let comm: &dyn Comm = nccl.as_deref().unwrap_or(host);
     if args.comm_trace.is_some() {
         comm.traffic().start_recording(comm.rank());
     }
     if let Some(path) = &args.state {
-        load_state(comm, path, &inputs, io.as_mut(), reducer.as_mut())?;
+        load_state(host, path, &inputs, io.as_mut(), reducer.as_mut())?;
     }
     let algo = args.algo.name();
     let mut sink = MetricSink::new(run_name, "gradallreduce", algo, comm.size() as u32)
@@ -858,8 +873,8 @@ fn reduce_rank(
     let mut handed = 0u32;
     loop {
         let round = match io.as_mut() {
-            Some(io) => inputs.feed.round_from(comm, Some(&mut || io.piece()))?,
-            None => inputs.feed.round_from(comm, None)?,
+            Some(io) => inputs.feed.round_from(host, Some(&mut || io.piece()))?,
+            None => inputs.feed.round_from(host, None)?,
         };
         let mine = match round {
             Round::Rows(rows) => rows,

@@ -250,3 +250,141 @@ fn bench_takes_the_device_too() {
         assert!(out.is_empty(), "{out}");
     }
 }
+
+/// `--backend BACKEND` on a real reduction must stop with exit 1 and one `error:` line
+/// holding `needle`, and leave `dir` as it was.
+fn refused_backend(dir: &Path, backend: &str, envs: &[(&str, &Path)], needle: &str) {
+    let args = [
+        "--algo",
+        "topka",
+        "--ranks",
+        "2",
+        "--backend",
+        backend,
+        "trace.parquet",
+        "-o",
+        "out.parquet",
+        "--metrics",
+        "m.parquet",
+    ];
+    gradkit_testkit::cli::refused_with_env(BIN, dir, &args, envs, &[needle]);
+}
+
+#[test]
+fn a_backend_typo_is_a_usage_error_listing_the_values() {
+    let d_dir = tmpdir("backend-typo");
+    let d = d_dir.path().to_path_buf();
+    trace(&d);
+    for bad in ["NCCL", "gloo", ""] {
+        let before = gradkit_testkit::cli::snapshot(&d);
+        let (code, err) = run(
+            &d,
+            &["--backend", bad, "trace.parquet", "-o", "out.parquet"],
+            &[],
+        );
+        assert_eq!(code, Some(2), "{bad}: {err}");
+        assert!(err.starts_with("error: "), "{err}");
+        assert!(
+            err.contains("--backend") && err.contains("mpi, nccl"),
+            "{err}"
+        );
+        assert_eq!(gradkit_testkit::cli::snapshot(&d), before);
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn without_the_feature_the_nccl_backend_says_to_rebuild() {
+    let d_dir = tmpdir("backend-nofeature");
+    let d = d_dir.path().to_path_buf();
+    trace(&d);
+    refused_backend(
+        &d,
+        "nccl",
+        &[],
+        "gradkit was built without the `cuda` feature: rebuild with `cargo build --release --features cuda`",
+    );
+}
+
+/// With the feature: no driver names the driver; a driver with a GPU but no libnccl names
+/// NCCL and the symlink to make.
+#[cfg(feature = "cuda")]
+#[test]
+fn with_the_feature_the_nccl_backend_names_what_is_missing() {
+    let d_dir = tmpdir("backend-stubs");
+    let d = d_dir.path().to_path_buf();
+    trace(&d);
+    if !stub::system_has("libcuda.so") {
+        refused_backend(&d, "nccl", &[], "no CUDA driver found (libcuda.so)");
+    }
+    let one_dir = stub::libs("gar-nonccl", Some(stub::Driver::Gpus(1)), true, false);
+    let one = one_dir.path().to_path_buf();
+    if !stub::system_has("libnccl.so") {
+        refused_backend(
+            &d,
+            "nccl",
+            &[("LD_LIBRARY_PATH", &one)],
+            "no NCCL library found (libnccl.so)",
+        );
+    }
+}
+
+/// `--device counting` (the device seam's test device: host memory, counted copies) reduces
+/// exactly as the CPU does, and the sparse reducers' gradients go up once per rank and step.
+#[test]
+fn the_counting_device_reduces_as_the_cpu_and_uploads_each_gradient_once() {
+    let d_dir = tmpdir("counting");
+    let d = d_dir.path().to_path_buf();
+    let rows = gradkit_testkit::traces::dense(2, 3, &[("w", 2000), ("b", 9)]);
+    write_table(&Output::Path(d.join("t.parquet")), &Meta::default(), &rows).unwrap();
+    for algo in ["topka", "gaussiank", "oktopk", "deft"] {
+        let mut got = Vec::new();
+        for dev in ["cpu", "counting"] {
+            let out = format!("{algo}-{dev}.parquet");
+            let args = [
+                "--algo",
+                algo,
+                "--ranks",
+                "2",
+                "--density",
+                "0.05",
+                "--device",
+                dev,
+                "t.parquet",
+                "-o",
+                &out,
+            ];
+            let (code, err) = run(&d, &args, &[]);
+            assert_eq!(code, Some(0), "{args:?}: {err}");
+            let rows = read_tensor(&Input::Path(d.join(&out)), Default::default())
+                .unwrap()
+                .rows;
+            got.push((rows, err));
+        }
+        assert_eq!(got[1].0, got[0].0, "{algo}");
+        let line = got[1]
+            .1
+            .lines()
+            .find(|l| l.contains("gradallreduce: device counting:"))
+            .unwrap_or_else(|| panic!("{algo}: no transfer note: {}", got[1].1));
+        let n: Vec<u64> = line
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        // Both ranks share the process's device, 2 ranks × 3 steps: up, each gradient (2009
+        // floats) and the index list the residual rule zeroes (DEFT: and the gathered union
+        // to read its values at); down, the selection's indices and values (DEFT: each
+        // range's indices, then the values at the union).
+        let (ups, downs) = if algo == "deft" {
+            (18, None)
+        } else {
+            (12, Some(12))
+        };
+        assert_eq!(n[0], ups, "{algo}: {line}");
+        assert!(n[1] >= 6 * 4 * 2009, "{algo}: {line}");
+        if let Some(d) = downs {
+            assert_eq!(n[2], d, "{algo}: {line}");
+        }
+        assert!(n[3] < 6 * 4 * 2009, "{algo}: model-sized downloads: {line}");
+    }
+}

@@ -14,6 +14,7 @@ use gradkit_core::{read_table, MetricRow, PlanRow, TensorRow};
 use gradkit_partition::deft as pdeft;
 use gradkit_partition::plan as pplan;
 use gradkit_sparsify::kernels::Kernels;
+use gradkit_sparsify::resident::{self, DVec, DeviceKernels};
 use gradkit_sparsify::{deft, Leaves, Method as SMethod, Residual, Selector};
 
 use crate::{Cli, KSpec, MethodArg, Scope};
@@ -50,6 +51,7 @@ pub(crate) fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
         algo,
     )?;
     let mut run = Run::new(a, (method, kernels), kspec, &trace.layout, p, plan, algo);
+    run.resident = gradkit_cuda::resident_for(a.device)?;
     let steps = trace.steps().to_vec();
     let pb = cli::progress("gradselect", steps.len() as u64, a.io.quiet);
     for &step in &steps {
@@ -58,6 +60,7 @@ pub(crate) fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
     }
     pb.finish_and_clear();
     let last = steps[steps.len() - 1];
+    run.download_residuals();
     w.commit(&run.states, &trace.layout, last)?;
     if !a.io.quiet {
         let all = steps.len() * p * n;
@@ -67,6 +70,9 @@ pub(crate) fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
             run.total,
             100.0 * run.total as f64 / all.max(1) as f64
         );
+        if let Some(line) = gradkit_cuda::transfer_note("gradselect", a.device) {
+            gradkit_core::noteln!("{line}");
+        }
     }
     Ok(())
 }
@@ -213,6 +219,8 @@ impl Writers {
 struct RankState {
     selectors: Vec<Selector>,
     residual: Residual,
+    /// The residual resident on the device (`--device cuda`), between steps.
+    dres: Option<DVec>,
 }
 
 /// What one (step, rank) selection produced.
@@ -236,6 +244,8 @@ struct Run {
     sink: MetricSink,
     n: usize,
     total: usize,
+    /// The device the selection runs on with the rank's tensors resident (docs/GPU.md §7).
+    resident: Option<&'static dyn DeviceKernels>,
 }
 
 impl Run {
@@ -261,6 +271,7 @@ impl Run {
                         .collect(),
                 },
                 residual: Residual::zeros(if residual_on { n } else { 0 }),
+                dres: None,
             })
             .collect();
         Run {
@@ -285,6 +296,18 @@ impl Run {
                 }),
             n,
             total: 0,
+            resident: None,
+        }
+    }
+
+    /// The residuals kept on the device back in host memory (for `--residual-out`).
+    fn download_residuals(&mut self) {
+        if let Some(dev) = self.resident {
+            for st in &mut self.states {
+                if let Some(d) = st.dres.take() {
+                    st.residual.values = dev.download_f32(&d);
+                }
+            }
         }
     }
 
@@ -361,6 +384,16 @@ impl Run {
     ) -> Result<()> {
         let (n, kspec, residual_on) = (self.n, self.kspec, self.residual_on);
         let st = &mut self.states[r];
+        if let (Some(dev), None) = (self.resident, plan) {
+            if let Some((o, rn)) = select_resident(dev, st, acc.as_slice(), kspec.k(n), residual_on)
+            {
+                self.record(step, r as u32, &o, rn);
+                self.total += o.sparse.len();
+                return w
+                    .out
+                    .write_owned(trace::unflatten_sparse(&o.sparse, layout, step, r as u32));
+            }
+        }
         let acc_sq = match accumulated {
             Some(sq) => sq,
             None if residual_on => st.residual.compensate(&mut acc),
@@ -402,6 +435,48 @@ impl Run {
         sink.push(step, rank, "time_select_s", o.time);
         sink.push(step, rank, "residual_norm", residual_norm);
     }
+}
+
+/// A rank's selection with its tensors resident on `dev` (global scope, the methods with a
+/// device path): the gradient's one upload, the residual kept there (zeros at first, as the
+/// host's), the selection downloaded. `None` where the host path runs instead.
+fn select_resident(
+    dev: &'static dyn DeviceKernels,
+    st: &mut RankState,
+    g: &[f32],
+    k: usize,
+    residual_on: bool,
+) -> Option<(Out, f64)> {
+    let supported = matches!(
+        st.selectors[0].method(),
+        SMethod::Topk | SMethod::Threshold(_) | SMethod::OkTopk { .. } | SMethod::GaussianK
+    );
+    if st.selectors.len() != 1 || !supported {
+        return None;
+    }
+    let t0 = Instant::now();
+    let res = residual_on.then(|| st.dres.take().unwrap_or_else(|| dev.zeros(g.len())));
+    let (acc, acc_sq) = resident::accumulate(dev, res, g);
+    let s = st.selectors[0].select_resident(dev, &acc, k)?;
+    let time = t0.elapsed().as_secs_f64();
+    let rn = if residual_on {
+        let (res, rn) = resident::settle(dev, acc, Leaves::Sent, &s.indices, &[], acc_sq);
+        st.dres = Some(res);
+        rn
+    } else {
+        0.0
+    };
+    let o = Out {
+        time,
+        k_target: s.info.k_target,
+        threshold: s.info.threshold,
+        exact_topk: s.info.exact_topk,
+        sparse: Sparse {
+            indices: s.indices,
+            values: s.values,
+        },
+    };
+    Some((o, rn))
 }
 
 /// Every method but DEFT, global or per layer.

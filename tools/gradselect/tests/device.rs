@@ -184,3 +184,72 @@ fn with_the_feature_every_driver_outcome_is_one_line() {
         "no GPU cuda:3: the CUDA driver sees 1 GPU (cuda:0); check CUDA_VISIBLE_DEVICES",
     );
 }
+
+/// The note `--device counting` prints: (uploads, upload bytes, downloads, download bytes).
+fn transfers(err: &str) -> (u64, u64, u64, u64) {
+    let line = err
+        .lines()
+        .find(|l| l.contains("gradselect: device counting:"))
+        .unwrap_or_else(|| panic!("no transfer note in {err}"));
+    let n: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (n[0], n[1], n[2], n[3])
+}
+
+/// `--device counting` (the device seam's test device: host memory, counted copies) selects
+/// exactly what the CPU selects, residuals and metrics included, and copies each rank's
+/// gradient up once per step; only the selection comes down (and the residuals, once, for
+/// `--residual-out`).
+#[test]
+fn the_counting_device_selects_as_the_cpu_and_uploads_each_gradient_once() {
+    let d_dir = tmpdir("counting");
+    let d = d_dir.path().to_path_buf();
+    let rows = gradkit_testkit::traces::dense(2, 4, &[("w", 3000), ("b", 7)]);
+    write_table(
+        &Output::Path(d.join("trace.parquet")),
+        &Meta::default(),
+        &rows,
+    )
+    .unwrap();
+    let (ranks, steps, n) = (2u64, 4u64, 3007u64);
+    let methods: [&[&str]; 4] = [
+        &["--method", "topk"],
+        &["--method", "threshold", "--threshold", "0.5"],
+        &["--method", "oktopk", "--reeval", "2"],
+        &["--method", "gaussiank"],
+    ];
+    for m in methods {
+        let mut outs = Vec::new();
+        for dev in ["cpu", "counting"] {
+            let mut args: Vec<&str> = m.to_vec();
+            let (o, r, me) = (
+                format!("o-{dev}.parquet"),
+                format!("r-{dev}.parquet"),
+                format!("m-{dev}.parquet"),
+            );
+            args.extend(["--density", "0.05", "--device", dev, "trace.parquet"]);
+            args.extend(["-o", &o, "--residual-out", &r, "--metrics", &me]);
+            let (code, err) = run(&d, &args, &[]);
+            assert_eq!(code, Some(0), "{args:?}: {err}");
+            let read = |p: &str| {
+                read_tensor(&Input::Path(d.join(p)), Default::default())
+                    .unwrap()
+                    .rows
+            };
+            outs.push((read(&o), read(&r), err));
+        }
+        let (cpu, dev) = (&outs[0], &outs[1]);
+        assert_eq!(dev.0, cpu.0, "{m:?}: selection");
+        assert_eq!(dev.1, cpu.1, "{m:?}: residual");
+        let (up, up_b, down, down_b) = transfers(&dev.2);
+        let selected: u64 = dev.0.iter().map(|r| r.values.len() as u64).sum();
+        // Up: each gradient, then the indices that leave the residual; down: the selection
+        // (indices, values), then each rank's residual once at the end.
+        assert_eq!(up, 2 * ranks * steps, "{m:?}: {}", dev.2);
+        assert_eq!(up_b, 4 * n * ranks * steps + 4 * selected, "{m:?}");
+        assert_eq!(down, 2 * ranks * steps + ranks, "{m:?}");
+        assert_eq!(down_b, 8 * selected + 4 * n * ranks, "{m:?}");
+    }
+}

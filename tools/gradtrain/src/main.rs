@@ -276,10 +276,10 @@ struct Cli {
     /// `ring-adam`, `onebit-lamb`, `embrace-2d`]
     #[arg(long)]
     run: Option<String>,
-    /// The device checked for the exchange: cpu, or cuda / cuda:N (a build with `--features
-    /// cuda` on a GPU node; without a usable GPU it stops with one line saying why). The
-    /// exchange itself still runs the CPU kernels (docs/GPU.md). The model: candle CPU, or
-    /// GPU 0 in a `candle-cuda` build
+    /// Where the exchange selects and compresses: cpu, or cuda / cuda:N (a build with
+    /// `--features cuda` on a GPU node: gradkit's CUDA kernels, the sparse exchanges' tensors
+    /// kept on the GPU; without a usable GPU it stops with one line saying why —
+    /// docs/GPU.md). The model: candle CPU, or GPU 0 in a `candle-cuda` build
     #[arg(long, value_name = "cpu|cuda[:N]", default_value = "cpu", value_parser = device)]
     device: gradkit_cuda::Device,
     /// No progress bar or summary
@@ -631,14 +631,14 @@ fn main() -> std::process::ExitCode {
     cli::run(|| {
         let world = World::init(args.ranks)?;
         // `--device cuda` without a usable GPU stops here, an agreement point before any file
-        // is touched. The exchange still runs the CPU kernels: gradkit-train takes no
-        // kernels yet (docs/GPU.md).
-        world.agree(
-            gradkit_cuda::kernels_for(args.device)
-                .map(|_| ())
-                .map_err(Into::into),
-        )?;
-        let cfg = config(&args)?;
+        // is touched; the exchange then runs on the device's kernels.
+        let kernels = world.agree(gradkit_cuda::kernels_for(args.device).map_err(Into::into))?;
+        let resident = world.agree(gradkit_cuda::resident_for(args.device).map_err(Into::into))?;
+        let cfg = TrainConfig {
+            kernels,
+            resident,
+            ..config(&args)?
+        };
         world.agree(gradkit_train::train::check_paths(&cfg))?;
         // Resuming a run that already reached --steps: nothing to train, nothing overwritten.
         if let Some(at) = world.agree(gradkit_train::train::resume_finished(&cfg))? {

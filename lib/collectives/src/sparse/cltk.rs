@@ -26,7 +26,7 @@ use anyhow::Result;
 use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::{Layout, Sparse};
 
-use super::{k_of, output, secs, Feedback};
+use super::{k_of, output, secs, Acc, Feedback};
 use crate::{Flat, Params, Reducer, StepOutput};
 
 /// The leader of `step` among `p` ranks (rank t mod P).
@@ -56,6 +56,21 @@ pub fn exchange(
     )
 }
 
+/// [`exchange`] with the accumulator where it lives.
+fn exchange_acc(
+    comm: &dyn Comm,
+    leader: usize,
+    acc: &Acc,
+    sel: Option<Vec<u32>>,
+) -> Result<Sparse> {
+    let indices: Vec<u32> = {
+        let _ph = comm.phase("broadcast_indices");
+        comm.broadcast(leader, sel)?
+    };
+    let what = format!("leader {leader}'s indices");
+    super::allreduce_at_acc(comm, "cltk", &what, acc, indices)
+}
+
 /// `--algo cltk`. Reads `k`/`density`, `residual`, `kernels`, `op`.
 pub struct CltK {
     params: Params,
@@ -66,7 +81,8 @@ impl CltK {
     pub fn new(params: &Params) -> Result<Self> {
         Ok(CltK {
             params: params.clone(),
-            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::Result),
+            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::Result)
+                .on(params.resident),
         })
     }
 }
@@ -92,16 +108,17 @@ impl Reducer for CltK {
         let k = k_of(&self.params, n);
         let leader = leader_of(step, comm.size());
         let t = Instant::now();
-        let acc = self.fb.accumulate(g);
+        let acc = self.fb.accumulate_acc(g);
         let t_topk = Instant::now();
-        let sel = (comm.rank() == leader).then(|| self.params.kernels.topk_by_magnitude(&acc, k));
+        let sel = (comm.rank() == leader)
+            .then(|| acc.select_in_ranges(self.params.kernels, &[(0..n, k)]));
         // Only the leader selects; the others spend no time on it.
         let (time_topk, time_select) = if sel.is_some() {
             (secs(t_topk), secs(t))
         } else {
             (0.0, 0.0)
         };
-        let res = exchange(comm, leader, &acc, sel)?;
+        let res = exchange_acc(comm, leader, &acc, sel)?;
         let mut metrics = vec![
             ("time_select_s".to_string(), time_select),
             ("time_topk_s".to_string(), time_topk),
@@ -109,7 +126,7 @@ impl Reducer for CltK {
             ("leader".to_string(), leader as f64),
         ];
         let contributed = res.indices.clone();
-        if let Some(norm) = self.fb.settle(acc, &contributed, &res.indices) {
+        if let Some(norm) = self.fb.settle_acc(acc, &contributed, &res.indices) {
             metrics.push(("residual_norm".into(), norm));
         }
         Ok(output(

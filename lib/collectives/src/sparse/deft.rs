@@ -20,11 +20,18 @@ use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::{Layout, Sparse};
 use gradkit_partition::deft as dp;
 
-use super::{check_plan_workers, flat_range, k_of, output, plan_at, Feedback};
+use super::{check_plan_workers, flat_range, k_of, output, plan_at, Acc, Feedback};
 use crate::{Flat, Params, Reducer, StepOutput};
 
 /// The DEFT exchange of one step given this rank's (disjoint) selection from `acc`.
 pub fn exchange(comm: &dyn Comm, acc: &[f32], sel: Vec<u32>) -> Result<Sparse> {
+    let union = gather_union(comm, sel)?;
+    super::allreduce_at(comm, "deft", "the gathered indices", acc, union)
+}
+
+/// Steps 1–2 of [`exchange`]: the counts and the indices allgathered, their union checked
+/// (ascending, no duplicates).
+fn gather_union(comm: &dyn Comm, sel: Vec<u32>) -> Result<Vec<u32>> {
     let counts: Vec<u64> = {
         let _ph = comm.phase("allgather_counts");
         if comm.size() == 1 {
@@ -53,7 +60,19 @@ pub fn exchange(comm: &dyn Comm, acc: &[f32], sel: Vec<u32>) -> Result<Sparse> {
         "deft: ranks selected overlapping indices ({} duplicates): the plan's ranges overlap (--plan)",
         before - union.len()
     );
-    super::allreduce_at(comm, "deft", "the gathered indices", acc, union)
+    Ok(union)
+}
+
+/// [`exchange`] with the accumulator where it lives (resident on a device: the union goes
+/// up, the accumulator's values at it come down).
+fn exchange_acc(comm: &dyn Comm, acc: &Acc, sel: Vec<u32>) -> Result<Sparse> {
+    match acc {
+        Acc::Host(a) => exchange(comm, a, sel),
+        Acc::Dev(..) => {
+            let union = gather_union(comm, sel)?;
+            super::allreduce_at_acc(comm, "deft", "the gathered indices", acc, union)
+        }
+    }
 }
 
 /// `--algo deft`. Reads `k`/`density`, `plan`, `residual`.
@@ -70,7 +89,8 @@ impl Deft {
     pub fn new(params: &Params) -> Result<Self> {
         Ok(Deft {
             params: params.clone(),
-            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::Result),
+            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::Result)
+                .on(params.resident),
             pieces: None,
             times: (0.0, 0.0),
         })
@@ -82,7 +102,7 @@ impl Deft {
         comm: &dyn Comm,
         step: u32,
         layout: &Layout,
-        acc: &[f32],
+        acc: &Acc,
         k: usize,
     ) -> Result<Vec<(std::ops::Range<usize>, usize)>> {
         let (p, r) = (comm.size(), comm.rank());
@@ -109,7 +129,7 @@ impl Deft {
         }
         let pieces = self.pieces.get_or_insert_with(|| dp::pieces(layout, p));
         let t = std::time::Instant::now();
-        let norms = dp::piece_norms(layout, pieces, acc);
+        let norms = acc.piece_norms(layout, pieces);
         let ks = dp::allocate_k(pieces, &norms, k as u64, false);
         self.times.0 = super::secs(t);
         let leader = step as usize % p;
@@ -164,21 +184,10 @@ impl Reducer for Deft {
         )?;
         let k = k_of(&self.params, n);
         let t = std::time::Instant::now();
-        let acc = self.fb.accumulate(g);
+        let acc = self.fb.accumulate_acc(g);
         let ranges = self.ranges(comm, step, layout, &acc, k)?;
         let t_topk = std::time::Instant::now();
-        let mut sel: Vec<u32> = Vec::new();
-        for (rg, kx) in &ranges {
-            let off = rg.start as u32;
-            sel.extend(
-                self.params
-                    .kernels
-                    .topk_by_magnitude(&acc[rg.clone()], *kx)
-                    .into_iter()
-                    .map(|i| i + off),
-            );
-        }
-        sel.sort_unstable();
+        let sel = acc.select_in_ranges(self.params.kernels, &ranges);
         let time_topk = super::secs(t_topk);
         let mut metrics = vec![
             ("time_select_s".to_string(), super::secs(t)),
@@ -188,8 +197,8 @@ impl Reducer for Deft {
             ("local_nnz".to_string(), sel.len() as f64),
             ("pieces".to_string(), ranges.len() as f64),
         ];
-        let res = exchange(comm, &acc, sel.clone())?;
-        if let Some(norm) = self.fb.settle(acc, &sel, &res.indices) {
+        let res = exchange_acc(comm, &acc, sel.clone())?;
+        if let Some(norm) = self.fb.settle_acc(acc, &sel, &res.indices) {
             metrics.push(("residual_norm".into(), norm));
         }
         Ok(output(comm, self.params.op, res, k, Some(sel), metrics))

@@ -25,7 +25,7 @@ impl GaussianK {
     pub fn new(params: &Params) -> Result<Self> {
         Ok(GaussianK {
             params: params.clone(),
-            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::Sent),
+            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::Sent).on(params.resident),
         })
     }
 }
@@ -49,10 +49,7 @@ impl Reducer for GaussianK {
             comm,
             layout,
             input,
-            |acc, k| {
-                let (idx, th) = gradkit_sparsify::gaussiank::select(acc, k);
-                (idx, Some(th))
-            },
+            super::Local::Gaussiank,
             |comm, sel, _, _| allgather_sum(comm, sel),
         )
     }

@@ -17,7 +17,7 @@ use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::{Layout, Sparse};
 use gradkit_sparsify::kernels::Kernels;
 
-use super::{exchange_sparse, k_of, select_topk, sum_sparse, topk_sparse, Feedback};
+use super::{exchange_sparse, k_of, sum_sparse, topk_sparse, Feedback};
 use crate::{Flat, Params, Reducer, StepOutput};
 
 /// The gTop-k reduction tree and broadcast of one step.
@@ -77,7 +77,8 @@ impl GTopk {
     pub fn new(params: &Params) -> Result<Self> {
         Ok(GTopk {
             params: params.clone(),
-            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::SentInResult),
+            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::SentInResult)
+                .on(params.resident),
         })
     }
 }
@@ -102,7 +103,7 @@ impl Reducer for GTopk {
             comm,
             layout,
             input,
-            |acc, k| (select_topk(self.params.kernels, acc, k), None),
+            super::Local::Topk,
             |comm, sel, _, _| tree_allreduce(comm, self.params.kernels, sel, k),
         )
     }

@@ -27,6 +27,7 @@ pub mod deft;
 pub mod gaussiank;
 pub mod gtopk;
 pub mod oktopk;
+mod resident;
 pub mod topk_union;
 pub mod topka;
 pub mod topkdsa;
@@ -38,6 +39,7 @@ use gradkit_comm::{Buf, Comm, CommExt, Kind};
 use gradkit_core::trace::{Layout, Sparse};
 use gradkit_core::PlanRow;
 use gradkit_sparsify::kernels::Kernels;
+use gradkit_sparsify::resident::{DVec, DeviceKernels};
 use gradkit_sparsify::{Leaves, Residual};
 
 use crate::{Flat, Op, StepOutput};
@@ -59,7 +61,13 @@ pub(crate) struct Feedback {
     /// `Σ acc²` of the accumulator out for this step (from [`Feedback::accumulate`]), so
     /// [`Feedback::settle`] has the new residual's norm without a pass over it.
     acc_sq: Option<f64>,
+    /// The device that keeps the accumulator and the residual resident (`Params::resident`).
+    dev: Option<&'static dyn DeviceKernels>,
+    /// The residual on `dev` (between dense steps; `residual` stays empty then).
+    dres: Option<DVec>,
 }
+
+pub(crate) use resident::{Acc, Local};
 
 impl Feedback {
     pub fn new(enabled: bool, rule: Leaves) -> Self {
@@ -69,7 +77,15 @@ impl Feedback {
             residual: Residual::default(),
             rule,
             acc_sq: None,
+            dev: None,
+            dres: None,
         }
+    }
+
+    /// The same, keeping the step's tensors on `dev` where one is given.
+    pub fn on(mut self, dev: Option<&'static dyn DeviceKernels>) -> Self {
+        self.dev = dev;
+        self
     }
 
     /// Checks `input` against the layout (length, ascending in-range indices), against the
@@ -90,7 +106,7 @@ impl Feedback {
             ),
             Flat::Sparse(s) => check_sparse(algo, s, n)?,
         }
-        let r = self.residual.values.len();
+        let r = (self.dres.as_ref()).map_or(self.residual.values.len(), |d| d.len());
         ensure!(
             r == 0 || r == n,
             "{algo}: the residual has {r} values but the layout has {n} elements"
@@ -181,6 +197,9 @@ impl Feedback {
 
     /// The residual as `Reducer::state` (nothing before the first dense step).
     pub fn state(&self) -> Vec<(String, Vec<f32>)> {
+        if let (Some(dev), Some(d)) = (self.dev, &self.dres) {
+            return vec![("residual".into(), dev.download_f32(d))];
+        }
         if self.residual.values.is_empty() {
             Vec::new()
         } else {
@@ -200,6 +219,7 @@ impl Feedback {
                 "{algo}: given a residual, but error feedback is off"
             );
             self.residual.values = v.clone();
+            self.dres = None;
         }
         Ok(())
     }
@@ -374,6 +394,32 @@ pub(crate) fn allreduce_at(
     acc: &[f32],
     indices: Vec<u32>,
 ) -> Result<Sparse> {
+    check_at(algo, what, acc.len(), &indices)?;
+    allreduce_gathered(comm, indices, |idx| {
+        idx.iter().map(|&i| acc[i as usize]).collect()
+    })
+}
+
+/// [`allreduce_at`] with the accumulator where it lives (resident on a device: the indices
+/// go up, the accumulator's values at them come down).
+pub(crate) fn allreduce_at_acc(
+    comm: &dyn Comm,
+    algo: &str,
+    what: &str,
+    acc: &Acc,
+    indices: Vec<u32>,
+) -> Result<Sparse> {
+    match acc {
+        Acc::Host(a) => allreduce_at(comm, algo, what, a, indices),
+        Acc::Dev(_, d) => {
+            check_at(algo, what, d.len(), &indices)?;
+            allreduce_gathered(comm, indices, |idx| acc.values_at(idx))
+        }
+    }
+}
+
+/// [`allreduce_at`]'s checks of `indices` against an accumulator of `len` elements.
+fn check_at(algo: &str, what: &str, len: usize, indices: &[u32]) -> Result<()> {
     for w in indices.windows(2) {
         ensure!(
             w[0] < w[1],
@@ -384,12 +430,20 @@ pub(crate) fn allreduce_at(
     }
     if let Some(&last) = indices.last() {
         ensure!(
-            (last as usize) < acc.len(),
-            "{algo}: {what} include {last}, outside the model's {} elements",
-            acc.len()
+            (last as usize) < len,
+            "{algo}: {what} include {last}, outside the model's {len} elements"
         );
     }
-    let mut values: Vec<f32> = indices.iter().map(|&i| acc[i as usize]).collect();
+    Ok(())
+}
+
+/// The ring allreduce of [`allreduce_at`] on values gathered by `gather` at checked indices.
+pub(crate) fn allreduce_gathered(
+    comm: &dyn Comm,
+    indices: Vec<u32>,
+    gather: impl FnOnce(&[u32]) -> Vec<f32>,
+) -> Result<Sparse> {
+    let mut values = gather(&indices);
     {
         let _ph = comm.phase("allreduce_values");
         crate::dense::ring_in_caller_phase(comm, &mut values)?;
@@ -500,7 +554,7 @@ pub(crate) fn output(
 }
 
 /// One step of the select-then-exchange reducers (TopkA, TopkDSA, gTopk, Gaussiank): check
-/// the input, select locally from `residual + g` for dense input (`select(acc, k)`), run
+/// the input, select locally from `residual + g` for dense input (`local`), run
 /// `exchange(comm, selection, n, metrics)`, settle the residual (Algorithm 2, the reducer's
 /// [`Leaves`] rule), and build the output.
 #[allow(clippy::too_many_arguments)]
@@ -511,17 +565,17 @@ pub(crate) fn select_and_exchange(
     comm: &dyn Comm,
     layout: &Layout,
     input: Flat,
-    select: impl FnOnce(&[f32], usize) -> (Vec<u32>, Option<f32>),
+    local: Local,
     exchange: impl FnOnce(&dyn Comm, Sparse, usize, &mut Vec<(String, f64)>) -> Result<Sparse>,
 ) -> Result<StepOutput> {
     let n = fb.check(algo, layout, &input)?;
     let k = k_of(params, n);
     let mut metrics = Vec::new();
-    let (sel, acc) = fb.local_selection(input, &mut metrics, |acc| select(acc, k));
+    let (sel, acc) = fb.select_local(input, &mut metrics, params.kernels, local, k);
     let contributed = acc.as_ref().map(|_| sel.indices.clone());
     let res = exchange(comm, sel, n, &mut metrics)?;
     if let (Some(acc), Some(c)) = (acc, &contributed) {
-        if let Some(norm) = fb.settle(acc, c, &res.indices) {
+        if let Some(norm) = fb.settle_acc(acc, c, &res.indices) {
             metrics.push(("residual_norm".into(), norm));
         }
     }

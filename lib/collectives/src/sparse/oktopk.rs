@@ -60,7 +60,7 @@ use gradkit_sparsify::oktopk::{Adjust, OkTopk as LocalReuse};
 
 use super::{
     allgatherv_sparse, allreduce_sum_u64, check_plan_workers, concat, exact_threshold,
-    exchange_sparse, flat_range, k_of, output, plan_at, topk_sparse, Feedback,
+    exchange_sparse, flat_range, k_of, output, plan_at, topk_sparse, Acc, Feedback,
 };
 use crate::params::{Balance, ReevalStepD};
 use crate::{Flat, Params, Reducer, StepOutput};
@@ -436,7 +436,8 @@ impl OkTopk {
         ensure!(params.reeval >= 1, "oktopk: --reeval must be at least 1");
         Ok(OkTopk {
             params: params.clone(),
-            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::SentInResult),
+            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::SentInResult)
+                .on(params.resident),
             calls: 0,
             bounds: None,
             local: LocalReuse::new(params.reeval, params.adjust),
@@ -526,13 +527,16 @@ impl OkTopk {
         reeval: bool,
         k: usize,
         metrics: &mut Vec<(String, f64)>,
-    ) -> (Sparse, Option<Vec<f32>>) {
+    ) -> (Sparse, Option<Acc>) {
         let t = Instant::now();
         let (sel, acc) = match input {
             Flat::Sparse(s) => (s, None),
             Flat::Dense(g) => {
-                let acc = self.fb.accumulate(g);
-                let (st, values) = self.local.select_values_at(reeval, &acc, k);
+                let acc = self.fb.accumulate_acc(g);
+                let (st, values) = match &acc {
+                    Acc::Host(a) => self.local.select_values_at(reeval, a, k),
+                    Acc::Dev(dev, a) => self.local.select_values_resident(*dev, reeval, a, k),
+                };
                 self.local_th = st.threshold;
                 // Passes over acc beyond the one streaming pass (0 in the common case).
                 metrics.push(("local_rescans".into(), f64::from(st.rescans)));
@@ -637,7 +641,7 @@ impl Reducer for OkTopk {
 
         let contributed = acc.as_ref().map(|_| sel.indices.clone());
         if let Some(acc) = acc {
-            if let Some(norm) = self.fb.settle(acc, &sel.indices, &result.indices) {
+            if let Some(norm) = self.fb.settle_acc(acc, &sel.indices, &result.indices) {
                 metrics.push(("residual_norm".into(), norm));
             }
         }

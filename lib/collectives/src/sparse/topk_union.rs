@@ -28,7 +28,7 @@ use anyhow::Result;
 use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::{Layout, Sparse};
 
-use super::{allreduce_at, k_of, output, secs, select_topk, Feedback};
+use super::{allreduce_at, allreduce_at_acc, k_of, output, secs, Acc, Feedback};
 use crate::{Flat, Params, Reducer, StepOutput};
 
 /// The Top-k (union) exchange of one step given this rank's selection `sel` (ascending, from
@@ -43,6 +43,17 @@ pub fn exchange(comm: &dyn Comm, acc: &[f32], sel: Vec<u32>) -> Result<Sparse> {
     allreduce_at(comm, "topk-union", "the gathered indices", acc, union)
 }
 
+/// [`exchange`] with the accumulator where it lives.
+fn exchange_acc(comm: &dyn Comm, acc: &Acc, sel: Vec<u32>) -> Result<Sparse> {
+    let mut union: Vec<u32> = {
+        let _ph = comm.phase("allgather_indices");
+        comm.allgatherv(sel)?.concat()
+    };
+    union.sort_unstable();
+    union.dedup();
+    allreduce_at_acc(comm, "topk-union", "the gathered indices", acc, union)
+}
+
 /// `--algo topk-union`. Reads `k`/`density`, `residual`, `kernels`, `op`.
 pub struct TopkUnion {
     params: Params,
@@ -53,7 +64,8 @@ impl TopkUnion {
     pub fn new(params: &Params) -> Result<Self> {
         Ok(TopkUnion {
             params: params.clone(),
-            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::Result),
+            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::Result)
+                .on(params.resident),
         })
     }
 }
@@ -78,17 +90,17 @@ impl Reducer for TopkUnion {
         )?;
         let k = k_of(&self.params, n);
         let t = Instant::now();
-        let acc = self.fb.accumulate(g);
+        let acc = self.fb.accumulate_acc(g);
         let t_topk = Instant::now();
-        let sel = select_topk(self.params.kernels, &acc, k);
+        let sel = acc.select_in_ranges(self.params.kernels, &[(0..n, k)]);
         let time_topk = secs(t_topk);
         let mut metrics = vec![
             ("time_select_s".to_string(), secs(t)),
             ("time_topk_s".to_string(), time_topk),
             ("local_nnz".to_string(), sel.len() as f64),
         ];
-        let res = exchange(comm, &acc, sel.clone())?;
-        if let Some(norm) = self.fb.settle(acc, &sel, &res.indices) {
+        let res = exchange_acc(comm, &acc, sel.clone())?;
+        if let Some(norm) = self.fb.settle_acc(acc, &sel, &res.indices) {
             metrics.push(("residual_norm".into(), norm));
         }
         Ok(output(comm, self.params.op, res, k, Some(sel), metrics))

@@ -9,7 +9,7 @@ use anyhow::Result;
 use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::{Layout, Sparse};
 
-use super::{allgatherv_sparse, select_topk, sum_sparse, Feedback};
+use super::{allgatherv_sparse, sum_sparse, Feedback};
 use crate::{Flat, Params, Reducer, StepOutput};
 
 /// Allgatherv of every rank's COO, then the sum in rank order.
@@ -29,7 +29,7 @@ impl TopkA {
     pub fn new(params: &Params) -> Result<Self> {
         Ok(TopkA {
             params: params.clone(),
-            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::Sent),
+            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::Sent).on(params.resident),
         })
     }
 }
@@ -53,7 +53,7 @@ impl Reducer for TopkA {
             comm,
             layout,
             input,
-            |acc, k| (select_topk(self.params.kernels, acc, k), None),
+            super::Local::Topk,
             |comm, sel, _, _| allgather_sum(comm, sel),
         )
     }

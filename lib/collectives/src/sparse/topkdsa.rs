@@ -17,7 +17,7 @@ use gradkit_core::trace::{Layout, Sparse};
 use gradkit_partition::oktopk::{naive_boundaries, region};
 
 use super::oktopk::split_and_reduce;
-use super::{allgatherv_sparse, concat, gather, select_topk, Feedback};
+use super::{allgatherv_sparse, concat, gather, Feedback};
 use crate::{Flat, Params, Reducer, StepOutput};
 
 /// Whether TopkDSA gathers dense regions: COO (2 words per entry) at or above n words.
@@ -72,7 +72,7 @@ impl TopkDsa {
     pub fn new(params: &Params) -> Result<Self> {
         Ok(TopkDsa {
             params: params.clone(),
-            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::Sent),
+            fb: Feedback::new(params.residual, gradkit_sparsify::Leaves::Sent).on(params.resident),
         })
     }
 }
@@ -96,7 +96,7 @@ impl Reducer for TopkDsa {
             comm,
             layout,
             input,
-            |acc, k| (select_topk(self.params.kernels, acc, k), None),
+            super::Local::Topk,
             |comm, sel, n, metrics| {
                 let (res, dense) = sparse_allreduce(comm, &sel, n as u64)?;
                 metrics.push(("dense_allgather".into(), f64::from(u8::from(dense))));
