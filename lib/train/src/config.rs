@@ -334,6 +334,8 @@ pub struct TrainConfig {
     pub metrics_meta: gradkit_core::Meta,
     /// Record every message of every step (commtrace/1) to this file (`--comm-trace`).
     pub comm_trace: Option<PathBuf>,
+    /// Sparse exchanges: measure ξ of Ok-Topk's Assumption 1 every step (`--xi`, [`crate::xi`]).
+    pub xi: bool,
 }
 
 impl Default for TrainConfig {
@@ -375,6 +377,7 @@ impl Default for TrainConfig {
             keep_metrics: true,
             metrics_meta: gradkit_core::Meta::default(),
             comm_trace: None,
+            xi: false,
         }
     }
 }
