@@ -29,6 +29,7 @@ help:
 	@echo "make repro   every reproduction below; FAST=1 for the quick ones make test runs"
 	@echo "make repro-oktopk | repro-deft | repro-onebit-lamb | repro-embrace   (FAST=1: ~1 min)"
 	@echo "make repro-oktopk-figs | repro-deft-figs | repro-deft-breakdown   the figures alone, from target/release"
+	@echo "make repro-oktopk-closed | repro-onebit-table3   the papers' closed-loop training runs (FAST=1: ~30 s each)"
 	@echo "make repro-cluster   the shaped multi-host runs (root; docs/CLUSTER.md)"
 	@echo "make repro-sim | repro-scale   SimGrid replay: calibrated on the cluster | at 16-256 ranks (docs/SIMULATE.md)"
 	@echo "make cluster-up HOSTS=4 RATE=1gbit | cluster-status | cluster-down   (docs/CLUSTER.md)"
@@ -182,8 +183,8 @@ stress-mpi: deps build
 	@bash pipelines/stress-mpi-errors.sh $(RUNS)
 
 include pipelines/oktopk.mk pipelines/deft.mk pipelines/onebit-lamb.mk pipelines/embrace.mk
-include pipelines/cluster.mk pipelines/sim.mk
-repro: repro-oktopk repro-deft repro-onebit-lamb repro-embrace
+include pipelines/cluster.mk pipelines/sim.mk pipelines/closed-loop.mk
+repro: repro-oktopk repro-deft repro-onebit-lamb repro-embrace repro-oktopk-closed repro-onebit-table3
 
 fmt:
 	$(CARGO) fmt --all

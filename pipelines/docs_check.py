@@ -487,6 +487,98 @@ def f_sim_error_bar():
     return m.group(1)
 
 
+# ------------------------------------------------------------------ closed-loop runs (make repro-oktopk-closed,
+# make repro-onebit-table3; the tables are pipelines/closed_loop.py's)
+OKTOPK_CLOSED = "docs/results/oktopk-closed.md"
+ONEBIT_TABLE3 = "docs/results/onebit-table3.md"
+OKC_COLS = ("run", "P", "mean |local nnz−k|/k", "mean |global nnz−k|/k", "ξ max")
+PAPER_TABLE3 = {"lamb": 1.451, "onebit-basic": 1.494, "onebit-lamb": 1.443}  # BERT-Large seq128 val loss
+
+
+def page(rel):
+    """A results page a `make repro-*` step writes; missing: Stale, naming the step."""
+    try:
+        return read(rel)
+    except FileNotFoundError:
+        raise Stale(f"{rel} is missing (make repro-{os.path.basename(rel)[:-3]})") from None
+
+
+def okc_verdict(r):
+    """The verdict closed_loop.py must print for one run (paper: < 11 % and ξ < P)."""
+    loc, glo = num(r["mean |local nnz−k|/k"]), num(r["mean |global nnz−k|/k"])
+    dev = "< 11 %" if max(loc, glo) < PAPER_OKTOPK_DEV else (
+        "local only" if loc < PAPER_OKTOPK_DEV else "global only" if glo < PAPER_OKTOPK_DEV else "≥ 11 %")
+    xi = "ξ < P" if num(r["ξ max"]) < num(r["P"]) else "ξ ≥ P"
+    ok = dev == "< 11 %" and xi == "ξ < P"
+    return ("reproduced" if ok else "not reproduced") + f" ({dev}; max {xi})"
+
+
+def inv_oktopk_closed(text, where):
+    """Each run's verdict says what its deviations and ξ say."""
+    errs = []
+    for r in table(text, where, *OKC_COLS):
+        want, got = okc_verdict(r), r["verdict (paper: < 11 %, ξ < P)"]
+        if got != want:
+            errs.append(f"{where}: run {r['run']}: verdict '{got}', its numbers say '{want}'")
+    return errs
+
+
+def f_oktopk_closed_verdict():
+    rows = table(page(OKTOPK_CLOSED), OKTOPK_CLOSED, *OKC_COLS)
+    hit = [r["run"] for r in rows if okc_verdict(r).startswith("reproduced")]
+    dev = "; ".join(f"{r['run']} {r['mean |local nnz−k|/k']} local, {r['mean |global nnz−k|/k']} global"
+                    for r in rows)
+    big = max(rows, key=lambda r: num(r["ξ max"]))
+    over = [r["run"] for r in rows if num(r["ξ max"]) >= num(r["P"])]
+    xi = (f"ξ stays below P = {big['P']} in every run" if not over else
+          f"ξ reaches P = {big['P']} or more in {', '.join(over)}")
+    med = ", ".join(f"{r['run']} {r['ξ median']}" for r in rows)
+    return (f"mean count deviation after the warm-up (paper: < 11 %): {dev}. Both below 11 % for "
+            f"{', '.join(hit) if hit else 'no run'}. {xi} (largest ξ {big['ξ max']}, {big['run']}; paper: ξ < P); "
+            f"median ξ per run: {med}")
+
+
+def t3_rows():
+    rows = table(page(ONEBIT_TABLE3), ONEBIT_TABLE3, "variant", "seeds", "final eval loss: median", "min", "max")
+    return {r["variant"]: r for r in rows}
+
+
+def t3_verdict(t):
+    """reproduced: 1-bit LAMB's seed range overlaps LAMB's and the basic ablation is worse than
+    1-bit LAMB on every seed; direction only: the medians in the paper's order; else not."""
+    med = lambda v: num(t[v]["final eval loss: median"])
+    lo, hi = (lambda v: num(t[v]["min"])), (lambda v: num(t[v]["max"]))
+    matches = lo("onebit-lamb") <= hi("lamb") and lo("lamb") <= hi("onebit-lamb")
+    basic_worse = med("onebit-basic") > med("onebit-lamb")
+    if matches and basic_worse and lo("onebit-basic") > hi("onebit-lamb"):
+        return "reproduced"
+    if basic_worse and med("onebit-lamb") <= hi("lamb"):
+        return "direction only"
+    return "not reproduced"
+
+
+def f_onebit_table3_verdict():
+    t = t3_rows()
+    cell = lambda v: f"{t[v]['final eval loss: median']} ({t[v]['min']}–{t[v]['max']})"
+    return (f"**{t3_verdict(t)}**. Final eval loss, median (min–max) over {t['lamb']['seeds']} seeds: LAMB "
+            f"{cell('lamb')}, 1-bit LAMB {cell('onebit-lamb')}, LAMB + basic 1-bit {cell('onebit-basic')}, "
+            f"DeepSpeed-exact 1-bit LAMB {cell('onebit-exact')} — beside the paper's Table 3 (BERT-Large "
+            f"seq128, one run each): LAMB {PAPER_TABLE3['lamb']}, basic {PAPER_TABLE3['onebit-basic']}, "
+            f"1-bit LAMB {PAPER_TABLE3['onebit-lamb']} (1-bit LAMB matches LAMB, the ablation is worse)")
+
+
+def inv_onebit_table3(text, where):
+    rows = table(text, where, "variant", "seeds", "final eval loss: median", "min", "max")
+    errs = []
+    for r in rows:
+        if not num(r["min"]) <= num(r["final eval loss: median"]) <= num(r["max"]):
+            errs.append(f"{where}: {r['variant']}: median outside its min–max")
+    missing = {"lamb", "onebit-lamb", "onebit-basic", "onebit-exact"} - {r["variant"] for r in rows}
+    if missing:
+        errs.append(f"{where}: no row for {', '.join(sorted(missing))}")
+    return errs
+
+
 # Where each fragment must stand: deleting one (and writing its numbers by hand again) fails
 # the check as surely as editing it.
 PLACES = {
@@ -509,6 +601,10 @@ PLACES = {
     "embrace-lmhead-share": ["docs/gradtrain.md"],
     "embrace-lmhead-share-bytes": ["docs/results/embrace.md"],
     "sim-error-bar": ["docs/RESULTS.md"],
+
+
+    "oktopk-closed-verdict": ["docs/RESULTS.md"],
+    "onebit-table3-verdict": ["docs/RESULTS.md"],
 }
 
 FRAGMENTS = {
@@ -531,6 +627,8 @@ FRAGMENTS = {
     "heap-eq6": f_heap_eq6,
     "embrace-lmhead-share": lambda: lmhead_share(False),
     "embrace-lmhead-share-bytes": lambda: lmhead_share(True),
+    "oktopk-closed-verdict": f_oktopk_closed_verdict,
+    "onebit-table3-verdict": f_onebit_table3_verdict,
 }
 
 
@@ -634,10 +732,15 @@ def invariants():
     errs += inv_same_table((RESULTS, "deft-figs"), (DEFT_FIGS, None),
                            ("run", "buildup_topk", "selection_speedup_measured"))
     errs += inv_same_table((RESULTS, "oktopk-figs"), (OKTOPK_FIGS, None), ("model", "method", "mean |nnz−k|/k"))
+    errs += inv_oktopk_closed(page(OKTOPK_CLOSED), OKTOPK_CLOSED)
+    errs += inv_same_table((RESULTS, "oktopk-closed"), (OKTOPK_CLOSED, None), OKC_COLS)
+    errs += inv_onebit_table3(page(ONEBIT_TABLE3), ONEBIT_TABLE3)
+    errs += inv_same_table((RESULTS, "onebit-table3"), (ONEBIT_TABLE3, None), ("variant", "final eval loss: median"))
     return errs
 
 
-SECTION_CHECKS = {"embrace": inv_embrace_table3}
+SECTION_CHECKS = {"embrace": inv_embrace_table3, "oktopk-closed": inv_oktopk_closed,
+                  "onebit-table3": inv_onebit_table3}
 
 
 # ------------------------------------------------------------------ self-test
@@ -700,6 +803,13 @@ REGRESSIONS = [
      "fragment 'deft-speedup' differs"),
     ("stale: one copy of a table edited", "docs/RESULTS.md", r"\| d=0\.1 ", "| d=0.2 ",
      "the table with run, buildup_topk"),
+    ("closed loop: an Ok-Topk verdict edited", "docs/results/oktopk-closed.md",
+     r"\| ((?:not )?reproduced) \(", r"| \g<1>-by-hand (", "its numbers say"),
+    ("closed loop: the Table 3 verdict by hand", "docs/RESULTS.md", FRAG_TEXT("onebit-table3-verdict"),
+     "**reproduced**: 1-bit LAMB matches LAMB", "'onebit-table3-verdict' is missing"),
+    ("closed loop: the excerpt of Table 3 edited", "docs/RESULTS.md",
+     r"(<!-- BEGIN onebit-table3 -->.*?\n\| onebit-lamb \| [0-9]+ \| )[0-9.]+", r"\g<1>0.0001",
+     "the table with variant, final eval loss: median")
 ]
 
 

@@ -355,6 +355,8 @@ pub struct TrainConfig {
     /// A device that keeps the sparse exchanges' tensors resident (`Params::resident`,
     /// docs/GPU.md §7); `None`: host memory.
     pub resident: Option<&'static dyn gradkit_sparsify::resident::DeviceKernels>,
+    /// Sparse exchanges: measure ξ of Ok-Topk's Assumption 1 every step (`--xi`, [`crate::xi`]).
+    pub xi: bool,
 }
 
 impl TrainConfig {
@@ -436,6 +438,7 @@ impl Default for TrainConfig {
             comm_trace: None,
             kernels: gradkit_sparsify::kernels::cpu(),
             resident: None,
+            xi: false,
         }
     }
 }

@@ -42,6 +42,8 @@ pub struct StepIo {
     pub nnz: Option<f64>,
     /// Further per-step metrics (the reducer's own: threshold, local_nnz, …).
     pub extra: Vec<(String, f64)>,
+    /// `--xi`: this rank's vectors for ξ, measured by the loop after the traffic counters.
+    pub xi: Option<crate::xi::Parts>,
 }
 
 /// One rank's parameters, optimiser and gradient exchange (see the module docs).
@@ -182,12 +184,16 @@ impl Replica {
         self.push_coefficients(io);
     }
 
-    /// LAMB's per-tensor coefficients c_ℓ of this step as metrics (1-bit LAMB's Figs. 1–3).
+    /// LAMB's per-tensor coefficients c_ℓ of this step as metrics (1-bit LAMB's Figs. 1–3),
+    /// and the second moments' norms (`variance_norm`, 1-bit LAMB's `variance_fresh_norm`).
     fn push_coefficients(&self, io: &mut StepIo) {
         if let Some(c) = self.opt.coefficients() {
             for (name, v) in self.coeff_names.iter().zip(c) {
                 io.extra.push((name.clone(), *v as f64));
             }
+        }
+        for (name, v) in self.opt.variance_norms() {
+            io.extra.push((name.into(), v));
         }
     }
 
@@ -282,6 +288,8 @@ pub struct Sparse {
     weight_decay: f32,
     /// Steps of dense ring allreduce before the sparse exchange starts (`--dense-warmup`).
     dense_warmup: u32,
+    /// `--xi`: keep the accumulator, input and result for [`crate::xi`].
+    xi_k: Option<usize>,
 }
 
 impl Sparse {
@@ -301,6 +309,7 @@ impl Sparse {
             fold_lr,
             weight_decay: cfg.opt.weight_decay,
             dense_warmup: cfg.dense_warmup,
+            xi_k: cfg.xi.then(|| gradkit_sparsify::k_for(cfg.density, n)),
         }
     }
 
@@ -321,6 +330,30 @@ impl Sparse {
     }
 }
 
+impl Sparse {
+    /// ξ's accumulator ε + αG (the reducer's residual before this step, zero before the
+    /// first) and input αG.
+    fn xi_inputs(&self, input: &[f32], k: usize) -> crate::xi::Parts {
+        let mut acc = input.to_vec();
+        if let Some((_, res)) = self
+            .reducer
+            .state()
+            .into_iter()
+            .find(|(n, _)| n == "residual")
+        {
+            for (a, r) in acc.iter_mut().zip(res) {
+                *a += r;
+            }
+        }
+        crate::xi::Parts {
+            acc,
+            grad: input.to_vec(),
+            u_over_p: Vec::new(),
+            k,
+        }
+    }
+}
+
 impl Exchange for Sparse {
     fn method(&self) -> String {
         self.name.clone()
@@ -338,6 +371,7 @@ impl Exchange for Sparse {
                 *gi = lr * (*gi + wd * w);
             }
         }
+        let xi_in = self.xi_k.map(|k| self.xi_inputs(&input, k));
         let out = self
             .reducer
             .reduce(comm, io.step, &self.layout, Flat::Dense(input))?;
@@ -364,6 +398,10 @@ impl Exchange for Sparse {
                 d
             }
         };
+        if let Some(mut parts) = xi_in {
+            parts.u_over_p = u.clone();
+            io.xi = Some(parts);
+        }
         match &mut self.fold_lr {
             Some(sgd) => {
                 let t = Instant::now();

@@ -13,6 +13,7 @@
 //! - [`embrace`]: `--exchange embrace|allgather` (EmbRace's column-sharded embedding with
 //!   AlltoAll, the AllGather baseline, `--schedule fifo|embrace|2d`).
 //! - [`schedule`]: EmbRace's block-level priority queue (embrace.md §2.1, `--schedule 2d`).
+//! - [`xi`]: ξ of Ok-Topk's Assumption 1 measured in the run (`gradtrain --xi`).
 //!
 //! Not here: the collectives themselves (gradkit-collectives), file formats (gradkit-core).
 
@@ -26,6 +27,7 @@ pub mod model;
 pub mod optim;
 pub mod schedule;
 pub mod train;
+pub mod xi;
 
 pub use config::{Exchange, Lookup, Schedule};
 pub use train::{dump_gradients, train, TrainConfig, TrainReport};

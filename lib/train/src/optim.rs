@@ -106,6 +106,11 @@ pub trait Optimizer: Send {
     fn coefficients(&self) -> Option<&[f32]> {
         None
     }
+    /// The second moment v the next step divides by (Adam family), for the
+    /// `variance_norm` metric.
+    fn second_moment(&self) -> Option<&[f32]> {
+        None
+    }
 }
 
 /// Adam-family first and second moments as checkpoint state (PyTorch's names).
@@ -217,6 +222,9 @@ impl Optimizer for Adam {
     fn load_state(&mut self, st: &State) -> Result<()> {
         load_moments(st, &mut self.m, &mut self.v)
     }
+    fn second_moment(&self) -> Option<&[f32]> {
+        Some(&self.v)
+    }
 }
 
 /// LAMB as in 1-bit LAMB's Eq. (2), per tensor ℓ (no bias correction):
@@ -250,6 +258,9 @@ impl Optimizer for Lamb {
     }
     fn coefficients(&self) -> Option<&[f32]> {
         Some(&self.last_coeff)
+    }
+    fn second_moment(&self) -> Option<&[f32]> {
+        Some(&self.v)
     }
     fn step(&mut self, w: &mut [f32], g: &[f32], lr: f32, _step: u32) {
         let c = &self.cfg;
@@ -626,6 +637,32 @@ impl Opt {
             Opt::Plain(o) => o.coefficients(),
             Opt::OnebitLamb(o) => Some(&o.lamb.last_coeff),
             Opt::OnebitAdam(_) => None,
+        }
+    }
+    /// L2 norms of the second moments after the last step, as metrics: `variance_norm`, the
+    /// v the update divides by (frozen in the 1-bit compression stage), and for 1-bit LAMB
+    /// `variance_fresh_norm`, the copy that keeps being updated from the reconstructed
+    /// gradients (its ratio to the frozen one drives r). Empty for SGD.
+    pub fn variance_norms(&self) -> Vec<(&'static str, f64)> {
+        let l2 = |v: &[f32]| {
+            v.iter()
+                .map(|x| (*x as f64) * (*x as f64))
+                .sum::<f64>()
+                .sqrt()
+        };
+        match self {
+            Opt::Plain(o) => o
+                .second_moment()
+                .map(|v| vec![("variance_norm", l2(v))])
+                .unwrap_or_default(),
+            Opt::OnebitLamb(o) => {
+                let mut out = vec![("variance_norm", l2(&o.lamb.v))];
+                if !o.v_fresh.is_empty() {
+                    out.push(("variance_fresh_norm", l2(&o.v_fresh)));
+                }
+                out
+            }
+            Opt::OnebitAdam(o) => vec![("variance_norm", l2(&o.v))],
         }
     }
     pub fn state(&self) -> State {

@@ -108,6 +108,7 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
             }
         );
     }
+    crate::xi::check_config(cfg)?;
     crate::embrace::check_lookup(cfg)?;
     if cfg.exchange.is_embedding() {
         crate::embrace::check_config(cfg)?;
@@ -625,6 +626,10 @@ impl<'a> Run<'a> {
             .comm_s
             .unwrap_or((t.elapsed().as_secs_f64() - io.select_s - io.update_s).max(0.0));
         let after = comm.traffic().total();
+        if let Some(parts) = io.xi.take() {
+            let xi = crate::xi::measure(comm, parts)?;
+            io.extra.push(("xi".into(), xi));
+        }
         if cfg.corrupt_at == Some(step) && rank == 1 {
             self.ex.replicated_mut()[0] += 1e-3;
         }

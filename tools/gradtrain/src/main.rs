@@ -133,6 +133,11 @@ struct Cli {
     /// LSTM)
     #[arg(hide_short_help = true, long, default_value_t = 0, value_name = "N")]
     dense_warmup: u32,
+    /// Sparse exchanges: record the metric `xi`, Ok-Topk's Assumption 1 constant
+    /// ‖Top_k(mean accumulator) − u/P‖ / ‖mean gradient‖, every step (one extra allreduce of
+    /// 2n floats, counted in no step's bytes)
+    #[arg(hide_short_help = true, long)]
+    xi: bool,
     /// Ok-Topk: space repartition period τ
     #[arg(hide_short_help = true, long, default_value_t = 64)]
     period: u32,
@@ -303,6 +308,26 @@ fn exchange_name(a: &Cli) -> &str {
     }
 }
 
+/// The optimiser's knobs from the flags (`--onebit-exact` is clip off and mask none).
+fn opt_config(a: &Cli) -> OptConfig {
+    OptConfig {
+        name: a.optimizer.clone(),
+        momentum: a.momentum,
+        nesterov: a.nesterov,
+        weight_decay: a.weight_decay,
+        beta1: a.beta1,
+        beta2: a.beta2,
+        eps: a.eps,
+        lamb_min: a.lamb_min,
+        lamb_max: a.lamb_max,
+        freeze_step: a.freeze_step,
+        onebit_clip: !a.onebit_exact && a.onebit_clip.as_deref() != Some("off"),
+        onebit_mask: !a.onebit_exact && a.onebit_mask.as_deref() != Some("none"),
+        onebit_basic: a.onebit_basic,
+        ..OptConfig::default()
+    }
+}
+
 /// The run's configuration; the names (--exchange, --schedule, --lookup) parsed here, once.
 fn config(a: &Cli) -> anyhow::Result<TrainConfig> {
     let mut cfg = TrainConfig {
@@ -336,22 +361,7 @@ fn config(a: &Cli) -> anyhow::Result<TrainConfig> {
             .as_deref()
             .and_then(|s| s.parse().ok())
             .unwrap_or_default(),
-        opt: OptConfig {
-            name: a.optimizer.clone(),
-            momentum: a.momentum,
-            nesterov: a.nesterov,
-            weight_decay: a.weight_decay,
-            beta1: a.beta1,
-            beta2: a.beta2,
-            eps: a.eps,
-            lamb_min: a.lamb_min,
-            lamb_max: a.lamb_max,
-            freeze_step: a.freeze_step,
-            onebit_clip: !a.onebit_exact && a.onebit_clip.as_deref() != Some("off"),
-            onebit_mask: !a.onebit_exact && a.onebit_mask.as_deref() != Some("none"),
-            onebit_basic: a.onebit_basic,
-            ..OptConfig::default()
-        },
+        opt: opt_config(a),
         lr: a.lr,
         warmup: a.warmup,
         decay: match a.decay {
@@ -377,6 +387,7 @@ fn config(a: &Cli) -> anyhow::Result<TrainConfig> {
         metrics_path: a.metrics.clone(),
         metrics_every: a.metrics_every,
         comm_trace: a.comm_trace.clone(),
+        xi: a.xi,
         // The run appends the --metrics file itself; the rows are not held for a final write.
         keep_metrics: false,
         ..TrainConfig::default()

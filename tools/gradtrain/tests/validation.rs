@@ -292,6 +292,8 @@ fn a_flag_that_would_be_ignored_is_a_usage_error() {
         ),
         (vec!["--dense-warmup", "5"], "--dense-warmup", "`dense`"),
         (vec!["--dense-warmup", "0"], "--dense-warmup", "`dense`"),
+        (vec!["--xi"], "--xi", "`dense`"),
+        ([&onebit[..], &["--xi"]].concat(), "--xi", "`onebit`"),
         (
             vec!["--exchange", "cltk", "--period", "8"],
             "--period",
@@ -481,6 +483,7 @@ fn each_flag_is_accepted_where_it_has_an_effect() {
             "0.05",
             "--dense-warmup",
             "1",
+            "--xi",
         ]);
     }
     for args in cases {
