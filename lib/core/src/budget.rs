@@ -153,9 +153,12 @@ pub fn human(bytes: u128) -> String {
 pub fn parse_size(s: &str) -> Result<u64> {
     let t = s.trim();
     let bad = || anyhow::anyhow!("`{s}` is not a size (e.g. 4096, 64K, 16M, 8G, 1T)");
+    // `64K`, `64KB`, `64KiB` and `64Ki` are all 64 × 1024 bytes: byte sizes are binary, as
+    // nccl-tests' `-b 8 -e 128M` and memory limits are (counts are SI: [`parse_count`]).
     let t = t
         .strip_suffix("iB")
         .or_else(|| t.strip_suffix('B'))
+        .or_else(|| t.strip_suffix('i'))
         .unwrap_or(t);
     let (num, shift) = match t.chars().last() {
         Some('K' | 'k') => (&t[..t.len() - 1], 10),
@@ -239,6 +242,16 @@ pub fn parse_size_arg(s: &str) -> std::result::Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Byte sizes are binary with or without the `i`: `64K` = `64Ki` = `64KiB` = 65,536.
+    #[test]
+    fn sizes_are_binary_with_or_without_i() {
+        for s in ["64K", "64Ki", "64KiB", "64KB", "65536"] {
+            assert_eq!(parse_size(s).unwrap(), 65_536, "{s}");
+        }
+        assert_eq!(parse_size("16Mi").unwrap(), 1 << 24);
+        assert!(parse_size("64Kx").is_err());
+    }
 
     /// Counts are decimal unless binary is said (`Mi`), as model sizes are quoted.
     #[test]

@@ -21,7 +21,7 @@ const EXPECTED: &[(&str, &str)] = &[
     ("topk-union", "sparse"),
     ("onebit", "compressed"),
     ("onebit-naive", "compressed"),
-    ("alltoall", "embedding"),
+    ("embrace", "embedding"),
 ];
 
 #[test]
@@ -43,6 +43,9 @@ fn parse_display_round_trip_and_unknown_names() {
         let a: Algo = name.parse().unwrap();
         assert_eq!(a.to_string(), *name);
     }
+    // The old spelling is read as the algorithm and displayed by its name.
+    let old: Algo = "alltoall".parse().unwrap();
+    assert_eq!(old.to_string(), "embrace");
     // Exact, case-sensitive names only.
     for bad in ["nope", "Ring", "onebit_naive", "", " ring"] {
         let e = bad.parse::<Algo>().unwrap_err().to_string();
@@ -88,7 +91,7 @@ fn by_algo_picks_each_algorithms_formula() {
         ("topk-union", Some((21.0, 700.0))),
         ("onebit", Some((28.0, 1806.0 / 4.0))),
         ("onebit-naive", None),
-        ("alltoall", None),
+        ("embrace", None),
     ];
     for (name, w) in want {
         let a: Algo = name.parse().unwrap();

@@ -443,7 +443,12 @@ fn read_checked(dir: &Path, rank: usize, meta: &[(String, String)]) -> Result<Ra
             .iter()
             .find(|(a, _)| a == k)
             .map(|(_, b)| b.as_str());
-        if have != Some(v.as_str()) {
+        // A checkpoint written under an exchange's old spelling (`dense`) is the same run.
+        let canonical = |s: &str| match (k.as_str(), s.parse::<crate::config::Exchange>()) {
+            ("exchange", Ok(e)) => e.name().to_string(),
+            _ => s.to_string(),
+        };
+        if have.map(canonical) != Some(canonical(v)) {
             bail!(
                 "checkpoint {} was written with {k} = {}, this run has {k} = {v} (flag --resume)",
                 dir.display(),

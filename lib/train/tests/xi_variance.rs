@@ -233,8 +233,8 @@ fn xi_at_full_density_is_zero() {
 
 #[test]
 fn xi_is_refused_where_it_means_nothing() {
-    let mut cfg = tiny("dense", "sgd", 2);
+    let mut cfg = tiny("ring", "sgd", 2);
     cfg.xi = true;
     let err = train(&World::local(2), &cfg).unwrap_err().to_string();
-    assert!(err.contains("--xi") && err.contains("dense"), "{err}");
+    assert!(err.contains("--xi") && err.contains("`ring`"), "{err}");
 }

@@ -31,19 +31,20 @@ counters; the files differ only in the metadata `gradkit.backend` and `gradkit.p
 
 Algorithms (--algo):
   ring, rabenseifner, tree, native   dense; --op sum|mean
-  ring-fp16                          the ring with fp16 messages (half the bytes)
+  ring-fp16                          the ring with fp16 messages (half the bytes; = ring --wire fp16)
   topka, topkdsa, gtopk, gaussiank   sparse baselines of Ok-Topk's Table 1
   oktopk                             Ok-Topk (--period, --reeval, --balance, --plan, …)
   deft                               DEFT's exchange (dense input, --plan or computed)
   cltk                               CLT-k: cyclic leader's top-k, all ranks' values (dense input)
   topk-union                         Top-k (union) of DEFT's Alg. 1: union of top-k (dense input)
   onebit, onebit-naive               1-bit compressed allreduce (--state)
-  alltoall                           EmbRace's AlltoAll for embedding layers (--split)
+  embrace                            EmbRace's AlltoAll for embedding layers (--split; old: alltoall)
 Sparse algorithms sum (Ok-Topk's u); dense input to them is first selected with --density
 and error feedback across steps, as Ok-Topk's Algorithm 1 does. --op mean divides any sum
 by P; the 1-bit allreduces always average, so --op does not apply to them. A flag read only
 by other algorithms (--state, --plan, --period, --reeval, --adjust, --balance,
---reeval-step-d, --split) is refused.
+--reeval-step-d, --split) is refused. Each name is gradtrain --exchange's name of the same
+algorithm and the metrics' `algo` value.
 
 Examples:
   gradtrace synthetic --shape mlp --ranks 4 --steps 3 --seed 1 \\

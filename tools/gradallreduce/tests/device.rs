@@ -93,22 +93,26 @@ fn cpu_is_the_default_and_gives_the_same_rows() {
 
 #[test]
 fn a_device_typo_is_a_usage_error_listing_the_values() {
-    let d_dir = tmpdir("typo");
+    typo_is_a_usage_error(
+        "typo",
+        "--device",
+        &["gpu", "cuda:x", "CUDA", "cuda:-1"],
+        "cpu, cuda, cuda:N",
+    );
+}
+
+/// Each of `bads` given to `flag` is a usage error (exit 2) that lists the values
+/// (`listing`), and nothing is written.
+fn typo_is_a_usage_error(name: &str, flag: &str, bads: &[&str], listing: &str) {
+    let d_dir = tmpdir(name);
     let d = d_dir.path().to_path_buf();
     trace(&d);
-    for bad in ["gpu", "cuda:x", "CUDA", "cuda:-1"] {
+    for bad in bads {
         let before = gradkit_testkit::cli::snapshot(&d);
-        let (code, err) = run(
-            &d,
-            &["--device", bad, "trace.parquet", "-o", "out.parquet"],
-            &[],
-        );
+        let (code, err) = run(&d, &[flag, bad, "trace.parquet", "-o", "out.parquet"], &[]);
         assert_eq!(code, Some(2), "{bad}: {err}");
         assert!(err.starts_with("error: "), "{err}");
-        assert!(
-            err.contains("--device") && err.contains("cpu, cuda, cuda:N"),
-            "{err}"
-        );
+        assert!(err.contains(flag) && err.contains(listing), "{err}");
         assert_eq!(gradkit_testkit::cli::snapshot(&d), before);
     }
 }
@@ -272,24 +276,12 @@ fn refused_backend(dir: &Path, backend: &str, envs: &[(&str, &Path)], needle: &s
 
 #[test]
 fn a_backend_typo_is_a_usage_error_listing_the_values() {
-    let d_dir = tmpdir("backend-typo");
-    let d = d_dir.path().to_path_buf();
-    trace(&d);
-    for bad in ["NCCL", "gloo", ""] {
-        let before = gradkit_testkit::cli::snapshot(&d);
-        let (code, err) = run(
-            &d,
-            &["--backend", bad, "trace.parquet", "-o", "out.parquet"],
-            &[],
-        );
-        assert_eq!(code, Some(2), "{bad}: {err}");
-        assert!(err.starts_with("error: "), "{err}");
-        assert!(
-            err.contains("--backend") && err.contains("mpi, nccl"),
-            "{err}"
-        );
-        assert_eq!(gradkit_testkit::cli::snapshot(&d), before);
-    }
+    typo_is_a_usage_error(
+        "backend-typo",
+        "--backend",
+        &["NCCL", "gloo", ""],
+        "mpi, nccl",
+    );
 }
 
 #[cfg(not(feature = "cuda"))]

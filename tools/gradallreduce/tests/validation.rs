@@ -106,7 +106,7 @@ fn flags_that_do_not_apply_are_usage_errors() {
         ),
         (
             &["--algo", "ring", "--split", "rows"],
-            "error: --split applies to --algo alltoall only",
+            "error: --split applies to --algo embrace only",
         ),
         (
             &["--algo", "onebit", "--op", "mean"],

@@ -6,7 +6,7 @@ use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gradallreduce");
 
-const ALGOS: &str = "ring, ring-fp16, rabenseifner, tree, native, topka, topkdsa, gtopk, gaussiank, oktopk, deft, cltk, topk-union, onebit, onebit-naive, alltoall";
+const ALGOS: &str = "ring, ring-fp16, rabenseifner, tree, native, topka, topkdsa, gtopk, gaussiank, oktopk, deft, cltk, topk-union, onebit, onebit-naive, embrace";
 
 fn out(args: &[&str]) -> (Option<i32>, String, String) {
     let o = Command::new(BIN).args(args).output().unwrap();

@@ -70,6 +70,7 @@ struct Cli {
     #[arg(long, visible_alias = "ranks", value_name = "P")]
     workers: Option<usize>,
     /// DEFT: fraction of the model's elements selected per step, k = floor(D·n), in (0, 1]
+    /// [default: 0.01, as gradselect, gradallreduce and gradtrain]
     #[arg(long, value_name = "D")]
     density: Option<f64>,
     /// DEFT: hand leftover k to the highest-norm pieces (and take back an overshoot) so Σk_x = k
@@ -102,6 +103,9 @@ struct Cli {
     io: IoArgs,
 }
 
+/// `--density` when it is not given: the other tools' default.
+const DEFAULT_DENSITY: f64 = 0.01;
+
 mod deft_run;
 mod oktopk_run;
 
@@ -126,9 +130,7 @@ fn check_args(a: &Cli, m: &clap::ArgMatches) -> Result<()> {
     }
     match a.method {
         Method::Deft => {
-            let d = a
-                .density
-                .context("--method deft needs --density D (0 < D ≤ 1)")?;
+            let d = a.density.unwrap_or(DEFAULT_DENSITY);
             if !(d > 0.0 && d <= 1.0) {
                 bail!("--density must lie in (0, 1], got {d}");
             }
@@ -226,7 +228,7 @@ fn body(a: &Cli) -> Result<()> {
         bail!("--workers {p} is larger than the number of gradient elements ({n})");
     }
     trace.flat_len()?;
-    let d = a.density.unwrap_or(1.0);
+    let d = a.density.unwrap_or(DEFAULT_DENSITY);
     let k = ((d * n as f64).floor() as u64).clamp(1, n);
     let (meta, algo) = out_meta(a, p, d, k);
     // Ok-Topk's partition balances a selection whatever its density: no density to name.

@@ -394,10 +394,23 @@ fn bad_input_is_refused() {
         let flag = format!("--density={bad}");
         usage(&["--method", "deft", &flag, d, "-o", o], "--density");
     }
-    usage(
-        &["--method", "deft", d, "-o", o],
-        "--method deft needs --density",
-    );
+    // Without --density DEFT keeps 1 %, the other tools' default: the same plan as
+    // `--density 0.01`.
+    let o2 = out.with_extension("d001.parquet");
+    let o2s = o2.to_str().unwrap();
+    for (args, path) in [
+        (vec!["--method", "deft", d, "-o", o], &out),
+        (
+            vec!["--method", "deft", "--density", "0.01", d, "-o", o2s],
+            &o2,
+        ),
+    ] {
+        let (code, err) = run(&args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert!(path.exists());
+    }
+    assert_eq!(plan(&out).0, plan(&o2).0);
+    std::fs::remove_file(&out).unwrap();
     usage(
         &["--method", "oktopk", "--period", "0", s, "-o", o],
         "--period",

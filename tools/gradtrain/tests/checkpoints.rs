@@ -161,7 +161,7 @@ fn a_fresh_run_refuses_a_directory_holding_another_runs_checkpoints() {
     let before = tree(&p.join("ck"));
     let o = gradtrain(
         p,
-        &["--steps", "10", "--exchange", "topk", "--checkpoint", "ck"],
+        &["--steps", "10", "--exchange", "topka", "--checkpoint", "ck"],
     );
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
@@ -203,7 +203,7 @@ fn overwrite_checkpoint_replaces_the_other_runs_checkpoints_and_nothing_else() {
             "--steps",
             "10",
             "--exchange",
-            "topk",
+            "topka",
             "--checkpoint",
             "ck",
             "--overwrite-checkpoint",
@@ -219,8 +219,8 @@ fn overwrite_checkpoint_replaces_the_other_runs_checkpoints_and_nothing_else() {
     let resume = ["--steps", "12", "--checkpoint", "ck", "--resume"];
     let o = gradtrain(p, &resume);
     assert_eq!(o.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("exchange = topk"));
-    ok(p, &[&resume[..], &["--exchange", "topk"]].concat());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("exchange = topka"));
+    ok(p, &[&resume[..], &["--exchange", "topka"]].concat());
 }
 
 #[test]

@@ -240,10 +240,7 @@ fn embrace_counts_only_its_shard_of_the_embedding() {
             "1G",
         ]
     };
-    fails_with(
-        &gradtrain(&args("dense"), &[]),
-        &["lstm-lm", "--max-memory"],
-    );
+    fails_with(&gradtrain(&args("ring"), &[]), &["lstm-lm", "--max-memory"]);
     let o = gradtrain(&args("embrace"), &[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }

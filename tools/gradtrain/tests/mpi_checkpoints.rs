@@ -88,14 +88,14 @@ fn resuming_with_another_exchange_prints_one_line() {
             "--steps",
             "30",
             "--exchange",
-            "topk",
+            "topka",
             "--checkpoint",
             ck.to_str().unwrap(),
             "--resume",
             "-q",
         ],
     );
-    one_error(code, &err, &["exchange = dense", "exchange = topk"]);
+    one_error(code, &err, &["exchange = ring", "exchange = topka"]);
     assert_eq!(gradkit_testkit::cli::names(&ck), ["latest", "step-10"]);
 }
 

@@ -263,8 +263,8 @@ fn a_flag_that_would_be_ignored_is_a_usage_error() {
     let onebit = ["--optimizer", "onebit-lamb", "--exchange", "onebit"];
     // (flags, the flag named, what it was given with)
     let cases: Vec<(Vec<&str>, &str, &str)> = vec![
-        (vec!["--schedule", "2d"], "--schedule", "`dense`"),
-        (vec!["--schedule", "embrace"], "--schedule", "`dense`"),
+        (vec!["--schedule", "2d"], "--schedule", "`ring`"),
+        (vec!["--schedule", "embrace"], "--schedule", "`ring`"),
         (
             [&LM[..], &["--exchange", "allgather", "--schedule", "2d"]].concat(),
             "--schedule",
@@ -279,7 +279,7 @@ fn a_flag_that_would_be_ignored_is_a_usage_error() {
             "--schedule",
             "`allgather-raw`",
         ),
-        (vec!["--density", "0.05"], "--density", "`dense`"),
+        (vec!["--density", "0.05"], "--density", "`ring`"),
         (
             [&onebit[..], &["--density", "0.05"]].concat(),
             "--density",
@@ -290,9 +290,9 @@ fn a_flag_that_would_be_ignored_is_a_usage_error() {
             "--density",
             "`embrace`",
         ),
-        (vec!["--dense-warmup", "5"], "--dense-warmup", "`dense`"),
-        (vec!["--dense-warmup", "0"], "--dense-warmup", "`dense`"),
-        (vec!["--xi"], "--xi", "`dense`"),
+        (vec!["--dense-warmup", "5"], "--dense-warmup", "`ring`"),
+        (vec!["--dense-warmup", "0"], "--dense-warmup", "`ring`"),
+        (vec!["--xi"], "--xi", "`ring`"),
         ([&onebit[..], &["--xi"]].concat(), "--xi", "`onebit`"),
         (
             vec!["--exchange", "cltk", "--period", "8"],
@@ -300,11 +300,11 @@ fn a_flag_that_would_be_ignored_is_a_usage_error() {
             "`cltk`",
         ),
         (
-            vec!["--exchange", "topk", "--period", "8"],
+            vec!["--exchange", "topka", "--period", "8"],
             "--period",
-            "`topk`",
+            "`topka`",
         ),
-        (vec!["--period", "8"], "--period", "`dense`"),
+        (vec!["--period", "8"], "--period", "`ring`"),
         (
             vec!["--exchange", "cltk", "--reeval", "4"],
             "--reeval",
@@ -321,11 +321,11 @@ fn a_flag_that_would_be_ignored_is_a_usage_error() {
             "--freeze-step",
             "`lamb`",
         ),
-        (vec!["--lookup", "per-token"], "--lookup", "`dense`"),
+        (vec!["--lookup", "per-token"], "--lookup", "`ring`"),
         (
-            vec!["--exchange", "topk", "--wire", "f32"],
+            vec!["--exchange", "topka", "--wire", "f32"],
             "--wire",
-            "`topk`",
+            "`topka`",
         ),
         (vec!["--beta1", "0.8"], "--beta1", "`sgd`"),
         (vec!["--beta2", "0.99"], "--beta2", "`sgd`"),
@@ -419,7 +419,7 @@ fn each_flag_is_accepted_where_it_has_an_effect() {
         vec!["--wire", "fp16"],
         vec![
             "--exchange",
-            "topk",
+            "topka",
             "--dense-warmup",
             "1",
             "--wire",
@@ -467,7 +467,7 @@ fn each_flag_is_accepted_where_it_has_an_effect() {
         ],
     ];
     for ex in [
-        "topk",
+        "topka",
         "gaussiank",
         "topkdsa",
         "gtopk",
