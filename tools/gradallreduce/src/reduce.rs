@@ -210,7 +210,7 @@ impl ReduceArgs {
     /// others.
     pub fn keep(&self) -> Option<gradkit_core::cli::Keep> {
         use gradkit_core::cli::Keep;
-        (self.algo.family() == gradkit_collectives::Family::Sparse).then(|| match self.k {
+        (self.algo.family() == gradkit_collectives::Family::Sparse).then_some(match self.k {
             Some(k) => Keep::K(k),
             None => Keep::Density(self.density),
         })

@@ -7,7 +7,7 @@ static ALLOC: gradkit_core::alloc::BigAlloc = gradkit_core::alloc::BigAlloc;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use gradkit_core::cli::{self, Format, IoArgs, TextTable};
 use gradkit_core::io::{Expect, Meta, Output, TableWriter, TraceReader};
