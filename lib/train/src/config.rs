@@ -365,15 +365,17 @@ impl TrainConfig {
     /// optimiser unless it is plain SGD, and EmbRace's schedule unless it is FIFO:
     /// `oktopk-d0.01`, `ring-adam`, `onebit-lamb`, `embrace-2d`.
     pub fn default_run_name(&self) -> String {
+        use gradkit_core::cli::{default_run_name, Keep};
         let mut parts: Vec<String> = Vec::new();
+        let keep = self
+            .exchange
+            .is_sparse()
+            .then_some(Keep::Density(self.density));
         match self.exchange {
             // The 1-bit optimisers name the exchange already.
             Exchange::OneBit => {}
             Exchange::Ring if self.fp16_wire => parts.push("ring-fp16".into()),
-            e => parts.push(e.name().into()),
-        }
-        if self.exchange.is_sparse() {
-            parts.push(format!("d{}", self.density));
+            e => parts.push(default_run_name(e.name(), keep)),
         }
         if self.opt.name != "sgd" || parts.is_empty() {
             parts.push(self.opt.name.clone());
