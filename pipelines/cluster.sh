@@ -2,7 +2,8 @@
 # A cluster on one machine: N hosts as network namespaces on a private bridge, every link
 # shaped with `tc tbf` at both ends (a full-duplex NIC of RATE), and mpirun over TCP into them.
 #
-#   pipelines/cluster.sh up [--hosts N] [--rate RATE] [--id ID]   build it (default 4 hosts, 1gbit)
+#   pipelines/cluster.sh up [--hosts N] [--rate RATE] [--burst B] [--id ID]
+#                                                                 build it (default 4 hosts, 1gbit)
 #   pipelines/cluster.sh status                                   hosts, addresses, rate, reachability
 #   pipelines/cluster.sh run [-np N] [--slots S] -- CMD…          mpirun CMD across the hosts
 #   pipelines/cluster.sh down                                     remove exactly what `up` made
@@ -31,6 +32,24 @@ record() { echo "$1=$2" >>"$STATE"; }
 hosts() { awk -F= '$1 == "host" { print $2 }' "$STATE"; }
 
 # rate_bytes RATE: bytes per second of a tc rate (bit, kbit, mbit, gbit; k/m/g are 1000s).
+# burst_bytes B RATE_BYTES: tbf's burst in bytes. B is bytes (`16384`) or milliseconds of the
+# rate (`1ms`, at least 16 KiB); empty: the default, 2 ms of the rate and at least 64 KiB (at
+# 1 Gbit/s this machine's timers need ≥ 64 KiB to reach the rate). A message that fits in the
+# burst passes at memory speed, which no real NIC does: `make repro-sim` uses `1ms`.
+burst_bytes() {
+  local b=${1,,} r=$2 n
+  if [ -z "$b" ]; then
+    echo $(( r / 500 > 65536 ? r / 500 : 65536 ))
+  elif [[ $b =~ ^([1-9][0-9]*)ms$ ]]; then
+    n=$(( r * 10#${BASH_REMATCH[1]} / 1000 ))
+    echo $(( n > 16384 ? n : 16384 ))
+  elif [[ $b =~ ^[0-9]+$ ]] && [ "$((10#$b))" -ge 2048 ]; then
+    echo $((10#$b))
+  else
+    die "--burst $1: give bytes (at least 2048) or milliseconds of the rate, like 16384 or 1ms"
+  fi
+}
+
 rate_bytes() {
   local r=${1,,} n u
   [[ $r =~ ^([0-9]+)(bit|kbit|mbit|gbit)$ ]] || die "--rate $1: give a rate like 100mbit, 1gbit or 10gbit"
@@ -106,17 +125,19 @@ cmd_check() {
 }
 
 cmd_up() {
-  local n=4 rate=1gbit id= burst bytes i ns va vb addr x
+  local n=4 rate=1gbit id= burst burst_arg= bytes i ns va vb addr x
   while [ $# -gt 0 ]; do
     case $1 in
       --hosts) n=$2; shift 2 ;;
       --rate) rate=$2; shift 2 ;;
+      --burst) burst_arg=$2; shift 2 ;;
       --id) id=$2; shift 2 ;;
       *) usage ;;
     esac
   done
   [[ $n =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 64 ] || die "--hosts $n: give 1 to 64"
   bytes=$(rate_bytes "$rate")
+  burst=$(burst_bytes "$burst_arg" "$bytes")
   [ -n "$id" ] || id=$(printf '%04x%02x' $((RANDOM)) $(($$ % 256)))
   [[ $id =~ ^[a-z0-9]{1,6}$ ]] || die "--id $id: give 1 to 6 of [a-z0-9]"
   command -v ip >/dev/null && command -v tc >/dev/null || die "cluster: needs ip and tc (apt-get install iproute2)"
@@ -141,13 +162,12 @@ cmd_up() {
   exec 9>/tmp/gradkit-cluster.lock
   flock 9
   x=$(pick_subnet "$id")
-  # burst: 2 ms of traffic at RATE, at least 64 KiB (tbf needs burst ≥ rate/HZ to reach RATE).
-  burst=$(( bytes / 500 > 65536 ? bytes / 500 : 65536 ))
   {
     echo "# gradkit cluster state, written by pipelines/cluster.sh up; removed by down"
     echo "id=$id"
     echo "hosts=$n"
     echo "rate=$rate"
+    echo "burst=$burst"
     echo "subnet=10.77.$x.0/24"
     echo "bridge=gk$id"
     echo "bridge_addr=10.77.$x.254"
@@ -184,7 +204,7 @@ cmd_up() {
     reachable "gk$id-h1" "10.77.$x.$i" || die "host $i (10.77.$x.$i) is not reachable from host 1 over the bridge"
   done
   trap - EXIT INT TERM
-  echo "cluster $id up: $n hosts on 10.77.$x.0/24 (bridge gk$id), links shaped to $rate both ways; state $STATE" >&2
+  echo "cluster $id up: $n hosts on 10.77.$x.0/24 (bridge gk$id), links shaped to $rate both ways (tbf burst $burst B); state $STATE" >&2
 }
 
 cmd_down() {
@@ -204,7 +224,7 @@ cmd_status() {
   [ $# = 0 ] || usage
   [ -f "$STATE" ] || { echo "cluster: none is up ($STATE does not exist)"; return 3; }
   local ns addr bad=0 r
-  echo "cluster $(get id): $(get hosts) hosts, rate $(get rate) both ways, subnet $(get subnet), bridge $(get bridge)"
+  echo "cluster $(get id): $(get hosts) hosts, rate $(get rate) both ways (tbf burst $(get burst) B), subnet $(get subnet), bridge $(get bridge)"
   printf '%-4s %-14s %-16s %s\n' host address namespace reachable
   local i=0
   while read -r ns addr; do
@@ -243,7 +263,10 @@ cmd_run() {
   # Each host believes it has cores of its own, so Open MPI would busy-poll; the hosts share
   # this machine's cores, and a waiting rank must not take them from a computing one.
   export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
-  exec mpirun --mca plm_rsh_agent "$AGENT" --host "$list" -np "$np" \
+  # --bind-to none: each host's daemon binds its own first rank to core 0 otherwise, so every
+  # host's ranks would share one core of this machine while the others idle (a rank computing
+  # after its call then held its peer's receive back by up to a scheduler tick, 4 ms).
+  exec mpirun --mca plm_rsh_agent "$AGENT" --host "$list" -np "$np" --bind-to none \
     --mca btl tcp,self --mca btl_tcp_if_include "$subnet" --mca oob_tcp_if_include "$subnet" \
     -x GRADKIT_CLUSTER_INFO -x PATH ${RAYON_NUM_THREADS:+-x RAYON_NUM_THREADS} "$@"
 }

@@ -67,7 +67,8 @@ launch() {
   fi
 }
 
-# with_cluster HOSTS RATE CMD…: bring up a cluster of HOSTS hosts at RATE for CMD alone (state
+# with_cluster HOSTS RATE CMD…: bring up a cluster of HOSTS hosts at RATE (tbf burst
+# CLUSTER_BURST where set, `cluster.sh up --burst`) for CMD alone (state
 # in ./cluster-RATE.env, a fresh run id), run CMD with GRADKIT_CLUSTER set (so `launch` runs
 # across it), tear it down also when CMD fails or the run is interrupted. Ask
 # `pipelines/cluster.sh check` first where the machine may not permit it.
@@ -75,7 +76,8 @@ with_cluster() {
   local hosts=$1 rate=$2
   shift 2
   local state=$PWD/cluster-$rate.env
-  GRADKIT_CLUSTER=$state "$ROOT/pipelines/cluster.sh" up --hosts "$hosts" --rate "$rate"
+  GRADKIT_CLUSTER=$state "$ROOT/pipelines/cluster.sh" up --hosts "$hosts" --rate "$rate" \
+    ${CLUSTER_BURST:+--burst "$CLUSTER_BURST"}
   # A failing CMD ends the script (set -e): the EXIT trap tears the cluster down then.
   trap "GRADKIT_CLUSTER='$state' '$ROOT/pipelines/cluster.sh' down" EXIT
   trap 'exit 130' INT TERM

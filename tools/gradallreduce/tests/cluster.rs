@@ -280,3 +280,70 @@ fn down_leaves_no_namespace_link_or_bridge() {
     // A second down (the guard's) finds nothing to do and succeeds.
     assert!(cluster.down().status.success());
 }
+
+/// The CPUs the calling process may run on (`Cpus_allowed_list` of /proc/self/status).
+fn cpus_allowed(status: &str) -> Option<String> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|v| v.trim().to_string())
+}
+
+#[test]
+fn ranks_may_use_every_core_and_the_burst_is_the_one_asked_for() {
+    if !have_mpirun() {
+        eprintln!("skipped: mpirun is not installed (make deps)");
+        return;
+    }
+    let mine = cpus_allowed(&std::fs::read_to_string("/proc/self/status").unwrap()).unwrap();
+    let d_dir = tmpdir("bind");
+    let d = d_dir.path().to_path_buf();
+    let id = run_id('b');
+    let state = d.join("cluster.env");
+    let o = cluster_cmd(&state)
+        .args(["up", "--hosts", "2", "--rate", "100mbit", "--burst", "16384", "--id", &id])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    if !o.status.success() && (err.contains("not permitted") || err.contains("needs ip and tc")) {
+        eprintln!("skipped: {}", err.trim());
+        return;
+    }
+    assert!(o.status.success(), "up: {err}");
+    let cluster = Cluster { state, id };
+    let status = cluster_cmd(&cluster.state).arg("status").output().unwrap();
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(text.contains("tbf burst 16384 B"), "{text}");
+    // Every host's daemon would bind its first rank to core 0: the hosts' ranks must not
+    // share one core while the machine's others idle.
+    let args: Vec<OsString> = ["bash", "-c", "cat /proc/self/status"]
+        .iter()
+        .map(OsString::from)
+        .collect();
+    let o = cluster.run(2, &args);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "run: {}", String::from_utf8_lossy(&o.stderr));
+    let ranks: Vec<_> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|v| v.trim().to_string())
+        .collect();
+    assert_eq!(ranks, vec![mine.clone(), mine], "{out}");
+}
+
+#[test]
+fn a_bad_burst_is_refused_in_one_line_before_anything_is_built() {
+    let d_dir = tmpdir("burst");
+    let state = d_dir.path().join("cluster.env");
+    for bad in ["16x", "100", "0ms"] {
+        let o = cluster_cmd(&state)
+            .args(["up", "--hosts", "2", "--burst", bad])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "--burst {bad} accepted");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.starts_with("error: --burst"), "{err}");
+        assert!(!state.exists());
+    }
+}
