@@ -389,7 +389,7 @@ impl Timing {
         }
     }
 
-    /// One call of `reducer` on `input`, after a barrier, with the traffic counters reset:
+    /// One call of `reducer` on `input`, between two barriers, with the traffic counters reset:
     /// timed, its page faults and traffic kept when `timed` (not a warm-up). Returns the
     /// result.
     fn call(
@@ -415,6 +415,12 @@ impl Timing {
         let out = reducer.reduce(comm, step, layout, input)?;
         let dt = t0.elapsed().as_secs_f64();
         comm.traffic().end_step();
+        // Every rank leaves the call before any starts its next iteration's work: a rank
+        // that computes while a peer still waits for its last message holds that message
+        // back by milliseconds on the shaped cluster (hosts sharing cores; measured 2–5 ms
+        // on a 40 KiB message at 1 Gbit/s, ~0.5 ms with this barrier), which is not the
+        // network's time (docs/SIMULATE.md, "Calibration").
+        comm.barrier()?;
         let f1 = page_faults(self.per_thread);
         let t = comm.traffic().total();
         (self.sent, self.msgs) = (t.bytes_sent, t.msgs_sent);
