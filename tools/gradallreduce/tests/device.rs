@@ -380,3 +380,56 @@ fn the_counting_device_reduces_as_the_cpu_and_uploads_each_gradient_once() {
         assert!(n[3] < 6 * 4 * 2009, "{algo}: model-sized downloads: {line}");
     }
 }
+
+/// `--device counting` runs the 1-bit reducers with their errors resident: the same rows as
+/// the CPU, and per rank and step the gradient up and the result down once, otherwise
+/// packed signs only (onebit: this rank's signs and its server chunk down, the received and
+/// the gathered chunks up; onebit-naive: its signs down, every rank's up).
+#[test]
+fn the_counting_device_runs_the_onebit_reducers_as_the_cpu_moving_packed_signs() {
+    let d_dir = tmpdir("counting-onebit");
+    let d = d_dir.path().to_path_buf();
+    let rows = gradkit_testkit::traces::dense(2, 3, &[("w", 2000), ("b", 9)]);
+    write_table(&Output::Path(d.join("t.parquet")), &Meta::default(), &rows).unwrap();
+    // 2009 values on 2 ranks, padded to a multiple of P·lcm(P, 8) = 16 (onebit) or of 8
+    // (onebit-naive): 2016 either way, 252 bytes of signs, 126 per server chunk.
+    let (n, nbits, cb, calls) = (2009u64, 252u64, 126u64, 6u64);
+    for (algo, want) in [
+        ("onebit", [3, 4 * n + 4 * cb, 3, nbits + cb + 4 * n]),
+        ("onebit-naive", [2, 4 * n + 2 * nbits, 2, nbits + 4 * n]),
+    ] {
+        let mut got = Vec::new();
+        for dev in ["cpu", "counting"] {
+            let out = format!("{algo}-{dev}.parquet");
+            let args = [
+                "--algo",
+                algo,
+                "--ranks",
+                "2",
+                "--device",
+                dev,
+                "t.parquet",
+                "-o",
+                &out,
+            ];
+            let (code, err) = run(&d, &args, &[]);
+            assert_eq!(code, Some(0), "{args:?}: {err}");
+            let rows = read_tensor(&Input::Path(d.join(&out)), Default::default())
+                .unwrap()
+                .rows;
+            got.push((rows, err));
+        }
+        assert_eq!(got[1].0, got[0].0, "{algo}");
+        let line = got[1]
+            .1
+            .lines()
+            .find(|l| l.contains("gradallreduce: device counting:"))
+            .unwrap_or_else(|| panic!("{algo}: no transfer note: {}", got[1].1));
+        let nums: Vec<u64> = line
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        let want: Vec<u64> = want.iter().map(|w| w * calls).collect();
+        assert_eq!(nums, want, "{algo}: {line}");
+    }
+}
