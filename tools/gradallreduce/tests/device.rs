@@ -433,3 +433,67 @@ fn the_counting_device_runs_the_onebit_reducers_as_the_cpu_moving_packed_signs()
         assert_eq!(nums, want, "{algo}: {line}");
     }
 }
+
+/// `gradallreduce bench ARGS` in `dir`: exit code, stdout and stderr.
+fn bench(dir: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let o = std::process::Command::new(BIN)
+        .current_dir(dir)
+        .arg("bench")
+        .args(args)
+        .args(["--ranks", "2", "--algo", "ring", "--sizes", "1K:1K"])
+        .args(["--iters", "1", "--warmup", "0", "--metrics", "m.parquet"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// `gradallreduce bench --backend`: mpi (the default, given) prints nccl-tests' columns; a
+/// typo is a usage error listing the values and writes nothing.
+#[test]
+fn bench_takes_the_backend_and_a_typo_is_a_usage_error() {
+    let d_dir = tmpdir("bench-backend");
+    let d = d_dir.path().to_path_buf();
+    let (code, out, err) = bench(&d, &["--backend", "mpi"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("algbw") && out.contains("busbw"), "{out}");
+    std::fs::remove_file(d.join("m.parquet")).unwrap();
+    for bad in ["NCCL", "gloo", ""] {
+        let (code, _, err) = bench(&d, &["--backend", bad]);
+        assert_eq!(code, Some(2), "{bad}: {err}");
+        assert!(err.starts_with("error: "), "{err}");
+        assert!(
+            err.contains("--backend") && err.contains("mpi, nccl"),
+            "{err}"
+        );
+        assert!(!d.join("m.parquet").exists());
+    }
+}
+
+/// `bench --backend nccl` in a build without the feature stops as the reduction does: exit
+/// 1, the same one `error:` line, nothing written.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn without_the_feature_bench_on_nccl_says_to_rebuild() {
+    let d_dir = tmpdir("bench-nofeature");
+    let d = d_dir.path().to_path_buf();
+    trace(&d);
+    let args = [
+        "bench",
+        "--backend",
+        "nccl",
+        "--ranks",
+        "2",
+        "--sizes",
+        "1K:1K",
+        "--metrics",
+        "m.parquet",
+    ];
+    let msg = "gradkit was built without the `cuda` feature: rebuild with `cargo build --release --features cuda`";
+    gradkit_testkit::cli::refused_with_env(BIN, &d, &args, &[], &[msg]);
+    refused_backend(&d, "nccl", &[], msg);
+}
