@@ -497,3 +497,33 @@ fn without_the_feature_bench_on_nccl_says_to_rebuild() {
     gradkit_testkit::cli::refused_with_env(BIN, &d, &args, &[], &[msg]);
     refused_backend(&d, "nccl", &[], msg);
 }
+
+/// With the feature and no GPU: `bench --backend nccl` names what is missing, as the
+/// reduction does.
+#[cfg(feature = "cuda")]
+#[test]
+fn with_the_feature_bench_on_nccl_names_what_is_missing() {
+    let d_dir = tmpdir("bench-stubs");
+    let d = d_dir.path().to_path_buf();
+    let args = [
+        "bench",
+        "--backend",
+        "nccl",
+        "--ranks",
+        "2",
+        "--sizes",
+        "1K:1K",
+        "--metrics",
+        "m.parquet",
+    ];
+    if !stub::system_has("libcuda.so") {
+        let needle = "no CUDA driver found (libcuda.so)";
+        gradkit_testkit::cli::refused_with_env(BIN, &d, &args, &[], &[needle]);
+    }
+    let one_dir = stub::libs("gar-bench-nonccl", Some(stub::Driver::Gpus(1)), true, false);
+    if !stub::system_has("libnccl.so") {
+        let needle = "no NCCL library found (libnccl.so)";
+        let envs = [("LD_LIBRARY_PATH", one_dir.path())];
+        gradkit_testkit::cli::refused_with_env(BIN, &d, &args, &envs, &[needle]);
+    }
+}

@@ -148,3 +148,28 @@ fn without_the_feature_the_nccl_backend_says_to_rebuild() {
         &["gradkit was built without the `cuda` feature: rebuild with `cargo build --release --features cuda`"],
     );
 }
+
+/// With the feature and no GPU: `--backend nccl` names what is missing, as gradallreduce
+/// does (no driver; a driver with a GPU but no libnccl).
+#[cfg(feature = "cuda")]
+#[test]
+fn with_the_feature_the_nccl_backend_names_what_is_missing() {
+    let d = tempfile::tempdir().unwrap();
+    let refused = |envs: &[(&str, &Path)], needle: &str| {
+        let args: Vec<&str> = ["--backend", "nccl"]
+            .into_iter()
+            .chain(RUN.iter().copied())
+            .collect();
+        gradkit_testkit::cli::refused_with_env(BIN, d.path(), &args, envs, &[needle]);
+    };
+    if !stub::system_has("libcuda.so") {
+        refused(&[], "no CUDA driver found (libcuda.so)");
+    }
+    let one_dir = stub::libs("gt-nonccl", Some(stub::Driver::Gpus(1)), true, false);
+    if !stub::system_has("libnccl.so") {
+        refused(
+            &[("LD_LIBRARY_PATH", one_dir.path())],
+            "no NCCL library found (libnccl.so)",
+        );
+    }
+}
