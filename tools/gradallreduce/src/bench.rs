@@ -328,6 +328,8 @@ fn bench_reducer(algo: &str, args: &BenchArgs) -> Result<Box<dyn Reducer>> {
             algo,
             &Params {
                 kernels: kernels(args),
+                // The errors on the device, as in a reduction (docs/GPU.md §7).
+                resident: gradkit_cuda::resident_for(args.device).ok().flatten(),
                 ..Params::default()
             },
         ),
@@ -647,6 +649,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             nccl => format!("{nccl} (over {})", world.backend()),
         };
         model_note(&args, &fits, p, backend);
+        if let Some(line) = gradkit_cuda::transfer_note("gradallreduce bench", args.device) {
+            gradkit_core::noteln!("{line}");
+        }
     }
     if let Some(path) = &args.metrics {
         let mut meta = Meta::producer("gradallreduce");

@@ -434,13 +434,20 @@ fn the_counting_device_runs_the_onebit_reducers_as_the_cpu_moving_packed_signs()
     }
 }
 
-/// `gradallreduce bench ARGS` in `dir`: exit code, stdout and stderr.
+/// `gradallreduce bench ARGS` in `dir` (`--algo ring` unless given), one timed call of 1 KiB
+/// on 2 ranks, no warm-up: exit code, stdout and stderr.
 fn bench(dir: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let algo: &[&str] = if args.contains(&"--algo") {
+        &[]
+    } else {
+        &["--algo", "ring"]
+    };
     let o = std::process::Command::new(BIN)
         .current_dir(dir)
         .arg("bench")
         .args(args)
-        .args(["--ranks", "2", "--algo", "ring", "--sizes", "1K:1K"])
+        .args(algo)
+        .args(["--ranks", "2", "--sizes", "1K:1K"])
         .args(["--iters", "1", "--warmup", "0", "--metrics", "m.parquet"])
         .stdin(std::process::Stdio::null())
         .output()
@@ -526,4 +533,27 @@ fn with_the_feature_bench_on_nccl_names_what_is_missing() {
         let envs = [("LD_LIBRARY_PATH", one_dir.path())];
         gradkit_testkit::cli::refused_with_env(BIN, &d, &args, &envs, &[needle]);
     }
+}
+
+/// `bench --device counting`: the 1-bit reducers keep their errors on the device there too;
+/// the summary counts the copies (2 ranks × 1 call × 3 each way: the gradient, the received
+/// and the gathered chunks up; the signs, the server chunk and the result down).
+#[test]
+fn bench_on_the_counting_device_keeps_the_onebit_errors_resident() {
+    let d_dir = tmpdir("bench-counting");
+    let d = d_dir.path().to_path_buf();
+    let (code, _, err) = bench(&d, &["--algo", "onebit", "--device", "counting"]);
+    assert_eq!(code, Some(0), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.contains("gradallreduce bench: device counting:"))
+        .unwrap_or_else(|| panic!("no transfer note: {err}"));
+    // 1 KiB = 256 values on 2 ranks: padded to 256, 32 bytes of signs, 16 per server chunk.
+    let (n, nbits, cb) = (256u64, 32u64, 16u64);
+    let nums: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let want = [3, 4 * n + 4 * cb, 3, nbits + cb + 4 * n].map(|w| 2 * w);
+    assert_eq!(nums, want, "{line}");
 }
