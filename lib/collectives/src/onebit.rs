@@ -28,6 +28,11 @@
 //! [`WORKER_ERROR`] and [`SERVER_ERROR`]; moved rather than copied by [`Reducer::take_state`] /
 //! [`Reducer::load_state_owned`]); gradallreduce's `--state FILE` saves and loads
 //! them — DeepSpeed drops them on checkpoint load; we keep them.
+//!
+//! With `Params::resident` both errors live on that device instead (docs/GPU.md §7): the
+//! allreduce below is the same, only its compress, server and decompress steps run where
+//! the errors are (`place`), and what crosses between host and device per call is the
+//! input, the result and packed signs.
 
 use anyhow::{bail, Result};
 use gradkit_comm::{Comm, CommExt};
@@ -118,9 +123,10 @@ pub struct OneBitState {
     scratch: Scratch,
 }
 
-/// Buffers kept across calls: the packed worker signs and the list of received chunks. (Message vectors are not pooled: `Comm` takes and returns owned vectors, and
-/// keeping the received ones for reuse measured more page faults per call under mpirun —
-/// 91 against 18 — than letting the allocator recycle them.)
+/// Buffers kept across calls: the packed worker signs and the list of received chunks.
+/// (Message vectors are not pooled: `Comm` takes and returns owned vectors, and keeping the
+/// received ones for reuse measured more page faults per call under mpirun — 91 against
+/// 18 — than letting the allocator recycle them.)
 #[derive(Clone, Debug, Default)]
 struct Scratch {
     bits: Vec<u8>,
