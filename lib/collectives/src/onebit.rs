@@ -28,12 +28,20 @@
 //! [`WORKER_ERROR`] and [`SERVER_ERROR`]; moved rather than copied by [`Reducer::take_state`] /
 //! [`Reducer::load_state_owned`]); gradallreduce's `--state FILE` saves and loads
 //! them — DeepSpeed drops them on checkpoint load; we keep them.
+//!
+//! With `Params::resident` both errors live on that device instead (docs/GPU.md §7): the
+//! allreduce below is the same, only its compress, server and decompress steps run where
+//! the errors are (`place`), and what crosses between host and device per call is the
+//! input, the result and packed signs.
 
 use anyhow::{bail, Result};
 use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::Layout;
 
 use crate::{Flat, Reducer, StepOutput};
+
+mod place;
+use place::{Place, Unpack};
 
 fn gcd(a: usize, b: usize) -> usize {
     if b == 0 {
@@ -59,7 +67,7 @@ pub use gradkit_sparsify::onebit::{
     compress_into, compress_with_feedback, pack_and_feedback, pack_signs, rms, unpack_accumulate,
     unpack_first, unpack_scaled,
 };
-use gradkit_sparsify::onebit::{settle_errors, settled_sum_sq};
+use gradkit_sparsify::resident::DeviceKernels;
 
 /// Message buffers kept between calls: a call builds P + 1 (P sign chunks and its server
 /// chunk) and receives 2P; it keeps what the next call builds.
@@ -92,38 +100,37 @@ pub enum Variant {
 }
 
 /// The error buffers of one rank, kept across the calls of a run.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct OneBitState {
     pub variant: Variant,
     /// World size the buffers were sized for.
     pub p: usize,
     /// Unpadded fused length.
     pub n: usize,
-    /// Worker error, padded length, kept **unsettled** (docs/MEMORY.md): it holds the last call's
-    /// compressed input `c`, and the error is `c − worker_due·sign(c)`
-    /// ([`OneBitState::worker_error`]); the next compress applies that feedback while
-    /// reading it, so the worker compressor is one pass instead of two.
-    worker_error: Vec<f32>,
-    /// The scale whose feedback `worker_error` still owes (0.0: settled).
+    /// The worker error (padded length) and the server error of this rank's chunk
+    /// (`padded/P`; empty for [`Variant::Naive`]), in host memory with the compress / pack /
+    /// unpack kernels (gradkit-sparsify's CPU reference by default) or resident on a device.
+    /// Both are kept **unsettled** (docs/MEMORY.md): a buffer holds the last call's
+    /// compressed input `c`, and the error is `c − due·sign(c)`
+    /// ([`OneBitState::worker_error`]); the next call applies that feedback while reading
+    /// it, so the worker compressor and the server stage are one pass each instead of two.
+    place: Place,
+    /// The scale whose feedback the worker error still owes (0.0: settled).
     worker_due: f32,
-    /// Server error of this rank's chunk (`padded/P`; empty for [`Variant::Naive`]), kept
-    /// unsettled in the same way, owing `server_due`.
-    server_error: Vec<f32>,
+    /// The same for the server error.
     server_due: f32,
-    /// The compress / pack / unpack kernels (gradkit-sparsify's CPU reference by default).
-    pub kernels: &'static dyn Kernels,
     /// Buffers reused across calls (fresh allocations of this size cost page faults).
     scratch: Scratch,
 }
 
-/// Buffers kept across calls: the packed worker signs and the server's list of received
-/// chunks. (Message vectors are not pooled: `Comm` takes and returns owned vectors, and
-/// keeping the received ones for reuse measured more page faults per call under mpirun —
-/// 91 against 18 — than letting the allocator recycle them.)
+/// Buffers kept across calls: the packed worker signs and the list of received chunks.
+/// (Message vectors are not pooled: `Comm` takes and returns owned vectors, and keeping the
+/// received ones for reuse measured more page faults per call under mpirun — 91 against
+/// 18 — than letting the allocator recycle them.)
 #[derive(Clone, Debug, Default)]
 struct Scratch {
     bits: Vec<u8>,
-    /// The server's received sign chunks with their scales (vectors from the alltoall).
+    /// Received sign chunks with their scales (vectors from the alltoall or allgather).
     msgs: Vec<(Vec<u8>, f32)>,
     /// Message buffers of earlier calls (the chunks received in both phases), each of a
     /// chunk's size: the next call builds its messages in them, so that a steady-state call
@@ -165,25 +172,38 @@ impl OneBitState {
         (npad, server)
     }
 
-    /// Zero errors for a fused buffer of `n` elements on `p` ranks.
+    /// Zero errors for a fused buffer of `n` elements on `p` ranks, in host memory.
     pub fn new(variant: Variant, p: usize, n: usize) -> Self {
-        let (npad, server) = Self::lens(variant, p, n);
         OneBitState {
             variant,
             p,
             n,
-            worker_error: vec![0.0; npad],
+            place: Place::host(gradkit_sparsify::kernels::cpu(), Self::lens(variant, p, n)),
             worker_due: 0.0,
-            server_error: vec![0.0; server],
             server_due: 0.0,
-            kernels: gradkit_sparsify::kernels::cpu(),
             scratch: Scratch::default(),
         }
     }
 
+    /// The same state with zero errors in host memory, stepped by `kernels` (a device
+    /// implementation that copies per call, say).
+    pub fn with_kernels(mut self, kernels: &'static dyn Kernels) -> Self {
+        self.place = Place::host(kernels, self.place.lens());
+        (self.worker_due, self.server_due) = (0.0, 0.0);
+        self
+    }
+
+    /// The same state with zero errors resident on `dev` (docs/GPU.md §7): per call the data
+    /// goes up and the result comes down once; the rest that crosses is packed signs.
+    pub fn resident(mut self, dev: &'static dyn DeviceKernels) -> Self {
+        self.place = Place::device(dev, self.place.lens());
+        (self.worker_due, self.server_due) = (0.0, 0.0);
+        self
+    }
+
     /// Padded length of the fused buffer.
     pub fn padded(&self) -> usize {
-        self.worker_error.len()
+        self.place.lens().0
     }
 
     /// Compressed allreduce of `data` in place: on return every rank holds the same
@@ -211,43 +231,39 @@ impl OneBitState {
     /// This rank's worker error, settled (padded length): what the two-pass
     /// [`compress_with_feedback`] would hold, bit for bit.
     pub fn worker_error(&self) -> Vec<f32> {
-        let mut e = self.worker_error.clone();
-        settle_errors(&mut e, self.worker_due);
-        e
+        self.place.settled(self.dues()).0
     }
 
     /// This rank's server error, settled (`padded/P`, or empty).
     pub fn server_error(&self) -> Vec<f32> {
-        let mut e = self.server_error.clone();
-        settle_errors(&mut e, self.server_due);
-        e
+        self.place.settled(self.dues()).1
     }
 
     /// ‖worker error‖₂ and ‖server error‖₂ of the settled errors, without settling them.
     pub fn error_norms(&self) -> (f64, f64) {
-        (
-            settled_sum_sq(&self.worker_error, self.worker_due).sqrt(),
-            settled_sum_sq(&self.server_error, self.server_due).sqrt(),
-        )
+        let (w, s) = self.place.settled_sum_sq(self.dues());
+        (w.sqrt(), s.sqrt())
     }
 
-    /// Both errors, settled in place and moved out (the state keeps empty buffers): what
-    /// [`OneBitState::worker_error`] and [`OneBitState::server_error`] give, without a copy.
+    /// The scales the (worker, server) errors still owe.
+    fn dues(&self) -> (f32, f32) {
+        (self.worker_due, self.server_due)
+    }
+
+    /// Both errors settled (the state keeps empty buffers): what
+    /// [`OneBitState::worker_error`] and [`OneBitState::server_error`] give, moved out of
+    /// host memory without a copy.
     fn take_errors(&mut self) -> (Vec<f32>, Vec<f32>) {
-        settle_errors(&mut self.worker_error, self.worker_due);
-        settle_errors(&mut self.server_error, self.server_due);
+        let ws = self.place.take_settled(self.dues());
         (self.worker_due, self.server_due) = (0.0, 0.0);
-        (
-            std::mem::take(&mut self.worker_error),
-            std::mem::take(&mut self.server_error),
-        )
+        ws
     }
 
     /// Replaces both errors by settled ones of the same lengths as the state's (the caller
     /// checks them, see [`fits`]).
     fn set_errors(&mut self, w: Vec<f32>, s: Vec<f32>) {
-        (self.worker_error, self.worker_due) = (w, 0.0);
-        (self.server_error, self.server_due) = (s, 0.0);
+        self.place.set(w, s);
+        (self.worker_due, self.server_due) = (0.0, 0.0);
     }
 
     /// Step 1 on this rank: the sign bits of `x + worker_error` into `scratch.bits`, in one
@@ -255,11 +271,9 @@ impl OneBitState {
     /// ([`Kernels::onebit_compress_deferred`]). Returns the scale, now owed by the error.
     fn worker_compress(&mut self, comm: &dyn Comm, data: &[f32]) -> f32 {
         let _ph = comm.phase("compress");
-        let e = &mut self.worker_error;
-        self.scratch.bits.resize(e.len() / 8, 0);
-        let s =
-            self.kernels
-                .onebit_compress_deferred(data, e, &mut self.scratch.bits, self.worker_due);
+        let s = self
+            .place
+            .compress(data, self.worker_due, &mut self.scratch.bits);
         self.worker_due = s;
         s
     }
@@ -292,15 +306,21 @@ impl OneBitState {
             comm.allgatherv(mine)?
         };
         let _ph = comm.phase("decompress");
-        for (k, m) in all.into_iter().enumerate() {
+        let mut parts = std::mem::take(&mut self.scratch.msgs);
+        parts.clear();
+        for m in all {
             let (b, s) = split_scale(m)?;
-            let lo = k * chunk_len;
-            if lo < data.len() {
-                let hi = ((k + 1) * chunk_len).min(data.len());
-                self.kernels.onebit_decompress(&b, s, &mut data[lo..hi]);
+            if b.len() != cb {
+                bail!("1-bit server chunk of {} bytes, expected {cb}", b.len());
             }
+            parts.push((b, s));
+        }
+        self.place
+            .decompress(&parts, Unpack::Chunks(chunk_len), data);
+        for (b, _) in parts.drain(..) {
             self.scratch.recycle(b, spare_kept(p));
         }
+        self.scratch.msgs = parts;
         Ok(())
     }
 
@@ -322,14 +342,12 @@ impl OneBitState {
         }
         let mut sb = self.scratch.message(cb + 4);
         sb.resize(cb, 0);
-        let err = &mut self.server_error;
-        let ss = self
-            .kernels
-            .onebit_server_deferred(&msgs, err, self.server_due, &mut sb);
-        let s_s = if err.is_empty() {
+        let ss = self.place.server(&msgs, self.server_due, &mut sb);
+        let len = self.place.lens().1;
+        let s_s = if len == 0 {
             0.0
         } else {
-            (ss / err.len() as f64).sqrt() as f32
+            (ss / len as f64).sqrt() as f32
         };
         self.server_due = s_s;
         for (b, _) in msgs.drain(..) {
@@ -349,22 +367,23 @@ impl OneBitState {
             let _ph = comm.phase("allgather");
             comm.allgatherv(bits)?
         };
-        // The average straight into `data` (the padding is never read): the first term
-        // written, the others added, in rank order.
+        // The average straight into `data` (the padding is never read): the sum from +0 of
+        // every rank's term, in rank order.
         let _ph = comm.phase("decompress");
-        for (i, m) in all.into_iter().enumerate() {
+        let mut parts = std::mem::take(&mut self.scratch.msgs);
+        parts.clear();
+        for m in all {
             let (b, s) = split_scale(m)?;
             if b.len() * 8 < data.len() {
                 bail!("1-bit message of {} bytes is too short", b.len());
             }
-            if i == 0 {
-                data.fill(0.0); // the sum starts from 0 (so −0 terms become +0)
-            }
-            self.kernels.onebit_decompress_add(&b, s / p as f32, data);
-            if i == comm.rank() {
-                self.scratch.bits = b; // this rank's own signs: next call's sign buffer
-            }
+            parts.push((b, s / p as f32));
         }
+        self.place.decompress(&parts, Unpack::Sum, data);
+        // This rank's own signs: next call's sign buffer.
+        self.scratch.bits = std::mem::take(&mut parts[comm.rank()].0);
+        parts.clear();
+        self.scratch.msgs = parts;
         Ok(())
     }
 }
@@ -379,6 +398,8 @@ pub const SERVER_ERROR: &str = "server_error";
 pub struct OneBitReducer {
     variant: Variant,
     kernels: &'static dyn Kernels,
+    /// A device that keeps the errors resident (`Params::resident`); `None`: host memory.
+    resident: Option<&'static dyn DeviceKernels>,
     state: Option<OneBitState>,
     /// Errors given to [`Reducer::load_state`] before the first step (the buffers' sizes
     /// depend on P and n, known at the first step, where they are checked).
@@ -390,6 +411,7 @@ impl OneBitReducer {
         OneBitReducer {
             variant,
             kernels: gradkit_sparsify::kernels::cpu(),
+            resident: None,
             state: None,
             pending: None,
         }
@@ -401,10 +423,18 @@ impl OneBitReducer {
         self
     }
 
+    /// The same reducer with its errors resident on `dev` (`None`: host memory).
+    pub fn with_resident(mut self, dev: Option<&'static dyn DeviceKernels>) -> Self {
+        self.resident = dev;
+        self
+    }
+
     /// Zero errors, or the loaded ones when they fit `p` ranks and `n` elements.
     fn init_state(&mut self, p: usize, n: usize) -> Result<OneBitState> {
-        let mut st = OneBitState::new(self.variant, p, n);
-        st.kernels = self.kernels;
+        let mut st = OneBitState::new(self.variant, p, n).with_kernels(self.kernels);
+        if let Some(dev) = self.resident {
+            st = st.resident(dev);
+        }
         if let Some((w, s)) = self.pending.take() {
             fits(self.name(), &st, &w, &s)?;
             st.set_errors(w, s);
@@ -415,10 +445,8 @@ impl OneBitReducer {
 
 /// Whether loaded errors `w`, `s` have the lengths of `st`'s buffers.
 fn fits(name: &str, st: &OneBitState, w: &[f32], s: &[f32]) -> Result<()> {
-    for (key, got, want) in [
-        (WORKER_ERROR, w.len(), st.worker_error.len()),
-        (SERVER_ERROR, s.len(), st.server_error.len()),
-    ] {
+    let (wl, sl) = st.place.lens();
+    for (key, got, want) in [(WORKER_ERROR, w.len(), wl), (SERVER_ERROR, s.len(), sl)] {
         if got != want {
             bail!(
                 "{name}: loaded state `{key}` holds {got} values, but {} ranks with {} elements need {want}",

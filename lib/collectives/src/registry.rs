@@ -33,9 +33,16 @@ pub fn reducer_for(algo: Algo, params: &Params) -> Result<Box<dyn Reducer>> {
         Algo::CltK => Box::new(sparse::cltk::CltK::new(params)?),
         Algo::TopkUnion => Box::new(sparse::topk_union::TopkUnion::new(params)?),
         // compressed and embedding collectives
-        Algo::OneBit => Box::new(OneBitReducer::new(Variant::Server).with_kernels(params.kernels)),
-        Algo::OneBitNaive => {
-            Box::new(OneBitReducer::new(Variant::Naive).with_kernels(params.kernels))
+        Algo::OneBit | Algo::OneBitNaive => {
+            let variant = match algo {
+                Algo::OneBit => Variant::Server,
+                _ => Variant::Naive,
+            };
+            Box::new(
+                OneBitReducer::new(variant)
+                    .with_kernels(params.kernels)
+                    .with_resident(params.resident),
+            )
         }
         Algo::AllToAll => Box::new(crate::alltoall::AllToAllReducer::new(
             params.split,

@@ -3,7 +3,8 @@
 //! host ↔ device copy explicit and counted), gives the plain host path's results and
 //! residuals bit for bit, and per step the counters show the gradient uploaded once and
 //! nothing model-sized coming down: only the selection that goes on the wire, and the index
-//! lists the residual rule needs going up.
+//! lists the residual rule needs going up. The 1-bit reducers likewise: their errors stay
+//! on the device, and besides the gradient up and the result down only packed signs cross.
 
 use gradkit_collectives::registry::Params;
 use gradkit_collectives::{make_reducer, Flat, StepOutput};
@@ -21,12 +22,17 @@ const STEPS: usize = 7;
 
 /// Gradients with many ties and exact zeros: k/16 for k in −8..=8, a few larger.
 fn grads(seed: u64) -> Vec<Vec<Vec<f32>>> {
+    grads_of(seed, P, N)
+}
+
+/// [`grads`] for `p` ranks and `n` values.
+fn grads_of(seed: u64, p: usize, n: usize) -> Vec<Vec<Vec<f32>>> {
     let mut rng = Rng::new(seed);
     (0..STEPS)
         .map(|_| {
-            (0..P)
+            (0..p)
                 .map(|_| {
-                    (0..N)
+                    (0..n)
                         .map(|_| match rng.below(100) {
                             0..=29 => 0.0,
                             30 => rng.val() * 4.0,
@@ -169,4 +175,129 @@ fn cltk_and_topk_union_on_the_device_equal_the_host() {
         1 + u64::from(r == leader as usize)
     });
     check("topk-union", sparse(32, Adjust::Ladder), 2, |_, _| 2);
+}
+
+/// The padded length of the 1-bit buffer, from the definitions (onebit-lamb.md §2,
+/// DeepSpeed): the next multiple of `P·lcm(P, 8)` for the server variant, of 8 for the naive.
+fn onebit_padded(server: bool, p: usize, n: usize) -> usize {
+    let lcm = (1..=8 * p).find(|m| m % p == 0 && m % 8 == 0).unwrap();
+    let unit = if server { p * lcm } else { 8 };
+    n.div_ceil(unit) * unit
+}
+
+/// Every rank's 1-bit steps on `p` ranks and `n` values, on the counting device or not;
+/// after `switch` steps the state is taken out and loaded into a fresh reducer (a checkpoint).
+fn run_onebit(algo: &str, p: usize, n: usize, device: bool, switch: usize) -> Vec<Vec<Step>> {
+    let g = grads_of(11 + p as u64, p, n);
+    let lay = Layout::new(vec![
+        (0, "a".into(), (n / 3) as u64, None),
+        (1, "b".into(), (n - n / 3) as u64, None),
+    ]);
+    run_local(p, |comm| {
+        let dev: Option<&'static dyn DeviceKernels> =
+            device.then(|| &*Box::leak(Box::new(Counting::new())) as &'static dyn DeviceKernels);
+        let params = Params {
+            resident: dev,
+            ..Params::default()
+        };
+        let mut red = make_reducer(algo, &params)?;
+        let mut out = Vec::new();
+        for (t, gt) in g.iter().enumerate() {
+            if t == switch {
+                let saved = red.take_state();
+                red = make_reducer(algo, &params)?;
+                red.load_state_owned(saved)?;
+            }
+            let before = dev.map(|d| d.transfers());
+            let o = red.reduce(comm, t as u32, &lay, Flat::Dense(gt[comm.rank()].clone()))?;
+            let moved = dev.map(|d| d.transfers().since(&before.unwrap()));
+            out.push((o, red.state(), moved));
+        }
+        Ok(out)
+    })
+    .unwrap()
+}
+
+/// `a` and `b` equal bit for bit, else a panic naming the first difference.
+fn same(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    if let Some(i) = (0..a.len()).find(|&i| a[i].to_bits() != b[i].to_bits()) {
+        panic!("{what}: [{i}] {:?} vs {:?}", a[i], b[i]);
+    }
+}
+
+fn dense(o: &StepOutput) -> &[f32] {
+    match &o.result {
+        Flat::Dense(d) => d,
+        Flat::Sparse(_) => panic!("dense result expected"),
+    }
+}
+
+/// The 1-bit reducer `algo` on `p` ranks and `n` values: with its errors on the counting
+/// device, the results, both errors and the metrics equal the host path's bit for bit, and
+/// each step copies the gradient up and the result down once and otherwise packed signs only.
+fn check_onebit(algo: &str, p: usize, n: usize) {
+    let server = algo == "onebit";
+    let npad = onebit_padded(server, p, n);
+    let (nbits, cb) = (npad / 8, npad / (8 * p));
+    // Up: the gradient, (server) the P received chunks, the P gathered chunks; naive: every
+    // rank's signs. Down: this rank's signs, (server) its server chunk, the result.
+    let (up, down) = if server {
+        ((2, 4 * n + 2 * p * cb), (3, nbits + cb + 4 * n))
+    } else {
+        ((1, 4 * n + p * nbits), (2, nbits + 4 * n))
+    };
+    const SWITCH: usize = 3;
+    let host = run_onebit(algo, p, n, false, SWITCH);
+    let dev = run_onebit(algo, p, n, true, SWITCH);
+    for r in 0..p {
+        for t in 0..STEPS {
+            let (h, hs, _) = &host[r][t];
+            let (d, ds, moved) = &dev[r][t];
+            let at = format!("{algo} P={p} n={n} rank {r} step {t}");
+            same(dense(d), dense(h), &format!("{at}: result"));
+            assert_eq!(hs.len(), 2, "{at}: state");
+            assert_eq!(hs.len(), ds.len(), "{at}: state");
+            for ((hn, hv), (dn, dv)) in hs.iter().zip(ds) {
+                assert_eq!(hn, dn);
+                same(dv, hv, &format!("{at}: {hn}"));
+            }
+            let m = |o: &StepOutput| {
+                o.metrics
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.to_bits()))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(m(d), m(h), "{at}: metrics");
+            let m = moved.unwrap();
+            // The step after the checkpoint also uploads the loaded errors.
+            let loaded = if t == SWITCH {
+                (2, 4 * (npad + if server { npad / p } else { 0 }))
+            } else {
+                (0, 0)
+            };
+            let want = Transfers {
+                uploads: 1 + up.0 + loaded.0,
+                upload_bytes: (up.1 + loaded.1) as u64,
+                downloads: down.0,
+                download_bytes: down.1 as u64,
+            };
+            assert_eq!(m, want, "{at}: transfers");
+        }
+    }
+}
+
+#[test]
+fn onebit_on_the_device_equals_the_host_and_copies_packed_signs_only() {
+    // Lengths not a multiple of 8·P (nor of 8), so the padding is read and never written.
+    for (p, n) in [(3, 4001), (4, 3003), (3, 17)] {
+        check_onebit("onebit", p, n);
+    }
+}
+
+#[test]
+fn onebit_naive_on_the_device_equals_the_host_and_copies_packed_signs_only() {
+    for (p, n) in [(3, 4001), (4, 3003)] {
+        check_onebit("onebit-naive", p, n);
+    }
 }

@@ -724,6 +724,110 @@ fn check_resident_one(g: &dyn DeviceKernels, name: &str, x: &[f32]) -> Result<()
             return err("mean_std");
         }
     }
+    check_resident_onebit(g, &c, name, x)
+}
+
+/// Both devices' copies of a host buffer.
+type Pair = (resident::DVec, resident::DVec);
+
+fn up2(g: &dyn DeviceKernels, c: &Counting, x: &[f32]) -> Pair {
+    (g.upload_f32(x), c.upload_f32(x))
+}
+
+fn same2(g: &dyn DeviceKernels, c: &Counting, (a, b): &Pair) -> bool {
+    same_any_nan(&g.download_f32(a), &c.download_f32(b))
+}
+
+/// The 1-bit primitives of `g` against the counting device on `x` with a padded error
+/// buffer (one byte's worth past x): the deferred compressor and server stage (signs and
+/// buffers bit for bit, the scale within an ulp, Σz² to 1e-12), the settled sum of squares,
+/// and decompression (set and add) into a range from a byte offset.
+fn check_resident_onebit(
+    g: &dyn DeviceKernels,
+    c: &Counting,
+    name: &str,
+    x: &[f32],
+) -> Result<(), String> {
+    let n = x.len();
+    let err = |what: &str| Err(format!("{what} differs on {name} (n = {n})"));
+    let len = n.div_ceil(8) * 8 + 8;
+    let mut r = Rng::new(n as u64 + 31);
+    let e0: Vec<f32> = (0..len)
+        .map(|i| match i % 11 {
+            0 => 0.0,
+            1 => -0.0,
+            2 => x.get(len - 1 - i).copied().unwrap_or(1.0),
+            _ => r.normal() * 0.1,
+        })
+        .collect();
+    let xs = up2(g, c, x);
+    let mut es = up2(g, c, &e0);
+    let mut last = None;
+    for due in [0.0f32, 0.37] {
+        let (gb, gs) = g.onebit_compress_deferred(&xs.0, &mut es.0, due);
+        let (cb, cs) = c.onebit_compress_deferred(&xs.1, &mut es.1, due);
+        if g.download_u8(&gb) != c.download_u8(&cb) || !same2(g, c, &es) {
+            return err(&format!("onebit_compress_deferred due = {due}"));
+        }
+        if ulps(gs, cs) > 1 && !(gs.is_nan() && cs.is_nan()) {
+            return err(&format!("onebit_compress_deferred due = {due}: scale"));
+        }
+        let (gq, cq) = (
+            g.onebit_settled_sum_sq(&es.0, cs),
+            c.onebit_settled_sum_sq(&es.1, cs),
+        );
+        if !close_rel(gq, cq, 1e-12) {
+            return err("onebit_settled_sum_sq");
+        }
+        last = Some(c.download_u8(&cb));
+    }
+    let bits = last.expect("two rounds");
+    check_resident_onebit_server(g, c, (name, n), &e0, &mut r)?;
+    // Decompress 8·(bytes − 1) − 3 values from byte 1 into out[2..], set, then added.
+    let m = (8 * (bits.len() - 1)).saturating_sub(3);
+    let mut outs = up2(g, c, &e0[..m + 5]);
+    let bs = (g.upload_u8(&bits), c.upload_u8(&bits));
+    for (s, add) in [
+        (1.5f32, false),
+        (-0.25, true),
+        (f32::NAN, true),
+        (-0.0, false),
+    ] {
+        g.onebit_unpack(&bs.0, 1, s, &mut outs.0, 2..2 + m, add);
+        c.onebit_unpack(&bs.1, 1, s, &mut outs.1, 2..2 + m, add);
+        if !same2(g, c, &outs) {
+            return err(&format!("onebit_unpack s = {s} add = {add}"));
+        }
+    }
+    Ok(())
+}
+
+/// [`check_resident_onebit`]'s server stage: three chunks (scales 0.5, 1.25, −0.0) of random
+/// signs summed into the error, settling `due`.
+fn check_resident_onebit_server(
+    g: &dyn DeviceKernels,
+    c: &Counting,
+    (name, n): (&str, usize),
+    e0: &[f32],
+    r: &mut Rng,
+) -> Result<(), String> {
+    let nb = e0.len() / 8;
+    let msgs: Vec<u8> = (0..3 * nb).map(|_| r.next_u64() as u8).collect();
+    let scales = [0.5f32, 1.25, -0.0];
+    let ms = (g.upload_u8(&msgs), c.upload_u8(&msgs));
+    let mut es = up2(g, c, e0);
+    for due in [0.0f32, 0.37] {
+        let (gb, gq) = g.onebit_server_deferred(&ms.0, &scales, &mut es.0, due);
+        let (cb, cq) = c.onebit_server_deferred(&ms.1, &scales, &mut es.1, due);
+        if g.download_u8(&gb) != c.download_u8(&cb)
+            || !same2(g, c, &es)
+            || !close_rel(gq, cq, 1e-12)
+        {
+            return Err(format!(
+                "onebit_server_deferred due = {due} differs on {name} (n = {n})"
+            ));
+        }
+    }
     Ok(())
 }
 

@@ -587,25 +587,120 @@ impl<B: Backend> Gpu<B> {
         if out.is_empty() {
             return;
         }
-        let n = len32(out.len());
         let bd = self.upload(&bits[..out.len().div_ceil(8)]);
         let od = if add {
             self.upload(out)
         } else {
             self.alloc(4 * out.len())
         };
+        self.onebit_unpack(&bd, s, &od, len32(out.len()), add);
+        od.read_into(f32::as_bytes_mut(out));
+    }
+
+    /// 1-bit decompression on device buffers: `out[i] = ±s` (or `+= ±s` when `add`) from
+    /// the MSB-first bits of `bits`, `i < n`.
+    pub fn onebit_unpack(&self, bits: &DevBuf<'_>, s: f32, out: &DevBuf<'_>, n: u32, add: bool) {
+        assert!(
+            n as usize <= 8 * bits.bytes() && 4 * n as usize <= out.bytes(),
+            "1-bit decompression of {n} values past a buffer"
+        );
+        if n == 0 {
+            return;
+        }
         self.launch(
             "gk_onebit_unpack",
-            self.grid(out.len()),
+            self.grid(n as usize),
             &[
-                Arg::Ptr(bd.ptr()),
+                Arg::Ptr(bits.ptr()),
                 Arg::F32(s),
-                Arg::Ptr(od.ptr()),
+                Arg::Ptr(out.ptr()),
                 Arg::U32(n),
                 Arg::U32(add as u32),
             ],
         );
-        od.read_into(f32::as_bytes_mut(out));
+    }
+
+    /// The deferred worker compressor on device buffers (`onebit::compress_deferred`):
+    /// `x[..nx]`, the error `e` (`8·nbytes` values, `nx ≤` that), the sign bits into `bits`
+    /// (`nbytes`); returns the scale.
+    pub fn onebit_deferred(
+        &self,
+        (x, nx): (&DevBuf<'_>, u32),
+        e: &DevBuf<'_>,
+        bits: &DevBuf<'_>,
+        nbytes: u32,
+        due: f32,
+    ) -> f32 {
+        let ne = nbytes as usize * 8;
+        assert!(
+            nx as usize <= ne && 4 * ne <= e.bytes() && nbytes as usize <= bits.bytes(),
+            "1-bit lengths {nx} and {ne}"
+        );
+        if nbytes == 0 {
+            return 0.0;
+        }
+        let grid = self.grid(nbytes as usize);
+        let part = self.alloc(grid as usize * 8);
+        self.launch(
+            "gk_onebit_deferred",
+            grid,
+            &[
+                Arg::Ptr(x.ptr()),
+                Arg::U32(nx),
+                Arg::Ptr(e.ptr()),
+                Arg::U32(nbytes),
+                Arg::Ptr(bits.ptr()),
+                Arg::F32(due),
+                Arg::Ptr(part.ptr()),
+            ],
+        );
+        self.scale(&part, grid, len32(ne)).read::<f32>(1)[0]
+    }
+
+    /// The deferred server stage on device buffers (`onebit::server_sum_deferred`):
+    /// `scales.len()` messages of `nbytes` bytes side by side in `msgs`, the error `err`
+    /// (`8·nbytes` values), the sign bits of z into `out`; returns Σz².
+    pub fn onebit_server(
+        &self,
+        msgs: &DevBuf<'_>,
+        scales: &[f32],
+        err: &DevBuf<'_>,
+        (out, nbytes): (&DevBuf<'_>, u32),
+        due: f32,
+    ) -> f64 {
+        let nb = nbytes as usize;
+        assert!(
+            msgs.bytes() >= scales.len() * nb && err.bytes() >= 32 * nb && out.bytes() >= nb,
+            "1-bit server buffers"
+        );
+        if nbytes == 0 {
+            return 0.0;
+        }
+        let sd = self.upload(scales);
+        let grid = self.grid(nb);
+        let part = self.alloc(grid as usize * 8);
+        let total = self.alloc(8);
+        self.launch(
+            "gk_onebit_server",
+            grid,
+            &[
+                Arg::Ptr(msgs.ptr()),
+                Arg::U32(nbytes),
+                Arg::Ptr(sd.ptr()),
+                Arg::U32(len32(scales.len())),
+                Arg::Ptr(err.ptr()),
+                Arg::U32(nbytes),
+                Arg::Ptr(out.ptr()),
+                Arg::F32(due),
+                Arg::Ptr(part.ptr()),
+            ],
+        );
+        self.launch(
+            "gk_sum_final",
+            1,
+            &[Arg::Ptr(part.ptr()), Arg::U32(grid), Arg::Ptr(total.ptr())],
+        );
+        total.read::<f64>(1)[0]
     }
 }
 
@@ -752,28 +847,12 @@ impl<B: Backend> Kernels for Gpu<B> {
         if e.is_empty() {
             return 0.0;
         }
-        let (nx, ne) = (len32(x.len()), len32(e.len()));
         let (xd, ed) = (self.upload(x), self.upload(e));
         let bd = self.alloc(bits.len());
-        let grid = self.grid(bits.len());
-        let part = self.alloc(grid as usize * 8);
-        self.launch(
-            "gk_onebit_deferred",
-            grid,
-            &[
-                Arg::Ptr(xd.ptr()),
-                Arg::U32(nx),
-                Arg::Ptr(ed.ptr()),
-                Arg::U32(len32(bits.len())),
-                Arg::Ptr(bd.ptr()),
-                Arg::F32(due),
-                Arg::Ptr(part.ptr()),
-            ],
-        );
-        let s = self.scale(&part, grid, ne);
+        let s = self.onebit_deferred((&xd, len32(x.len())), &ed, &bd, len32(bits.len()), due);
         ed.read_into(f32::as_bytes_mut(e));
         bd.read_into(bits);
-        s.read::<f32>(1)[0]
+        s
     }
 
     fn onebit_server_deferred(
@@ -798,34 +877,12 @@ impl<B: Backend> Kernels for Gpu<B> {
             all.extend_from_slice(&b[..nbytes]);
         }
         let scales: Vec<f32> = msgs.iter().map(|(_, s)| *s).collect();
-        let (md, sd, ed) = (self.upload(&all), self.upload(&scales), self.upload(&*err));
+        let (md, ed) = (self.upload(&all), self.upload(&*err));
         let od = self.alloc(nbytes);
-        let grid = self.grid(nbytes);
-        let part = self.alloc(grid as usize * 8);
-        let total = self.alloc(8);
-        self.launch(
-            "gk_onebit_server",
-            grid,
-            &[
-                Arg::Ptr(md.ptr()),
-                Arg::U32(len32(nbytes)),
-                Arg::Ptr(sd.ptr()),
-                Arg::U32(len32(msgs.len())),
-                Arg::Ptr(ed.ptr()),
-                Arg::U32(len32(nbytes)),
-                Arg::Ptr(od.ptr()),
-                Arg::F32(due),
-                Arg::Ptr(part.ptr()),
-            ],
-        );
-        self.launch(
-            "gk_sum_final",
-            1,
-            &[Arg::Ptr(part.ptr()), Arg::U32(grid), Arg::Ptr(total.ptr())],
-        );
+        let ss = self.onebit_server(&md, &scales, &ed, (&od, len32(nbytes)), due);
         ed.read_into(f32::as_bytes_mut(err));
         od.read_into(out);
-        total.read::<f64>(1)[0]
+        ss
     }
 
     fn topk_with_values(&self, x: &[f32], k: usize) -> (Vec<u32>, Vec<f32>, Option<f32>) {

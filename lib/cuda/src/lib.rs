@@ -21,6 +21,8 @@ use std::str::FromStr;
 
 use gradkit_sparsify::kernels::{self, Kernels};
 
+#[cfg(feature = "comm")]
+pub mod backend;
 pub mod check;
 pub mod exec;
 #[cfg(feature = "cuda")]

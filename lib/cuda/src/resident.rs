@@ -4,15 +4,17 @@
 //! host device.
 //!
 //! Equal to the CPU bit for bit: every selection, count, gather and zeroing (the kernels of
-//! `Kernels`, plus `gk_add` and `gk_zero_at`, element-wise). Not bit for bit: the f64 sums
-//! (`add_squared`, `sum_squares`, `range_norms`, `zero_at`'s sum, `mean_std`) are reduced
-//! in a fixed tree, not the CPU's lanes: they feed metrics (the residual norm) and DEFT's
-//! k allocation and Gaussiank's fit, where a last-bit difference can move a threshold
+//! `Kernels`, plus `gk_add` and `gk_zero_at`, element-wise), and the 1-bit signs, errors and
+//! decompressed values given the same scale. Not bit for bit: the f64 sums (`add_squared`,
+//! `sum_squares`, `range_norms`, `zero_at`'s sum, `mean_std`, the 1-bit scale and server
+//! Σz², `onebit_settled_sum_sq`) are reduced in a fixed tree, not the CPU's lanes: they feed
+//! metrics (the residual norm), DEFT's k allocation, Gaussiank's fit and the 1-bit scales
+//! (within an ulp, `check::check_onebit`), where a last-bit difference can move a threshold
 //! (docs/GPU.md §2 bounds them).
 
 use std::ops::Range;
 
-use gradkit_sparsify::resident::{Counters, DIdx, DTensor, DVec, DeviceKernels, Transfers};
+use gradkit_sparsify::resident::{Counters, DBits, DIdx, DTensor, DVec, DeviceKernels, Transfers};
 
 use crate::exec::{Arg, Backend, DevBuf, Gpu, Select};
 
@@ -70,6 +72,14 @@ impl<B: Backend + 'static> DeviceKernels for Resident<B> {
     }
     fn download_u32(&self, x: &DIdx) -> Vec<u32> {
         self.counters.download(4 * x.len());
+        buf(x).read(x.len())
+    }
+    fn upload_u8(&self, x: &[u8]) -> DBits {
+        self.counters.upload(x.len());
+        wrap(x.len(), self.gpu.upload(x))
+    }
+    fn download_u8(&self, x: &DBits) -> Vec<u8> {
+        self.counters.download(x.len());
         buf(x).read(x.len())
     }
     fn add_squared(&self, acc: &mut DVec, g: &DVec) -> f64 {
@@ -165,5 +175,79 @@ impl<B: Backend + 'static> DeviceKernels for Resident<B> {
             );
         }
         wrap(m, out)
+    }
+    fn onebit_compress_deferred(&self, x: &DVec, e: &mut DVec, due: f32) -> (DBits, f32) {
+        assert!(
+            e.len().is_multiple_of(8) && x.len() <= e.len(),
+            "1-bit lengths {} and {}",
+            x.len(),
+            e.len()
+        );
+        let nb = e.len() / 8;
+        let bits = self.gpu.alloc(nb);
+        let s = self
+            .gpu
+            .onebit_deferred((buf(x), n32(x.len())), buf(e), &bits, n32(nb), due);
+        (wrap(nb, bits), s)
+    }
+    fn onebit_server_deferred(
+        &self,
+        msgs: &DBits,
+        scales: &[f32],
+        err: &mut DVec,
+        due: f32,
+    ) -> (DBits, f64) {
+        assert!(
+            err.len().is_multiple_of(8),
+            "1-bit server chunks are whole bytes"
+        );
+        let nb = err.len() / 8;
+        assert_eq!(msgs.len(), scales.len() * nb, "1-bit server messages");
+        let out = self.gpu.alloc(nb);
+        let ss = self
+            .gpu
+            .onebit_server(buf(msgs), scales, buf(err), (&out, n32(nb)), due);
+        (wrap(nb, out), ss)
+    }
+    fn onebit_unpack(
+        &self,
+        bits: &DBits,
+        byte_at: usize,
+        s: f32,
+        out: &mut DVec,
+        range: Range<usize>,
+        add: bool,
+    ) {
+        assert!(
+            range.end <= out.len() && 8 * (byte_at + range.len().div_ceil(8)) <= 8 * bits.len(),
+            "1-bit unpack past a tensor"
+        );
+        let b = buf(bits).view(byte_at, range.len().div_ceil(8));
+        let o = buf(out).view(4 * range.start, 4 * range.len());
+        self.gpu.onebit_unpack(&b, s, &o, n32(range.len()), add);
+    }
+    fn onebit_settled_sum_sq(&self, e: &DVec, due: f32) -> f64 {
+        assert!(
+            e.len().is_multiple_of(8),
+            "1-bit error buffers are whole bytes"
+        );
+        let n = e.len();
+        if n == 0 {
+            return 0.0;
+        }
+        // Settled in a copy (the pack kernel with the owed scale; its bits are discarded).
+        let (tmp, scratch) = (self.gpu.alloc(4 * n), self.gpu.alloc(n / 8));
+        self.gpu.copy(&tmp, buf(e), 4 * n);
+        self.gpu.launch(
+            "gk_onebit_pack",
+            self.gpu.grid(n / 8),
+            &[
+                Arg::Ptr(tmp.ptr()),
+                Arg::U32(n32(n / 8)),
+                Arg::Ptr(scratch.ptr()),
+                Arg::F32(due),
+            ],
+        );
+        self.gpu.sum_squares(&tmp, n32(n))
     }
 }

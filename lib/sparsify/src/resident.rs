@@ -8,7 +8,9 @@
 //! the device across steps. The algorithms over these handles ([`accumulate`], [`settle`],
 //! [`topk_select`], [`gaussiank_select`], [`ranges_select`] and
 //! [`crate::oktopk::OkTopk::select_values_resident`]) are written once; a device supplies the
-//! primitive operations.
+//! primitive operations. The 1-bit primitives (`onebit_*`, packed signs as [`DBits`]) keep
+//! the compressed allreduce's worker and server errors on the device: only packed signs
+//! cross besides the gradient and the result (`gradkit_collectives::onebit`).
 //!
 //! [`Counting`] is a device whose memory is host memory but whose transfers are explicit
 //! copies and counted ([`Transfers`]): the collectives run over it in tests on a machine
@@ -25,9 +27,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use gradkit_core::trace::Sparse;
 
 use crate::feedback::{self, Leaves};
-use crate::{gaussiank, threshold, topk};
+use crate::{gaussiank, onebit, threshold, topk};
 
-/// A device buffer of `T` (f32 values or u32 indices), owned by the device that made it:
+/// A device buffer of `T` (f32 values, u32 indices or packed u8 signs), owned by the device that made it:
 /// only that device's methods read it ([`DeviceKernels`]).
 pub struct DTensor<T> {
     len: usize,
@@ -39,6 +41,11 @@ pub struct DTensor<T> {
 pub type DVec = DTensor<f32>;
 /// Indices on the device.
 pub type DIdx = DTensor<u32>;
+/// Packed 1-bit signs on the device: bytes, eight signs each, MSB-first (the wire format of
+/// `gradkit_collectives::onebit`, so a chunk downloads straight into a message). Bytes rather
+/// than u32 words: the server chunks are whole bytes but not whole words (`padded/(8P)`
+/// bytes), and the kernels address them by byte.
+pub type DBits = DTensor<u8>;
 
 impl<T> DTensor<T> {
     /// A handle to `len` elements in `mem` (a device's own memory type).
@@ -146,6 +153,10 @@ pub trait DeviceKernels: Send + Sync + fmt::Debug {
     fn download_f32(&self, x: &DVec) -> Vec<f32>;
     /// Device → host.
     fn download_u32(&self, x: &DIdx) -> Vec<u32>;
+    /// Host → device (packed signs).
+    fn upload_u8(&self, x: &[u8]) -> DBits;
+    /// Device → host (packed signs).
+    fn download_u8(&self, x: &DBits) -> Vec<u8>;
     /// `acc += g` element by element; returns `Σ acc²` in f64 (as
     /// [`feedback::add_squared`]).
     fn add_squared(&self, acc: &mut DVec, g: &DVec) -> f64;
@@ -169,6 +180,44 @@ pub trait DeviceKernels: Send + Sync + fmt::Debug {
     fn mean_std(&self, x: &DVec) -> (f64, f64);
     /// `x[idx[j]]` for every j.
     fn gather(&self, x: &DVec, idx: &DIdx) -> DVec;
+    /// The 1-bit worker compressor with deferred error feedback, as
+    /// [`onebit::compress_deferred`] (and `Kernels::onebit_compress_deferred`): `e` holds the
+    /// last call's `c'`, owing `due·sign(c')`; leaves `c = settled e + x` (padding `+ 0.0`)
+    /// in `e` and returns its packed signs (`e.len()/8` bytes) and scale.
+    ///
+    /// # Panics
+    /// Unless `e.len()` is a multiple of 8 and `x.len() ≤ e.len()`.
+    fn onebit_compress_deferred(&self, x: &DVec, e: &mut DVec, due: f32) -> (DBits, f32);
+    /// The 1-bit server stage with deferred error feedback, as
+    /// [`onebit::server_sum_deferred`]: `msgs` holds `scales.len()` chunks of `err.len()/8`
+    /// bytes side by side, chunk `m` weighted by `scales[m]` (host arguments, like a
+    /// threshold: not counted as transfers); leaves `z` in `err` and returns its packed
+    /// signs (`err.len()/8` bytes) and Σz² in f64.
+    ///
+    /// # Panics
+    /// Unless `err.len()` is a multiple of 8 and `msgs.len() == scales.len()·err.len()/8`.
+    fn onebit_server_deferred(
+        &self,
+        msgs: &DBits,
+        scales: &[f32],
+        err: &mut DVec,
+        due: f32,
+    ) -> (DBits, f64);
+    /// 1-bit decompression into `out[range]` from the bits starting at byte `byte_at` of
+    /// `bits`: `out[range.start + i] = ±s` ([`onebit::unpack_scaled`]), or `+= ±s` when
+    /// `add` ([`onebit::unpack_accumulate`]).
+    fn onebit_unpack(
+        &self,
+        bits: &DBits,
+        byte_at: usize,
+        s: f32,
+        out: &mut DVec,
+        range: Range<usize>,
+        add: bool,
+    );
+    /// Σ of the squares of the settled values `e − due·sign(e)`, in f64, without writing
+    /// `e` (as [`onebit::settled_sum_sq`]): the error norms of a deferred buffer.
+    fn onebit_settled_sum_sq(&self, e: &DVec, due: f32) -> f64;
 }
 
 /// Downloads a selection (indices and values) as a host [`Sparse`], offsetting the indices.
@@ -321,6 +370,14 @@ impl DeviceKernels for Counting {
         self.counters.download(4 * x.len());
         x.mem::<Vec<u32>>().clone()
     }
+    fn upload_u8(&self, x: &[u8]) -> DBits {
+        self.counters.upload(x.len());
+        host(x.to_vec())
+    }
+    fn download_u8(&self, x: &DBits) -> Vec<u8> {
+        self.counters.download(x.len());
+        x.mem::<Vec<u8>>().clone()
+    }
     fn add_squared(&self, acc: &mut DVec, g: &DVec) -> f64 {
         feedback::add_squared(acc.mem_mut::<Vec<f32>>(), g.mem::<Vec<f32>>())
     }
@@ -368,5 +425,51 @@ impl DeviceKernels for Counting {
                 .map(|&i| x[i as usize])
                 .collect(),
         )
+    }
+    fn onebit_compress_deferred(&self, x: &DVec, e: &mut DVec, due: f32) -> (DBits, f32) {
+        let e = e.mem_mut::<Vec<f32>>();
+        let mut bits = vec![0u8; e.len() / 8];
+        let s = onebit::compress_deferred(x.mem::<Vec<f32>>(), e, &mut bits, due);
+        (host(bits), s)
+    }
+    fn onebit_server_deferred(
+        &self,
+        msgs: &DBits,
+        scales: &[f32],
+        err: &mut DVec,
+        due: f32,
+    ) -> (DBits, f64) {
+        let err = err.mem_mut::<Vec<f32>>();
+        let nb = err.len() / 8;
+        let all = msgs.mem::<Vec<u8>>();
+        assert_eq!(all.len(), scales.len() * nb, "1-bit server messages");
+        let split: Vec<(Vec<u8>, f32)> = scales
+            .iter()
+            .enumerate()
+            .map(|(m, &s)| (all[m * nb..(m + 1) * nb].to_vec(), s))
+            .collect();
+        let mut out = vec![0u8; nb];
+        let ss = onebit::server_sum_deferred(&split, err, due, &mut out);
+        (host(out), ss)
+    }
+    fn onebit_unpack(
+        &self,
+        bits: &DBits,
+        byte_at: usize,
+        s: f32,
+        out: &mut DVec,
+        range: Range<usize>,
+        add: bool,
+    ) {
+        let b = &bits.mem::<Vec<u8>>()[byte_at..];
+        let o = &mut out.mem_mut::<Vec<f32>>()[range];
+        if add {
+            onebit::unpack_accumulate(b, s, o);
+        } else {
+            onebit::unpack_scaled(b, s, o);
+        }
+    }
+    fn onebit_settled_sum_sq(&self, e: &DVec, due: f32) -> f64 {
+        onebit::settled_sum_sq(e.mem::<Vec<f32>>(), due)
     }
 }

@@ -357,7 +357,14 @@ pub struct TrainConfig {
     pub resident: Option<&'static dyn gradkit_sparsify::resident::DeviceKernels>,
     /// Sparse exchanges: measure ξ of Ok-Topk's Assumption 1 every step (`--xi`, [`crate::xi`]).
     pub xi: bool,
+    /// Opens the `Comm` each rank's loop runs over, given the world's (`gradtrain --backend
+    /// nccl`: gradkit-cuda's NCCL backend); `None`: the world's own.
+    pub open_comm: Option<OpenComm>,
 }
+
+/// A rank's `Comm` opened over the world's, or `None` to use the world's own.
+pub type OpenComm =
+    fn(&dyn gradkit_comm::Comm) -> anyhow::Result<Option<Box<dyn gradkit_comm::Comm>>>;
 
 impl TrainConfig {
     /// The run's name when `--run` is not given: the exchange as the metrics' `algo` column
@@ -441,6 +448,7 @@ impl Default for TrainConfig {
             kernels: gradkit_sparsify::kernels::cpu(),
             resident: None,
             xi: false,
+            open_comm: None,
         }
     }
 }

@@ -256,7 +256,11 @@ pub fn train(world: &World, cfg: &TrainConfig) -> Result<Option<TrainReport>> {
     // Another: `--resume` reads and checks every rank's checkpoint file here, so a mismatch
     // (world size, model, exchange, …) is one message, not one per rank and an abort.
     let resume = world.agree(load_resume(world, cfg, &data))?;
-    let out = world.run(|comm| rank_main(comm, cfg, &data, resume.as_ref()))?;
+    let out = world.run(|host| {
+        // `--backend nccl`: every message of the rank's loop over the opened Comm.
+        let own = cfg.open_comm.map(|open| open(host)).transpose()?.flatten();
+        rank_main(own.as_deref().unwrap_or(host), cfg, &data, resume.as_ref())
+    })?;
     Ok(out.into_iter().next().flatten())
 }
 

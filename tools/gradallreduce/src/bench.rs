@@ -104,6 +104,11 @@ pub struct BenchArgs {
     /// `--features cuda` build on a GPU node; docs/GPU.md). Communication stays on the host
     #[arg(long, value_name = "cpu|cuda[:N]", default_value = "cpu", value_parser = device)]
     pub device: gradkit_cuda::Device,
+    /// Which backend carries the timed calls' messages: mpi (MPI under mpirun, in-process
+    /// threads otherwise) or nccl (a `--features cuda` build on a GPU node with NCCL, one
+    /// GPU per rank by local rank, opened over MPI — docs/GPU.md)
+    #[arg(long, value_name = "mpi|nccl", default_value = "mpi", value_parser = gradkit_cuda::backend::parse)]
+    pub backend: gradkit_cuda::backend::CommBackend,
     #[command(flatten)]
     pub memory: gradkit_core::budget::MemoryArgs,
 }
@@ -323,6 +328,8 @@ fn bench_reducer(algo: &str, args: &BenchArgs) -> Result<Box<dyn Reducer>> {
             algo,
             &Params {
                 kernels: kernels(args),
+                // The errors on the device, as in a reduction (docs/GPU.md §7).
+                resident: gradkit_cuda::resident_for(args.device).ok().flatten(),
                 ..Params::default()
             },
         ),
@@ -596,6 +603,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let algos: Vec<String> = args.algo.split(',').map(|s| s.trim().to_string()).collect();
     let sizes = world.agree((|| {
         gradkit_cuda::kernels_for(args.device)?;
+        gradkit_cuda::backend::check(args.backend)?;
         let mut sparse = false;
         for a in &algos {
             sparse |= kind(a)? == Kind::Sparse;
@@ -612,7 +620,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         Ok(sizes)
     })())?;
-    let points = world.run(|comm| {
+    let points = world.run(|host| {
+        // `--backend nccl`: every call (and its barriers) over NCCL.
+        let nccl = gradkit_cuda::backend::open(args.backend, host)?;
+        let comm: &dyn Comm = nccl.as_deref().unwrap_or(host);
         if args.comm_trace.is_some() {
             comm.traffic().start_recording(comm.rank());
         }
@@ -639,7 +650,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let sink = report(&args, &points, &fits, p)?;
     let (alpha, beta) = (args.cost.alpha_s(), args.cost.beta_byte_s());
     if !args.quiet {
-        model_note(&args, &fits, p, world.backend());
+        let backend = match args.backend {
+            gradkit_cuda::backend::CommBackend::Mpi => world.backend().to_string(),
+            nccl => format!("{nccl} (over {})", world.backend()),
+        };
+        model_note(&args, &fits, p, backend);
+        if let Some(line) = gradkit_cuda::transfer_note("gradallreduce bench", args.device) {
+            gradkit_core::noteln!("{line}");
+        }
     }
     if let Some(path) = &args.metrics {
         let mut meta = Meta::producer("gradallreduce");

@@ -5,7 +5,6 @@
 #[global_allocator]
 static ALLOC: gradkit_core::alloc::BigAlloc = gradkit_core::alloc::BigAlloc;
 
-mod backend;
 mod bench;
 mod model;
 mod reduce;

@@ -95,8 +95,8 @@ pub struct ReduceArgs {
     /// Which backend carries the reducer's messages: mpi (MPI under mpirun, in-process
     /// threads otherwise) or nccl (a `--features cuda` build on a GPU node with NCCL, one
     /// GPU per rank by local rank; the trace's feed stays on MPI — docs/GPU.md)
-    #[arg(long, value_name = "mpi|nccl", default_value = "mpi", value_parser = crate::backend::parse)]
-    pub backend: crate::backend::CommBackend,
+    #[arg(long, value_name = "mpi|nccl", default_value = "mpi", value_parser = gradkit_cuda::backend::parse)]
+    pub backend: gradkit_cuda::backend::CommBackend,
     #[command(flatten)]
     pub memory: gradkit_core::budget::MemoryArgs,
 }
@@ -717,7 +717,7 @@ pub fn run(args: ReduceArgs) -> Result<()> {
     // then the I/O rank's (output, input): each is an agreement point, so a mistake is
     // reported once under mpirun.
     let kernels = world.agree(gradkit_cuda::kernels_for(args.device).map_err(Into::into))?;
-    world.agree(crate::backend::check(args.backend))?;
+    world.agree(gradkit_cuda::backend::check(args.backend))?;
     world.agree(check_paths(&args))?;
     let params = world.agree(args.params().and_then(|mut params| {
         params.kernels = kernels;
@@ -848,7 +848,7 @@ fn reduce_rank(
 ) -> Result<RankOut> {
     let mut reducer = reducer_for(args.algo, params)?;
     // `--backend nccl`: the reducer's messages over NCCL, the trace's feed on the host.
-    let nccl = crate::backend::open(args.backend, comm)?;
+    let nccl = gradkit_cuda::backend::open(args.backend, comm)?;
     let host = comm;
     let comm: &dyn Comm = nccl.as_deref().unwrap_or(host);
     if args.comm_trace.is_some() {

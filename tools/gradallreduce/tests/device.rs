@@ -380,3 +380,180 @@ fn the_counting_device_reduces_as_the_cpu_and_uploads_each_gradient_once() {
         assert!(n[3] < 6 * 4 * 2009, "{algo}: model-sized downloads: {line}");
     }
 }
+
+/// `--device counting` runs the 1-bit reducers with their errors resident: the same rows as
+/// the CPU, and per rank and step the gradient up and the result down once, otherwise
+/// packed signs only (onebit: this rank's signs and its server chunk down, the received and
+/// the gathered chunks up; onebit-naive: its signs down, every rank's up).
+#[test]
+fn the_counting_device_runs_the_onebit_reducers_as_the_cpu_moving_packed_signs() {
+    let d_dir = tmpdir("counting-onebit");
+    let d = d_dir.path().to_path_buf();
+    let rows = gradkit_testkit::traces::dense(2, 3, &[("w", 2000), ("b", 9)]);
+    write_table(&Output::Path(d.join("t.parquet")), &Meta::default(), &rows).unwrap();
+    // 2009 values on 2 ranks, padded to a multiple of P·lcm(P, 8) = 16 (onebit) or of 8
+    // (onebit-naive): 2016 either way, 252 bytes of signs, 126 per server chunk.
+    let (n, nbits, cb, calls) = (2009u64, 252u64, 126u64, 6u64);
+    for (algo, want) in [
+        ("onebit", [3, 4 * n + 4 * cb, 3, nbits + cb + 4 * n]),
+        ("onebit-naive", [2, 4 * n + 2 * nbits, 2, nbits + 4 * n]),
+    ] {
+        let mut got = Vec::new();
+        for dev in ["cpu", "counting"] {
+            let out = format!("{algo}-{dev}.parquet");
+            let args = [
+                "--algo",
+                algo,
+                "--ranks",
+                "2",
+                "--device",
+                dev,
+                "t.parquet",
+                "-o",
+                &out,
+            ];
+            let (code, err) = run(&d, &args, &[]);
+            assert_eq!(code, Some(0), "{args:?}: {err}");
+            let rows = read_tensor(&Input::Path(d.join(&out)), Default::default())
+                .unwrap()
+                .rows;
+            got.push((rows, err));
+        }
+        assert_eq!(got[1].0, got[0].0, "{algo}");
+        let line = got[1]
+            .1
+            .lines()
+            .find(|l| l.contains("gradallreduce: device counting:"))
+            .unwrap_or_else(|| panic!("{algo}: no transfer note: {}", got[1].1));
+        let nums: Vec<u64> = line
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        let want: Vec<u64> = want.iter().map(|w| w * calls).collect();
+        assert_eq!(nums, want, "{algo}: {line}");
+    }
+}
+
+/// `gradallreduce bench ARGS` in `dir` (`--algo ring` unless given), one timed call of 1 KiB
+/// on 2 ranks, no warm-up: exit code, stdout and stderr.
+fn bench(dir: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let algo: &[&str] = if args.contains(&"--algo") {
+        &[]
+    } else {
+        &["--algo", "ring"]
+    };
+    let o = std::process::Command::new(BIN)
+        .current_dir(dir)
+        .arg("bench")
+        .args(args)
+        .args(algo)
+        .args(["--ranks", "2", "--sizes", "1K:1K"])
+        .args(["--iters", "1", "--warmup", "0", "--metrics", "m.parquet"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// `gradallreduce bench --backend`: mpi (the default, given) prints nccl-tests' columns; a
+/// typo is a usage error listing the values and writes nothing.
+#[test]
+fn bench_takes_the_backend_and_a_typo_is_a_usage_error() {
+    let d_dir = tmpdir("bench-backend");
+    let d = d_dir.path().to_path_buf();
+    let (code, out, err) = bench(&d, &["--backend", "mpi"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("algbw") && out.contains("busbw"), "{out}");
+    std::fs::remove_file(d.join("m.parquet")).unwrap();
+    for bad in ["NCCL", "gloo", ""] {
+        let (code, _, err) = bench(&d, &["--backend", bad]);
+        assert_eq!(code, Some(2), "{bad}: {err}");
+        assert!(err.starts_with("error: "), "{err}");
+        assert!(
+            err.contains("--backend") && err.contains("mpi, nccl"),
+            "{err}"
+        );
+        assert!(!d.join("m.parquet").exists());
+    }
+}
+
+/// `bench --backend nccl` in a build without the feature stops as the reduction does: exit
+/// 1, the same one `error:` line, nothing written.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn without_the_feature_bench_on_nccl_says_to_rebuild() {
+    let d_dir = tmpdir("bench-nofeature");
+    let d = d_dir.path().to_path_buf();
+    trace(&d);
+    let args = [
+        "bench",
+        "--backend",
+        "nccl",
+        "--ranks",
+        "2",
+        "--sizes",
+        "1K:1K",
+        "--metrics",
+        "m.parquet",
+    ];
+    let msg = "gradkit was built without the `cuda` feature: rebuild with `cargo build --release --features cuda`";
+    gradkit_testkit::cli::refused_with_env(BIN, &d, &args, &[], &[msg]);
+    refused_backend(&d, "nccl", &[], msg);
+}
+
+/// With the feature and no GPU: `bench --backend nccl` names what is missing, as the
+/// reduction does.
+#[cfg(feature = "cuda")]
+#[test]
+fn with_the_feature_bench_on_nccl_names_what_is_missing() {
+    let d_dir = tmpdir("bench-stubs");
+    let d = d_dir.path().to_path_buf();
+    let args = [
+        "bench",
+        "--backend",
+        "nccl",
+        "--ranks",
+        "2",
+        "--sizes",
+        "1K:1K",
+        "--metrics",
+        "m.parquet",
+    ];
+    if !stub::system_has("libcuda.so") {
+        let needle = "no CUDA driver found (libcuda.so)";
+        gradkit_testkit::cli::refused_with_env(BIN, &d, &args, &[], &[needle]);
+    }
+    let one_dir = stub::libs("gar-bench-nonccl", Some(stub::Driver::Gpus(1)), true, false);
+    if !stub::system_has("libnccl.so") {
+        let needle = "no NCCL library found (libnccl.so)";
+        let envs = [("LD_LIBRARY_PATH", one_dir.path())];
+        gradkit_testkit::cli::refused_with_env(BIN, &d, &args, &envs, &[needle]);
+    }
+}
+
+/// `bench --device counting`: the 1-bit reducers keep their errors on the device there too;
+/// the summary counts the copies (2 ranks × 1 call × 3 each way: the gradient, the received
+/// and the gathered chunks up; the signs, the server chunk and the result down).
+#[test]
+fn bench_on_the_counting_device_keeps_the_onebit_errors_resident() {
+    let d_dir = tmpdir("bench-counting");
+    let d = d_dir.path().to_path_buf();
+    let (code, _, err) = bench(&d, &["--algo", "onebit", "--device", "counting"]);
+    assert_eq!(code, Some(0), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.contains("gradallreduce bench: device counting:"))
+        .unwrap_or_else(|| panic!("no transfer note: {err}"));
+    // 1 KiB = 256 values on 2 ranks: padded to 256, 32 bytes of signs, 16 per server chunk.
+    let (n, nbits, cb) = (256u64, 32u64, 16u64);
+    let nums: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let want = [3, 4 * n + 4 * cb, 3, nbits + cb + 4 * n].map(|w| 2 * w);
+    assert_eq!(nums, want, "{line}");
+}

@@ -282,11 +282,16 @@ struct Cli {
     #[arg(long)]
     run: Option<String>,
     /// Where the exchange selects and compresses: cpu, or cuda / cuda:N (a build with
-    /// `--features cuda` on a GPU node: gradkit's CUDA kernels, the sparse exchanges' tensors
-    /// kept on the GPU; without a usable GPU it stops with one line saying why —
-    /// docs/GPU.md). The model: candle CPU, or GPU 0 in a `candle-cuda` build
+    /// `--features cuda` on a GPU node: gradkit's CUDA kernels, the sparse and 1-bit
+    /// exchanges' tensors kept on the GPU; without a usable GPU it stops with one line saying
+    /// why — docs/GPU.md). The model: candle CPU, or GPU 0 in a `candle-cuda` build
     #[arg(long, value_name = "cpu|cuda[:N]", default_value = "cpu", value_parser = device)]
     device: gradkit_cuda::Device,
+    /// Which backend carries the run's messages: mpi (MPI under mpirun, in-process threads
+    /// otherwise) or nccl (a `--features cuda` build on a GPU node with NCCL, one GPU per
+    /// rank by local rank, opened over MPI — docs/GPU.md)
+    #[arg(long, value_name = "mpi|nccl", default_value = "mpi", value_parser = gradkit_cuda::backend::parse)]
+    backend: gradkit_cuda::backend::CommBackend,
     /// No progress bar or summary
     #[arg(short = 'q', long)]
     quiet: bool,
@@ -297,6 +302,15 @@ struct Cli {
 /// `--device`'s parser: a typo is a usage error (exit 2) listing the values.
 fn device(s: &str) -> Result<gradkit_cuda::Device, String> {
     s.parse()
+}
+
+/// The `Comm` each rank trains over for `--backend`: NCCL's, opened over the world's.
+fn open_comm(b: gradkit_cuda::backend::CommBackend) -> Option<gradkit_train::config::OpenComm> {
+    use gradkit_cuda::backend::{open, CommBackend};
+    match b {
+        CommBackend::Mpi => None,
+        CommBackend::Nccl => Some(|host| open(CommBackend::Nccl, host)),
+    }
 }
 
 /// `--exchange` as an exchange's name: `ring-fp16` (gradallreduce's name of the fp16-wire
@@ -645,9 +659,11 @@ fn main() -> std::process::ExitCode {
         // is touched; the exchange then runs on the device's kernels.
         let kernels = world.agree(gradkit_cuda::kernels_for(args.device).map_err(Into::into))?;
         let resident = world.agree(gradkit_cuda::resident_for(args.device).map_err(Into::into))?;
+        world.agree(gradkit_cuda::backend::check(args.backend))?;
         let cfg = TrainConfig {
             kernels,
             resident,
+            open_comm: open_comm(args.backend),
             ..config(&args)?
         };
         world.agree(gradkit_train::train::check_paths(&cfg))?;

@@ -110,3 +110,66 @@ fn with_the_feature_each_outcome_is_one_line() {
         "the CUDA kernels could not be loaded on cuda:0 (Stub GPU 0): Missing symbol cuDevicePrimaryCtxRetain",
     );
 }
+
+/// `--backend mpi|nccl`: mpi (the default, given) trains; a typo is a usage error listing
+/// the values.
+#[test]
+fn the_backend_flag_takes_mpi_and_a_typo_is_a_usage_error() {
+    let d = tempfile::tempdir().unwrap();
+    let (code, err) = run(d.path(), &["--backend", "mpi"], &[]);
+    assert_eq!(code, Some(0), "{err}");
+    std::fs::remove_file(d.path().join("m.parquet")).unwrap();
+    for bad in ["NCCL", "gloo", ""] {
+        let (code, err) = run(d.path(), &["--backend", bad], &[]);
+        assert_eq!(code, Some(2), "{bad}: {err}");
+        assert!(err.starts_with("error: "), "{err}");
+        assert!(
+            err.contains("--backend") && err.contains("mpi, nccl"),
+            "{err}"
+        );
+        assert!(!d.path().join("m.parquet").exists());
+    }
+}
+
+/// `--backend nccl` in a build without the feature: exit 1 and gradallreduce's one line.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn without_the_feature_the_nccl_backend_says_to_rebuild() {
+    let d = tempfile::tempdir().unwrap();
+    let args: Vec<&str> = ["--backend", "nccl"]
+        .into_iter()
+        .chain(RUN.iter().copied())
+        .collect();
+    gradkit_testkit::cli::refused_with_env(
+        BIN,
+        d.path(),
+        &args,
+        &[],
+        &["gradkit was built without the `cuda` feature: rebuild with `cargo build --release --features cuda`"],
+    );
+}
+
+/// With the feature and no GPU: `--backend nccl` names what is missing, as gradallreduce
+/// does (no driver; a driver with a GPU but no libnccl).
+#[cfg(feature = "cuda")]
+#[test]
+fn with_the_feature_the_nccl_backend_names_what_is_missing() {
+    let d = tempfile::tempdir().unwrap();
+    let refused = |envs: &[(&str, &Path)], needle: &str| {
+        let args: Vec<&str> = ["--backend", "nccl"]
+            .into_iter()
+            .chain(RUN.iter().copied())
+            .collect();
+        gradkit_testkit::cli::refused_with_env(BIN, d.path(), &args, envs, &[needle]);
+    };
+    if !stub::system_has("libcuda.so") {
+        refused(&[], "no CUDA driver found (libcuda.so)");
+    }
+    let one_dir = stub::libs("gt-nonccl", Some(stub::Driver::Gpus(1)), true, false);
+    if !stub::system_has("libnccl.so") {
+        refused(
+            &[("LD_LIBRARY_PATH", one_dir.path())],
+            "no NCCL library found (libnccl.so)",
+        );
+    }
+}

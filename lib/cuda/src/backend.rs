@@ -1,9 +1,11 @@
-//! `--backend mpi|nccl`: which `Comm` carries the reducer's messages (docs/GPU.md §4). `mpi`
-//! (the default) is the host backend: MPI under mpirun, in-process threads otherwise. `nccl`
-//! runs the reducer over gradkit-cuda's NCCL backend, opened over the host one (rank 0's
-//! unique id broadcast over it, each rank on the GPU of its local rank); the trace's feed
-//! and the `--state` file stay on the host backend. A build without the `cuda` feature, or a
-//! machine without a GPU or NCCL, is refused with one line before anything is read.
+//! `--backend mpi|nccl` of gradallreduce (reduce and bench) and gradtrain: which `Comm`
+//! carries the collective's messages (docs/GPU.md §4). `mpi` (the default) is the host
+//! backend: MPI under mpirun, in-process threads otherwise. `nccl` runs the collective over
+//! [`crate::nccl::NcclComm`], opened over the host one (rank 0's unique id broadcast over
+//! it, each rank on the GPU of its local rank); whatever else the tool exchanges (a trace's
+//! feed, `--state`, checkpoints, metrics) stays on the host backend. A build without the
+//! `cuda` feature, or a machine without a GPU or NCCL, is refused with one line
+//! ([`check`], before anything is read).
 
 use anyhow::Result;
 use gradkit_comm::Comm;
@@ -44,14 +46,14 @@ impl std::fmt::Display for CommBackend {
 /// Whether `b` can be used here (the cuda feature, a GPU, NCCL), before any file is touched.
 pub fn check(b: CommBackend) -> Result<()> {
     if b == CommBackend::Nccl {
-        let info = gradkit_cuda::probe()?;
-        gradkit_cuda::probe_nccl()?;
-        anyhow::ensure!(info.count() > 0, gradkit_cuda::DeviceError::NoDevices);
+        let info = crate::probe()?;
+        crate::probe_nccl()?;
+        anyhow::ensure!(info.count() > 0, crate::DeviceError::NoDevices);
     }
     Ok(())
 }
 
-/// The rank's `Comm` for the reducer over `host`: `None` for the host backend itself.
+/// The rank's `Comm` for the collective over `host`: `None` for the host backend itself.
 pub fn open(b: CommBackend, host: &dyn Comm) -> Result<Option<Box<dyn Comm>>> {
     match b {
         CommBackend::Mpi => Ok(None),
@@ -61,12 +63,12 @@ pub fn open(b: CommBackend, host: &dyn Comm) -> Result<Option<Box<dyn Comm>>> {
 
 #[cfg(feature = "cuda")]
 fn open_nccl(host: &dyn Comm) -> Result<Option<Box<dyn Comm>>> {
-    use gradkit_cuda::nccl::{local_rank, NcclComm};
-    let gpus = gradkit_cuda::probe()?.count().max(1) as u32;
+    use crate::nccl::{local_rank, NcclComm};
+    let gpus = crate::probe()?.count().max(1) as u32;
     Ok(Some(Box::new(NcclComm::over(host, local_rank() % gpus)?)))
 }
 
 #[cfg(not(feature = "cuda"))]
 fn open_nccl(_host: &dyn Comm) -> Result<Option<Box<dyn Comm>>> {
-    Err(gradkit_cuda::DeviceError::NotBuilt.into())
+    Err(crate::DeviceError::NotBuilt.into())
 }
