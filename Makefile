@@ -30,7 +30,7 @@ help:
 	@echo "make repro-oktopk | repro-deft | repro-onebit-lamb | repro-embrace   (FAST=1: ~1 min)"
 	@echo "make repro-oktopk-figs | repro-deft-figs | repro-deft-breakdown   the figures alone, from target/release"
 	@echo "make repro-oktopk-closed | repro-onebit-table3   the papers' closed-loop training runs (FAST=1: ~30 s each)"
-	@echo "make repro-cluster   the shaped multi-host runs (root; docs/CLUSTER.md)"
+	@echo "make repro-cluster | repro-embrace-fig7   the shaped multi-host runs (root; docs/CLUSTER.md)"
 	@echo "make repro-sim | repro-scale   SimGrid replay: calibrated on the cluster | at 16-256 ranks (docs/SIMULATE.md)"
 	@echo "make cluster-up HOSTS=4 RATE=1gbit | cluster-status | cluster-down   (docs/CLUSTER.md)"
 	@echo "make build   release binaries in target/release    make deps   what is missing (apt, rustup, venv)"
@@ -184,7 +184,7 @@ stress-mpi: deps build
 
 include pipelines/oktopk.mk pipelines/deft.mk pipelines/onebit-lamb.mk pipelines/embrace.mk
 include pipelines/cluster.mk pipelines/sim.mk pipelines/closed-loop.mk
-repro: repro-oktopk repro-deft repro-onebit-lamb repro-embrace repro-oktopk-closed repro-onebit-table3
+repro: repro-oktopk repro-deft repro-onebit-lamb repro-embrace repro-oktopk-closed repro-onebit-table3 repro-embrace-fig7
 
 fmt:
 	$(CARGO) fmt --all

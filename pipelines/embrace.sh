@@ -14,18 +14,9 @@ else
   SWEEP_V=2000; SWEEP_B="1 4 16 64 256"; EQ_STEPS=10
   RSS_V=100000; RSS_D=256; RSS_PS="1 2 4 8"
 fi
-# A Zipf(1.1) token stream over V ids (i.i.d.; gradtrain's synthetic-lm builds a V×V Markov
-# matrix, which does not fit in memory at V = 50k). Token V−1 appears once so vocab = V.
+# A Zipf(1.1) token stream over V ids (pipelines/zipf_tokens.py).
 for zv in $V $RSS_V; do
-"$PY" - "$zv" "$NTOK" <<'PY'
-import sys, numpy as np, pyarrow as pa, pyarrow.parquet as pq
-v, n = int(sys.argv[1]), int(sys.argv[2])
-rng = np.random.default_rng(1)
-p = 1.0 / np.arange(1, v + 1) ** 1.1; p /= p.sum()
-t = rng.choice(v, size=n, p=p).astype(np.int32); t[0] = v - 1
-rows = [t[i:i + 1000].tolist() for i in range(0, n, 1000)]
-pq.write_table(pa.table({"tokens": pa.array(rows, pa.list_(pa.int32()))}), f"zipf-{v}.parquet")
-PY
+  "$PY" "$ROOT/pipelines/zipf_tokens.py" "$zv" "$NTOK" "zipf-$zv.parquet"
 done
 TR="$B/gradtrain --model transformer-lm $MODEL --batch $BATCH -q"
 {
