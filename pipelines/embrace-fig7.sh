@@ -8,10 +8,13 @@
 # the token embedding (V·d = 25.6 M) is 96 % of the 26.5 M parameters (the untied head is
 # V × 8 plus its bias; the LSTM 4·8·(256 + 8 + 2)). Needs root; without it the step says why and is skipped. Outputs in
 # data/out/embrace-fig7/ (FAST=1: data/out/embrace-fig7-fast/; 2 hosts, one rate, V = 5000).
+# REUSE=1: keep the runs in the output folder and rewrite the tables, figures and section.
 source "$(dirname "$0")/lib.sh"
 OUT=$ROOT/data/out/embrace-fig7
 [ "$FAST" != 0 ] && OUT=$ROOT/data/out/embrace-fig7-fast
-rm -rf "$OUT" && mkdir -p "$OUT" && cd "$OUT"
+REUSE=${REUSE:-0}
+[ "$REUSE" = 0 ] && rm -rf "$OUT"
+mkdir -p "$OUT" && cd "$OUT"
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 if [ "$FAST" != 0 ]; then
@@ -26,7 +29,6 @@ if ! why=$("$ROOT/pipelines/cluster.sh" check 2>&1); then
   [ "$FAST" != 0 ] && section embrace-fig7 section.md
   exit 0
 fi
-"$PY" "$ROOT/pipelines/zipf_tokens.py" $V $NTOK zipf-$V.parquet
 T0=$(date +%s)
 
 # One repeat runs every configuration once, in the same order, so that the repeats
@@ -48,13 +50,23 @@ on_cluster() {
     done
   done
 }
+if [ "$REUSE" = 0 ]; then
+  "$PY" "$ROOT/pipelines/zipf_tokens.py" $V $NTOK zipf-$V.parquet
+  for RATE in $RATES; do
+    with_cluster $HOSTS $RATE on_cluster
+  done
+  echo $(( $(date +%s) - T0 )) > wall_s.txt
+fi
+# Figures: compute / select / comm per step of every configuration at each P, first repeat.
 for RATE in $RATES; do
-  with_cluster $HOSTS $RATE on_cluster
+  run $B/gradreport plot breakdown emb7-$RATE-p*-r1.parquet -o fig7-$RATE.svg >&2
 done
 
 {
   echo "Made by \`make repro-embrace-fig7$( [ "$FAST" != 0 ] && echo ' FAST=1')\` (pipelines/embrace-fig7.sh) on $(date -u +%F),"
-  echo "$HOSTS shaped hosts on $(nproc) shared cores, one process per host; wall time $(( $(date +%s) - T0 )) s."
+  echo -n "$HOSTS shaped hosts on $(nproc) shared cores, one process per host; "
+  echo -n "wall time $(cat wall_s.txt) s"
+  [ "$REUSE" != 0 ] && echo " (REUSE=1: this text rewritten from the runs' files)." || echo "."
   echo "\`cluster.sh run -np P -- gradtrain --model lstm-lm --data zipf-$V.parquet --d-model $D --hidden $HIDDEN"
   echo "--seq-len $SEQ --batch $BATCH --steps $STEPS --optimizer sgd --lr 0.05 --exchange EX [--schedule S]\`:"
   echo "a Zipf(1.1) stream over V = $V ids, $((BATCH * SEQ)) tokens per rank and step; the token embedding"
@@ -67,6 +79,11 @@ done
   echo "baselines (Horovod's AllReduce, AllGather, Parallax-style hybrids) end to end (Fig. 7)."
   echo
   "$PY" "$ROOT/pipelines/embrace_fig7.py" . --rates "$RATES" --ps "$PS" --skip $SKIP
+  echo
+  echo "Figures (compute, selection and communication per step, the first repeat):"
+  figs=""
+  for RATE in $RATES; do figs="$figs${figs:+, }data/out/$(basename "$OUT")/fig7-$RATE.svg"; done
+  echo "$figs."
 } > section.md
 section embrace-fig7 section.md
 expect section.md "^\| dense \|" "^\| allgather-raw \|" "^\| embrace-2d \|" "^### Verdict" \

@@ -53,7 +53,21 @@ fn run(algo: &str, params: &Params, device: bool, g: &[Vec<Vec<f32>>]) -> Vec<Ve
         (0, "a".into(), (N / 4) as u64, None),
         (1, "b".into(), (N - N / 4) as u64, None),
     ]);
-    run_local(P, |comm| {
+    steps(algo, params, P, &lay, g, device, None)
+}
+
+/// Every rank's steps of `algo` on `p` ranks over `g`, on the counting device or not; at step
+/// `switch` the state is taken out and loaded into a fresh reducer (a checkpoint).
+fn steps(
+    algo: &str,
+    params: &Params,
+    p: usize,
+    lay: &Layout,
+    g: &[Vec<Vec<f32>>],
+    device: bool,
+    switch: Option<usize>,
+) -> Vec<Vec<Step>> {
+    run_local(p, |comm| {
         let dev: Option<&'static dyn DeviceKernels> =
             device.then(|| &*Box::leak(Box::new(Counting::new())) as &'static dyn DeviceKernels);
         let params = Params {
@@ -63,8 +77,13 @@ fn run(algo: &str, params: &Params, device: bool, g: &[Vec<Vec<f32>>]) -> Vec<Ve
         let mut red = make_reducer(algo, &params)?;
         let mut out = Vec::new();
         for (t, gt) in g.iter().enumerate() {
+            if Some(t) == switch {
+                let saved = red.take_state();
+                red = make_reducer(algo, &params)?;
+                red.load_state_owned(saved)?;
+            }
             let before = dev.map(|d| d.transfers());
-            let o = red.reduce(comm, t as u32, &lay, Flat::Dense(gt[comm.rank()].clone()))?;
+            let o = red.reduce(comm, t as u32, lay, Flat::Dense(gt[comm.rank()].clone()))?;
             let moved = dev.map(|d| d.transfers().since(&before.unwrap()));
             out.push((o, red.state(), moved));
         }
@@ -193,29 +212,7 @@ fn run_onebit(algo: &str, p: usize, n: usize, device: bool, switch: usize) -> Ve
         (0, "a".into(), (n / 3) as u64, None),
         (1, "b".into(), (n - n / 3) as u64, None),
     ]);
-    run_local(p, |comm| {
-        let dev: Option<&'static dyn DeviceKernels> =
-            device.then(|| &*Box::leak(Box::new(Counting::new())) as &'static dyn DeviceKernels);
-        let params = Params {
-            resident: dev,
-            ..Params::default()
-        };
-        let mut red = make_reducer(algo, &params)?;
-        let mut out = Vec::new();
-        for (t, gt) in g.iter().enumerate() {
-            if t == switch {
-                let saved = red.take_state();
-                red = make_reducer(algo, &params)?;
-                red.load_state_owned(saved)?;
-            }
-            let before = dev.map(|d| d.transfers());
-            let o = red.reduce(comm, t as u32, &lay, Flat::Dense(gt[comm.rank()].clone()))?;
-            let moved = dev.map(|d| d.transfers().since(&before.unwrap()));
-            out.push((o, red.state(), moved));
-        }
-        Ok(out)
-    })
-    .unwrap()
+    steps(algo, &Params::default(), p, &lay, &g, device, Some(switch))
 }
 
 /// `a` and `b` equal bit for bit, else a panic naming the first difference.
