@@ -301,7 +301,9 @@ fn ranks_may_use_every_core_and_the_burst_is_the_one_asked_for() {
     let id = run_id('b');
     let state = d.join("cluster.env");
     let o = cluster_cmd(&state)
-        .args(["up", "--hosts", "2", "--rate", "100mbit", "--burst", "16384", "--id", &id])
+        .args([
+            "up", "--hosts", "2", "--rate", "100mbit", "--burst", "16384", "--id", &id,
+        ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
@@ -322,7 +324,11 @@ fn ranks_may_use_every_core_and_the_burst_is_the_one_asked_for() {
         .collect();
     let o = cluster.run(2, &args);
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "run: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "run: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let ranks: Vec<_> = out
         .lines()
         .filter_map(|l| l.strip_prefix("Cpus_allowed_list:"))
