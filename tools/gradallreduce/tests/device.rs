@@ -330,39 +330,7 @@ fn the_counting_device_reduces_as_the_cpu_and_uploads_each_gradient_once() {
     let rows = gradkit_testkit::traces::dense(2, 3, &[("w", 2000), ("b", 9)]);
     write_table(&Output::Path(d.join("t.parquet")), &Meta::default(), &rows).unwrap();
     for algo in ["topka", "gaussiank", "oktopk", "deft"] {
-        let mut got = Vec::new();
-        for dev in ["cpu", "counting"] {
-            let out = format!("{algo}-{dev}.parquet");
-            let args = [
-                "--algo",
-                algo,
-                "--ranks",
-                "2",
-                "--density",
-                "0.05",
-                "--device",
-                dev,
-                "t.parquet",
-                "-o",
-                &out,
-            ];
-            let (code, err) = run(&d, &args, &[]);
-            assert_eq!(code, Some(0), "{args:?}: {err}");
-            let rows = read_tensor(&Input::Path(d.join(&out)), Default::default())
-                .unwrap()
-                .rows;
-            got.push((rows, err));
-        }
-        assert_eq!(got[1].0, got[0].0, "{algo}");
-        let line = got[1]
-            .1
-            .lines()
-            .find(|l| l.contains("gradallreduce: device counting:"))
-            .unwrap_or_else(|| panic!("{algo}: no transfer note: {}", got[1].1));
-        let n: Vec<u64> = line
-            .split(|c: char| !c.is_ascii_digit())
-            .filter_map(|w| w.parse().ok())
-            .collect();
+        let (n, line) = cpu_and_counting(&d, algo, &["--density", "0.05"]);
         // Both ranks share the process's device, 2 ranks × 3 steps: up, each gradient (2009
         // floats) and the index list the residual rule zeroes (DEFT: and the gathered union
         // to read its values at); down, the selection's indices and values (DEFT: each
@@ -398,37 +366,7 @@ fn the_counting_device_runs_the_onebit_reducers_as_the_cpu_moving_packed_signs()
         ("onebit", [3, 4 * n + 4 * cb, 3, nbits + cb + 4 * n]),
         ("onebit-naive", [2, 4 * n + 2 * nbits, 2, nbits + 4 * n]),
     ] {
-        let mut got = Vec::new();
-        for dev in ["cpu", "counting"] {
-            let out = format!("{algo}-{dev}.parquet");
-            let args = [
-                "--algo",
-                algo,
-                "--ranks",
-                "2",
-                "--device",
-                dev,
-                "t.parquet",
-                "-o",
-                &out,
-            ];
-            let (code, err) = run(&d, &args, &[]);
-            assert_eq!(code, Some(0), "{args:?}: {err}");
-            let rows = read_tensor(&Input::Path(d.join(&out)), Default::default())
-                .unwrap()
-                .rows;
-            got.push((rows, err));
-        }
-        assert_eq!(got[1].0, got[0].0, "{algo}");
-        let line = got[1]
-            .1
-            .lines()
-            .find(|l| l.contains("gradallreduce: device counting:"))
-            .unwrap_or_else(|| panic!("{algo}: no transfer note: {}", got[1].1));
-        let nums: Vec<u64> = line
-            .split(|c: char| !c.is_ascii_digit())
-            .filter_map(|w| w.parse().ok())
-            .collect();
+        let (nums, line) = cpu_and_counting(&d, algo, &[]);
         let want: Vec<u64> = want.iter().map(|w| w * calls).collect();
         assert_eq!(nums, want, "{algo}: {line}");
     }
@@ -556,4 +494,35 @@ fn bench_on_the_counting_device_keeps_the_onebit_errors_resident() {
         .collect();
     let want = [3, 4 * n + 4 * cb, 3, nbits + cb + 4 * n].map(|w| 2 * w);
     assert_eq!(nums, want, "{line}");
+}
+
+/// `gradallreduce --algo ALGO EXTRA… --ranks 2` on t.parquet in `d`, with `--device cpu` and
+/// `--device counting`: asserts both wrote the same rows and returns the numbers of the
+/// counting device's transfer note (uploads, bytes up, downloads, bytes down) and the note.
+fn cpu_and_counting(d: &Path, algo: &str, extra: &[&str]) -> (Vec<u64>, String) {
+    let mut got = Vec::new();
+    for dev in ["cpu", "counting"] {
+        let out = format!("{algo}-{dev}.parquet");
+        let mut args = vec!["--algo", algo, "--ranks", "2"];
+        args.extend_from_slice(extra);
+        args.extend(["--device", dev, "t.parquet", "-o", &out]);
+        let (code, err) = run(d, &args, &[]);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        let rows = read_tensor(&Input::Path(d.join(&out)), Default::default())
+            .unwrap()
+            .rows;
+        got.push((rows, err));
+    }
+    assert_eq!(got[1].0, got[0].0, "{algo}");
+    let line = got[1]
+        .1
+        .lines()
+        .find(|l| l.contains("gradallreduce: device counting:"))
+        .unwrap_or_else(|| panic!("{algo}: no transfer note: {}", got[1].1))
+        .to_string();
+    let nums = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (nums, line)
 }
