@@ -419,6 +419,19 @@ fn bench_takes_the_backend_and_a_typo_is_a_usage_error() {
     }
 }
 
+/// `bench --backend nccl` on 2 in-process ranks, a metrics file asked for (none may appear).
+const BENCH_NCCL: [&str; 9] = [
+    "bench",
+    "--backend",
+    "nccl",
+    "--ranks",
+    "2",
+    "--sizes",
+    "1K:1K",
+    "--metrics",
+    "m.parquet",
+];
+
 /// `bench --backend nccl` in a build without the feature stops as the reduction does: exit
 /// 1, the same one `error:` line, nothing written.
 #[cfg(not(feature = "cuda"))]
@@ -427,17 +440,7 @@ fn without_the_feature_bench_on_nccl_says_to_rebuild() {
     let d_dir = tmpdir("bench-nofeature");
     let d = d_dir.path().to_path_buf();
     trace(&d);
-    let args = [
-        "bench",
-        "--backend",
-        "nccl",
-        "--ranks",
-        "2",
-        "--sizes",
-        "1K:1K",
-        "--metrics",
-        "m.parquet",
-    ];
+    let args = BENCH_NCCL;
     let msg = "gradkit was built without the `cuda` feature: rebuild with `cargo build --release --features cuda`";
     gradkit_testkit::cli::refused_with_env(BIN, &d, &args, &[], &[msg]);
     refused_backend(&d, "nccl", &[], msg);
@@ -450,17 +453,7 @@ fn without_the_feature_bench_on_nccl_says_to_rebuild() {
 fn with_the_feature_bench_on_nccl_names_what_is_missing() {
     let d_dir = tmpdir("bench-stubs");
     let d = d_dir.path().to_path_buf();
-    let args = [
-        "bench",
-        "--backend",
-        "nccl",
-        "--ranks",
-        "2",
-        "--sizes",
-        "1K:1K",
-        "--metrics",
-        "m.parquet",
-    ];
+    let args = BENCH_NCCL;
     if !stub::system_has("libcuda.so") {
         let needle = "no CUDA driver found (libcuda.so)";
         gradkit_testkit::cli::refused_with_env(BIN, &d, &args, &[], &[needle]);
