@@ -7,7 +7,7 @@ static ALLOC: gradkit_core::alloc::BigAlloc = gradkit_core::alloc::BigAlloc;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
 use gradkit_core::cli::{self, Format};
 use gradkit_core::io::TensorStream;
@@ -69,8 +69,11 @@ gradreport simulate rec.parquet --topology dragonfly --link-rate 100Gbps -o sim.
         after_help = "Cells are the median over every (run, step, rank) sample of the group, \
 with (min–max) beside it in Markdown when the samples differ; csv/json put min and max in \
 `<metric>_min`/`<metric>_max` columns. --stat last takes the median over ranks at the group's \
-last step (final loss); --stat sum adds every sample (total bytes of all ranks and steps).\n\n\
-Example:\n  gradreport table m.parquet --by algo,world_size --metric bytes_sent,bytes_sent:*"
+last step (final loss); --stat sum adds every sample (total bytes of all ranks and steps). \
+With --per-file each file is one repeat: the statistic is taken in each file alone and the cell \
+is the median over the files, (min–max) the files' range.\n\n\
+Examples:\n  gradreport table m.parquet --by algo,world_size --metric bytes_sent,bytes_sent:*\n  \
+gradreport table r1.parquet r2.parquet r3.parquet --per-file --by world_size --metric time_select_s"
     )]
     Table {
         /// metrics/1 files (stdin when none)
@@ -88,6 +91,10 @@ Example:\n  gradreport table m.parquet --by algo,world_size --metric bytes_sent,
         /// Do not show min–max beside medians and means
         #[arg(long)]
         no_range: bool,
+        /// Each input file is one repeat of the same runs: take --stat within each file alone,
+        /// then show the median over the files with their min–max
+        #[arg(long)]
+        per_file: bool,
         /// Output format
         #[arg(long, value_enum, default_value_t = Format::Md)]
         format: Format,
@@ -369,6 +376,7 @@ fn body(args: Args) -> Result<()> {
             metric,
             stat,
             no_range,
+            per_file,
             format,
         } => {
             let opts = TableOpts {
@@ -378,6 +386,16 @@ fn body(args: Args) -> Result<()> {
                 range: !no_range,
                 format,
             };
+            if per_file {
+                if files.len() < 2 {
+                    bail!("--per-file: give two or more metrics files, one per repeat");
+                }
+                let repeats = files
+                    .iter()
+                    .map(|f| metrics::load(std::slice::from_ref(f)))
+                    .collect::<Result<Vec<_>>>()?;
+                return table::table_over_repeats(&repeats, &opts)?.print(format);
+            }
             let rows = metrics::load(&files)?;
             table::table(&rows, &opts)?.print(format)
         }

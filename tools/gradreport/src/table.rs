@@ -23,21 +23,64 @@ pub struct TableOpts {
 /// Pivots `rows` into a text table (see [`TableOpts`]).
 pub fn table(rows: &[MetricRow], opts: &TableOpts) -> Result<TextTable> {
     let names = metrics::expand(rows, opts.metrics.as_deref())?;
-    let mut cells: Vec<BTreeMap<Key, metrics::Summary>> = Vec::new();
-    let mut keys: BTreeSet<Key> = BTreeSet::new();
+    let cells = names
+        .iter()
+        .map(|m| column(rows, m, opts))
+        .collect::<Vec<_>>();
+    render(&names, cells, opts, opts.stat.shows_range())
+}
+
+/// As [`table`], with each element of `repeats` (one input file's rows) one repeat of the same
+/// runs: a group's `--stat` is taken within each repeat alone, and its cell is the median over
+/// the repeats that have the group, with the repeats' min–max as its range. A ratio or time is
+/// thus summarised per repeat first (a median over steps), then across repeats.
+pub fn table_over_repeats(repeats: &[Vec<MetricRow>], opts: &TableOpts) -> Result<TextTable> {
+    let all: Vec<MetricRow> = repeats.iter().flatten().cloned().collect();
+    let names = metrics::expand(&all, opts.metrics.as_deref())?;
+    let mut cells = Vec::new();
     for m in &names {
-        let s = metrics::samples(rows, m);
-        let g = metrics::group(&s, &opts.by);
-        let col: BTreeMap<Key, metrics::Summary> = g
+        let mut per: BTreeMap<Key, Vec<f64>> = BTreeMap::new();
+        for rows in repeats {
+            for (k, s) in column(rows, m, opts) {
+                if !s.value.is_nan() {
+                    per.entry(k).or_default().push(s.value);
+                }
+            }
+        }
+        let col = per
             .into_iter()
-            .map(|(k, v)| (k, metrics::aggregate(&v, opts.stat)))
+            .map(|(k, v)| {
+                let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+                let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let value = metrics::median(&v);
+                (k, metrics::Summary { value, min, max })
+            })
             .collect();
-        keys.extend(col.keys().cloned());
         cells.push(col);
     }
-    let split_range = opts.format != Format::Md && opts.range && opts.stat.shows_range();
+    // The repeats' range is shown whatever the statistic (a sum or a last value varies too).
+    render(&names, cells, opts, true)
+}
+
+/// One metric's cells: its samples grouped by `--by`, each group under `--stat`.
+fn column(rows: &[MetricRow], metric: &str, opts: &TableOpts) -> BTreeMap<Key, metrics::Summary> {
+    let s = metrics::samples(rows, metric);
+    metrics::group(&s, &opts.by)
+        .into_iter()
+        .map(|(k, v)| (k, metrics::aggregate(&v, opts.stat)))
+        .collect()
+}
+
+fn render(
+    names: &[String],
+    cells: Vec<BTreeMap<Key, metrics::Summary>>,
+    opts: &TableOpts,
+    ranged: bool,
+) -> Result<TextTable> {
+    let keys: BTreeSet<Key> = cells.iter().flat_map(|c| c.keys().cloned()).collect();
+    let split_range = opts.format != Format::Md && opts.range && ranged;
     let mut header: Vec<String> = opts.by.iter().map(|c| c.name().to_string()).collect();
-    for m in &names {
+    for m in names {
         header.push(column_name(m, opts.stat, opts.format));
         if split_range {
             header.push(format!("{m}_min"));
@@ -60,7 +103,7 @@ pub fn table(rows: &[MetricRow], opts: &TableOpts) -> Result<TextTable> {
                     metrics::fmt(s.min),
                     metrics::fmt(s.max),
                 ]),
-                Some(s) => row.push(cell(s, opts.range && opts.stat.shows_range())),
+                Some(s) => row.push(cell(s, opts.range && ranged)),
             }
         }
         t.push(row);

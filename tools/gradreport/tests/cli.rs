@@ -590,3 +590,74 @@ fn a_bad_environment_variable_is_a_usage_error() {
         );
     }
 }
+
+/// The median of a slice, written apart from gradreport's (mean of the middle two when even).
+fn median_ref(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+#[test]
+fn table_per_file_is_the_median_over_repeats_of_each_repeats_statistic() {
+    let d = tempfile::tempdir().unwrap();
+    // Three repeats of one run at P = 4 (time per step, rank 0), and a P = 8 run only in two.
+    let reps: [&[f64]; 3] = [
+        &[1.0, 2.0, 3.0],
+        &[10.0, 20.0, 30.0, 40.0],
+        &[5.0, 5.0, 6.0],
+    ];
+    let p8: [&[f64]; 2] = [&[7.0, 9.0], &[3.0]];
+    let mut files = Vec::new();
+    for (i, r) in reps.iter().enumerate() {
+        let mut rows: Vec<MetricRow> = (r.iter().enumerate())
+            .map(|(s, &v)| m("sel", "deft", 4, s as u32, 0, "time_s", v))
+            .collect();
+        if let Some(q) = p8.get(i) {
+            rows.extend(
+                (q.iter().enumerate()).map(|(s, &v)| m("sel", "deft", 8, s as u32, 0, "time_s", v)),
+            );
+        }
+        files.push(write_metrics(d.path(), &format!("r{i}.parquet"), &rows));
+    }
+    let mut args = vec!["table"];
+    args.extend(files.iter().map(|f| s(f)));
+    args.extend(["--per-file", "--by", "world_size", "--format", "csv"]);
+    let out = ok(&args);
+    // Reference: each repeat's median over its steps, then median, min and max over the repeats.
+    let line = |p: u32, per: Vec<f64>| {
+        let lo = per.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = per.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        format!("{p},{},{lo},{hi}", median_ref(&per))
+    };
+    let want = format!(
+        "world_size,time_s,time_s_min,time_s_max\n{}\n{}\n",
+        line(4, reps.iter().map(|r| median_ref(r)).collect()),
+        line(8, p8.iter().map(|r| median_ref(r)).collect())
+    );
+    assert_eq!(out, want);
+    // The pooled median of every sample (no --per-file) is another number: the option matters.
+    let pooled: Vec<f64> = reps.iter().flat_map(|r| r.iter().copied()).collect();
+    assert_ne!(
+        median_ref(&pooled),
+        median_ref(&reps.iter().map(|r| median_ref(r)).collect::<Vec<_>>())
+    );
+    // --stat sum per repeat, then the median of the sums; Markdown shows the repeats' range.
+    let mut args = vec!["table"];
+    args.extend(files.iter().map(|f| s(f)));
+    args.extend(["--per-file", "--by", "world_size", "--stat", "sum"]);
+    let out = ok(&args);
+    let sums: Vec<f64> = reps.iter().map(|r| r.iter().sum()).collect();
+    assert!(
+        out.contains(&format!("| {} (6–100)", median_ref(&sums))),
+        "{out}"
+    );
+    // One file is not a set of repeats.
+    let e = fails(&["table", s(&files[0]), "--per-file"]);
+    assert!(e.contains("--per-file") && e.lines().count() == 1, "{e}");
+}
