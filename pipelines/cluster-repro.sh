@@ -10,6 +10,11 @@
 #      time per step and the stall the schedule removes (section "cluster-embrace");
 #   5. (with 2.) Ok-Topk and gTop-k on dense vs pre-selected input, each rank's own gradient
 #      (`gradallreduce bench --algo oktopk,gtopk`, issue 19), one process per host.
+# Steps 2–5 run REPEATS times (default 3), interleaved: repeat r of every configuration before
+# repeat r+1, each repeat's files in rR/; the α-β fit (step 1) runs once per rate. The tables of
+# each repeat (rR/section.md) are merged by pipelines/merge_repeats.py: every number that
+# differs between repeats is printed as the median over repeats (min–max).
+# REUSE=1 measures nothing: it rewrites the sections from the files of the last run.
 # PARTS="cal train lamb embrace" (the default) runs all; PARTS=embrace runs step 4 alone (with
 # the α-β fit at P = HOSTS that its predictions need) and rewrites only its section.
 # pipelines/cluster-tables.py turns the metrics into the tables of docs/RESULTS.md "cluster",
@@ -20,10 +25,16 @@ source "$(dirname "$0")/lib.sh"
 OUT=$ROOT/data/out/cluster
 [ "$FAST" != 0 ] && OUT=$ROOT/data/out/cluster-fast  # a FAST run keeps the full run's files
 PARTS=${PARTS:-cal train lamb embrace}
+REPEATS=${REPEATS:-3}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 MAIN=0; { has cal || has train || has lamb; } && MAIN=1
-if [ $MAIN = 1 ]; then rm -rf "$OUT"; fi
-mkdir -p "$OUT" && cd "$OUT" && rm -f emb-* load-emb.txt
+REUSE=${REUSE:-0}  # REUSE=1: no measurement, the sections rewritten from the files of the last run
+if [ "$REUSE" = 0 ]; then
+  if [ $MAIN = 1 ]; then rm -rf "$OUT"; fi
+  mkdir -p "$OUT" && cd "$OUT" && rm -f r*/emb-* load-emb.txt
+else
+  cd "$OUT" || { echo "error: REUSE=1: no $OUT from an earlier make repro-cluster" >&2; exit 1; }
+fi
 PY=$ROOT/.venv/bin/python
 [ -x "$PY" ] || PY=python3
 # Every sparse exchange of the headline, dense first (the target of time-to-loss).
@@ -70,9 +81,13 @@ on_cluster() {
     launch $p $B/gradallreduce bench --algo ring --sizes $CAL_SIZES --factor 4 --warmup 1 \
       --iters $ITERS --fit --metrics cal-$RATE-p$p.parquet > cal-$RATE-p$p.md 2> cal-$RATE-p$p.err
   done
-  has train && train_runs
-  has lamb && lamb_runs
-  has embrace && [ "$EMB_STEPS" != 0 ] && embrace_runs
+  local rep
+  for rep in $(seq 1 "$REPEATS"); do
+    R=r$rep/ && mkdir -p r$rep
+    has train && train_runs
+    has lamb && lamb_runs
+    has embrace && [ "$EMB_STEPS" != 0 ] && embrace_runs
+  done
   return 0
 }
 
@@ -82,38 +97,38 @@ train_runs() {
   for ex in $EXCH; do
     local dens=(--density 0.01) steps=$SPARSE_STEPS
     [ $ex = dense ] && dens=() steps=$STEPS
-    echo "$ex P=$P $RATE $(cut -d' ' -f1-3 /proc/loadavg)" >> load.txt
+    echo "${R%/} $ex P=$P $RATE $(cut -d' ' -f1-3 /proc/loadavg)" >> load.txt
     launch $P $B/gradtrain $MODEL --steps $steps --batch $BATCH --optimizer sgd --lr 0.1 \
-      --exchange $ex "${dens[@]}" -q --run $ex-$RATE --metrics train-$ex-$RATE.parquet
+      --exchange $ex "${dens[@]}" -q --run $ex-$RATE --metrics ${R}train-$ex-$RATE.parquet
   done
   if [ "$STEPS8" != 0 ]; then
     for ex in $EXCH; do
       [ $ex = dense ] && continue
-      echo "$ex P=$((2 * P)) $RATE $(cut -d' ' -f1-3 /proc/loadavg)" >> load.txt
+      echo "${R%/} $ex P=$((2 * P)) $RATE $(cut -d' ' -f1-3 /proc/loadavg)" >> load.txt
       launch $((2 * P)) $B/gradtrain $MODEL --steps $STEPS8 --batch $BATCH --optimizer sgd \
-        --lr 0.1 --exchange $ex --density 0.01 -q --run $ex-p8-$RATE --metrics train8-$ex-$RATE.parquet
+        --lr 0.1 --exchange $ex --density 0.01 -q --run $ex-p8-$RATE --metrics ${R}train8-$ex-$RATE.parquet
     done
   fi
   # MPI_Allreduce of the same gradient (bytes = 4n), the dense-native row's communication.
   local nb
-  nb=$("$PY" -c 'import sys,pyarrow.parquet as pq; t=pq.read_table(sys.argv[1]).to_pydict(); print(4*int(max(v for m,v in zip(t["metric"],t["value"]) if m=="nnz")))' train-dense-$RATE.parquet)
+  nb=$("$PY" -c 'import sys,pyarrow.parquet as pq; t=pq.read_table(sys.argv[1]).to_pydict(); print(4*int(max(v for m,v in zip(t["metric"],t["value"]) if m=="nnz")))' ${R}train-dense-$RATE.parquet)
   launch $P $B/gradallreduce bench --algo native,ring --sizes $nb:$nb --warmup 1 --iters $ITERS \
-    --metrics native-$RATE.parquet > native-$RATE.md 2> native-$RATE.err
+    --metrics ${R}native-$RATE.parquet > ${R}native-$RATE.md 2> ${R}native-$RATE.err
   # 5. Ok-Topk's own selection against its exchange: dense vs pre-selected input.
-  echo "okinput P=$P $RATE $(cut -d' ' -f1-3 /proc/loadavg)" >> load.txt
+  echo "${R%/} okinput P=$P $RATE $(cut -d' ' -f1-3 /proc/loadavg)" >> load.txt
   launch $P $B/gradallreduce bench --algo oktopk,gtopk --sizes $OK_SIZE:$OK_SIZE --warmup 2 \
-    --iters $((ITERS * 3)) --metrics okinput-$RATE.parquet > okinput-$RATE.md 2> okinput-$RATE.err
+    --iters $((ITERS * 3)) --metrics ${R}okinput-$RATE.parquet > ${R}okinput-$RATE.md 2> ${R}okinput-$RATE.err
 }
 
 lamb_runs() {
   # 3. LAMB vs 1-bit LAMB.
-  echo "lamb $RATE $(cut -d' ' -f1-3 /proc/loadavg)" >> load.txt
+  echo "${R%/} lamb $RATE $(cut -d' ' -f1-3 /proc/loadavg)" >> load.txt
   launch $P $B/gradtrain $MODEL --steps $LAMB_STEPS --batch $BATCH --optimizer lamb --lr 0.01 \
-    --exchange dense -q --run lamb-$RATE --metrics lamb-$RATE.parquet
-  echo "onebit-lamb $RATE $(cut -d' ' -f1-3 /proc/loadavg)" >> load.txt
+    --exchange dense -q --run lamb-$RATE --metrics ${R}lamb-$RATE.parquet
+  echo "${R%/} onebit-lamb $RATE $(cut -d' ' -f1-3 /proc/loadavg)" >> load.txt
   launch $P $B/gradtrain $MODEL --steps $((LAMB_STEPS * 3 / 2)) --batch $BATCH --optimizer onebit-lamb \
     --lr 0.01 --exchange onebit --freeze-step $FREEZE -q --run onebit-lamb-$RATE \
-    --metrics onebitlamb-$RATE.parquet
+    --metrics ${R}onebitlamb-$RATE.parquet
 }
 
 embrace_runs() {
@@ -123,27 +138,49 @@ embrace_runs() {
   for run in dense allgather embrace-fifo embrace-embrace; do
     ex=${run%%-*} sch=()
     [ $ex = embrace ] && sch=(--schedule ${run#*-})
-    echo "emb-$run P=$P $RATE $(cut -d' ' -f1-3 /proc/loadavg)" >> load-emb.txt
+    echo "${R%/} emb-$run P=$P $RATE $(cut -d' ' -f1-3 /proc/loadavg)" >> load-emb.txt
     launch $P $B/gradtrain --model transformer-lm --data synthetic-lm --vocab $EMB_V \
       --tokens 100000 --d-model $EMB_D --batch $EMB_BATCH --steps $EMB_STEPS --optimizer sgd \
-      --lr 0.1 --exchange $ex "${sch[@]}" -q --run $run-$RATE --metrics emb-$run-$RATE.parquet
+      --lr 0.1 --exchange $ex "${sch[@]}" -q --run $run-$RATE --metrics ${R}emb-$run-$RATE.parquet
   done
+}
+
+# per_repeat FILE ARGS…: cluster-tables.py ARGS in each repeat's directory (beside the α-β fit's
+# files of step 1), written to rR/FILE, then the repeats merged (median (min–max) of every number
+# that differs) on stdout, after a line saying how many repeats.
+per_repeat() {
+  local file=$1 d
+  shift
+  for d in $(seq 1 "$REPEATS"); do
+    (cd r$d && ln -sf ../cal-*.parquet ../cal-*.md . 2>/dev/null) || true
+    (cd r$d && "$PY" "$ROOT/pipelines/cluster-tables.py" "$@") > r$d/$file
+  done
+  echo "Every number that differed between the $REPEATS interleaved repeats (each run once per repeat,"
+  echo "repeat r of every configuration before repeat r + 1) is the median over the repeats with its"
+  echo "min–max in parentheses, each ratio computed within its repeat first; the repeats' own tables are"
+  echo "data/out/cluster/r1…r$REPEATS/$file (pipelines/merge_repeats.py)."
+  echo
+  "$PY" "$ROOT/pipelines/merge_repeats.py" $(seq -f "r%g/$file" 1 "$REPEATS")
 }
 
 T0=$(date +%s)
 UP0=$(uptime)
-for RATE in $RATES; do
-  with_cluster $HOSTS $RATE on_cluster
-done
+if [ "$REUSE" = 0 ]; then
+  for RATE in $RATES; do
+    with_cluster $HOSTS $RATE on_cluster
+  done
+fi
 if has embrace && [ "$EMB_STEPS" != 0 ]; then
-  {
+  [ "$REUSE" = 0 ] && {
   echo "Made by \`make repro-cluster\` (pipelines/cluster-repro.sh, step 4; \`PARTS=embrace\` runs it alone) on"
   echo "$(date -u +%F), $(nproc) cores shared by every rank and by other jobs; $HOSTS hosts, links shaped both ways."
   echo "Load (uptime) at the start: \`${UP0##*load average: }\`, at the end: \`$(uptime | sed 's/.*load average: //')\`;"
   echo "1-minute load average at the start of each run: $(awk '{print $(NF-2)}' load-emb.txt | sort -n | sed -n '1p;$p' | paste -sd- )"
   echo "(per run in data/out/cluster/load-emb.txt). Wall time: $(( $(date +%s) - T0 )) s$( [ $MAIN = 1 ] && echo ' (all steps)')."
   echo
-  "$PY" "$ROOT/pipelines/cluster-tables.py" --part embrace --hosts $HOSTS --rates "$RATES" --ps "$P" \
+  } > header-embrace.md
+  { cat header-embrace.md
+  per_repeat section-embrace.md --part embrace --hosts $HOSTS --rates "$RATES" --ps "$P" \
     --emb-v $EMB_V --emb-d $EMB_D --emb-batch $EMB_BATCH --emb-steps $EMB_STEPS --fast $FAST
   } > section-embrace.md
   section cluster-embrace section-embrace.md
@@ -151,14 +188,16 @@ if has embrace && [ "$EMB_STEPS" != 0 ]; then
   cat section-embrace.md
 fi
 [ $MAIN = 1 ] || exit 0
-{
+[ "$REUSE" = 0 ] && {
 echo "Made by \`make repro-cluster$( [ "$FAST" != 0 ] && echo ' FAST=1')\` (pipelines/cluster-repro.sh) on $(date -u +%F), $(nproc) cores"
 echo "shared by every rank and by other jobs; $HOSTS hosts, links shaped to each rate both ways."
 echo "Load (uptime) at the start: \`${UP0##*load average: }\`, at the end: \`$(uptime | sed 's/.*load average: //')\`;"
 echo "1-minute load average at the start of each run: $(awk '{print $(NF-2)}' load.txt | sort -n | sed -n '1p;$p' | paste -sd- ) (per run in"
 echo "data/out/cluster/load.txt). Wall time of the whole reproduction: $(( $(date +%s) - T0 )) s."
 echo
-"$PY" "$ROOT/pipelines/cluster-tables.py" --hosts $HOSTS --rates "$RATES" --ps "$PS" \
+} > header.md
+{ cat header.md
+per_repeat section.md --hosts $HOSTS --rates "$RATES" --ps "$PS" \
   --exch "$EXCH" --freeze $FREEZE --model "$MODEL" --steps $STEPS --batch $BATCH \
   --sparse-steps $SPARSE_STEPS --steps8 $STEPS8 --lamb-steps $LAMB_STEPS --cal-sizes $CAL_SIZES --fast $FAST
 } > section.md

@@ -257,8 +257,7 @@ def embrace_section():
             pdel = (P - 1) * al + bdel * be
             print(f"Stall removed by the schedule at {rate}: fifo {fmt(ff['stall'] * 1e3)} ms − embrace "
                   f"{fmt(e0['stall'] * 1e3)} ms = {fmt(removed * 1e3)} ms "
-                  + (f"({100 * removed / ff['stall']:.0f} % of fifo's stall removed)" if removed >= 0 else
-                     f"(the stall grew {-100 * removed / ff['stall']:.0f} %)") + "; the delayed rows "
+                  f"(stall removed: {100 * removed / ff['stall']:.0f} % of fifo's; negative: it grew); the delayed rows "
                   f"({e0['rows_delayed']:.0f} of {e0['rows_coalesced']:.0f} coalesced rows) are "
                   f"≈ {fmt(bdel / 1e3)} kB of gradient AlltoAll, which the model prices at "
                   f"{fmt(pdel * 1e3)} ms ((P−1)α + bytes·β); measured overlapped: "
@@ -270,11 +269,10 @@ def embrace_section():
             continue
         sp = {k: (r["step"] / e0["step"], r["step_eq"] / e0["step_eq"]) for k, r in res.items()
               if k != "embrace-embrace"}
-        s = ", ".join(f"over {k} {x:.2f}× ({y:.2f}×)" for k, (x, y) in sp.items())
-        print(f"- **{rate}**: EmbRace's step-time speedup (at equal compute in brackets) {s}; "
+        s = ", ".join(f"over {k} {x:.2f}× [{y:.2f}× at equal compute]" for k, (x, y) in sp.items())
+        print(f"- **{rate}**: EmbRace's step-time speedup {s}; "
               + (f"stall {fmt(ff['stall'] * 1e3)} → {fmt(e0['stall'] * 1e3)} ms "
-                 + (f"({100 * removed / ff['stall']:.0f} % removed)." if removed >= 0 else
-                    f"(grew {-100 * removed / ff['stall']:.0f} %).") if ff else ""))
+                 f"(removed: {100 * removed / ff['stall']:.0f} %; negative: it grew)." if ff else ""))
     print()
 
 
@@ -490,7 +488,8 @@ print("### Time to the dense run's loss\n")
 print(f"Training loss = mean over ranks, trailing mean over {WIN} steps. Target A = the dense "
       f"(ring) run's final smoothed loss at the same rate; target B = its smoothed loss at step "
       f"{a.steps // 2} (half-way). Wall = sum over steps of the slowest rank's step time; MB = "
-      "bytes sent per rank, cumulative. `-` = not reached in the run.\n")
+      "bytes sent per rank, cumulative; `A: dense's wall / this` = how many times sooner than the dense run "
+      "this run reaches target A. `-` = not reached in the run.\n")
 body = []
 for rate in RATES:
     if ("dense", rate) not in runs:
@@ -510,9 +509,12 @@ for rate in RATES:
         wall_ok[ex] = hit
         fa = final_acc(runs[(ex, rate)])
         cell = lambda h: ("-", "-", "-") if h is None else (h[0], fmt(h[1], 3), fmt(h[2], 3))
-        body.append([rate, ex, *cell(hit[0]), *cell(hit[1]), c[-1][0] + 1, fmt(c[-1][1], 3), fmt(fa, 3)])
-print(table(["rate", "exchange", "A: step", "A: wall s", "A: MB", "B: step", "B: wall s", "B: MB",
-             "steps run", "final loss", "final eval acc."], body))
+        d_a = wall_ok.get("dense", [None])[0]
+        sooner = fmt(d_a[1] / hit[0][1], 2) if d_a and hit[0] and hit[0][1] > 0 else "-"
+        body.append([rate, ex, *cell(hit[0]), sooner, *cell(hit[1]), c[-1][0] + 1, fmt(c[-1][1], 3),
+                     fmt(fa, 3)])
+print(table(["rate", "exchange", "A: step", "A: wall s", "A: MB", "A: dense's wall / this", "B: step",
+             "B: wall s", "B: MB", "steps run", "final loss", "final eval acc."], body))
 print()
 
 # ---------------------------------------------------------------- 1-bit LAMB
@@ -522,7 +524,9 @@ print(f"`gradtrain {a.model} --steps {a.lamb_steps} --batch {a.batch} --lr 0.01`
       f"--freeze-step {a.freeze}`, P = {P}. samples/s = P·batch / median step (slowest rank); "
       f"1-bit's compressed phase is steps ≥ {a.freeze + 1} (its first {a.freeze} exchange "
       "uncompressed); LAMB over the same steps. Predicted comm: α-β with the fit above (ring "
-      "volume for LAMB, DeepSpeed's compressed allreduce volume for 1-bit).\n")
+      "volume for LAMB, DeepSpeed's compressed allreduce volume for 1-bit). `end to end vs LAMB` = "
+      "LAMB's step / (w·warm-up step + (1 − w)·compressed step), w = "
+      f"{a.freeze}/{a.lamb_steps}: the paper's 1/(w + (1−w)/S_c) with both phases' measured steps.\n")
 body = []
 lamb_v = []
 for rate in RATES:
@@ -535,6 +539,9 @@ for rate in RATES:
     so = summarize(do, lo=a.freeze + 1, hi=a.lamb_steps)
     sw = summarize(do, lo=SKIP, hi=a.freeze)
     n = sl["n"]
+    # End to end over LAMB's run: the paper's 1/(w + (1−w)/S_c) with both phases' measured steps.
+    w = a.freeze / a.lamb_steps
+    e2e = sl["step"] / (w * sw["step"] + (1 - w) * so["step"])
     thr, thr_eq = {}, {}
     for name, s, algo in (("lamb", sl, "ring"), ("onebit-lamb (compressed)", so, "onebit"),
                           ("onebit-lamb (warm-up)", sw, "ring")):
@@ -546,19 +553,18 @@ for rate in RATES:
         body.append([rate, name, fmt(s["time_compute_s"] * 1e3), fmt(s["time_comm_s"] * 1e3),
                      fmt(s["comm_min"] * 1e3), fmt(s["step"] * 1e3), fmt(thr[name], 3),
                      fmt(s["bytes_sent"] / 1e3), fmt(pred * 1e3), fmt(s["comm_min"] / pred, 2),
-                     fmt(thr[name] / thr["lamb"], 2), fmt(thr_eq[name] / thr_eq["lamb"], 2)])
+                     fmt(thr[name] / thr["lamb"], 2), fmt(thr_eq[name] / thr_eq["lamb"], 2),
+                     f"{e2e:.2f}" if algo == "onebit" else "-"])
     cl, co = loss_curve(dl), loss_curve(do)
     target = cl[-1][1]
     hit = next(((s_, w) for s_, l, w, m in co if l <= target), None)
-    # End to end over LAMB's run: the paper's 1/(w + (1−w)/S_c) with both phases' measured steps.
-    w = a.freeze / a.lamb_steps
-    e2e = sl["step"] / (w * sw["step"] + (1 - w) * so["step"])
     lamb_v.append((rate, (thr["onebit-lamb (compressed)"] / thr["lamb"],
                           thr_eq["onebit-lamb (compressed)"] / thr_eq["lamb"], e2e), target, cl[-1][2],
                    co[min(len(co), len(cl)) - 1][1], hit, co[-1][0] + 1))
 print(table(["rate", "run", "compute ms", "comm ms", "comm of last rank ms", "step ms",
              "samples/s", "kB sent/rank", "predicted comm ms", "comm of last rank / predicted",
-             "throughput vs LAMB", "throughput vs LAMB at LAMB's compute"], body))
+             "throughput vs LAMB", "throughput vs LAMB at LAMB's compute",
+             f"end to end vs LAMB ({a.lamb_steps} steps)"], body))
 print()
 print(f"Time to LAMB's final loss (trailing mean over {WIN} steps, rank mean; 1-bit LAMB runs "
       "longer to show whether and when it gets there):\n")
@@ -605,8 +611,8 @@ by = defaultdict(dict)
 for rate, pp, ex, sp, spe in verdicts:
     by[(rate, pp)][ex] = (sp, spe)
 for (rate, pp), v in by.items():
-    s = ", ".join(f"{NAMES[e].rstrip(' ¹')} {x:.2f}× ({y:.2f}×)" for e, (x, y) in v.items())
-    print(f"- **Ok-Topk's step-time speedup, {rate}, P = {pp}** (at equal compute in brackets): {s}.")
+    s = ", ".join(f"{NAMES[e].rstrip(' ¹')} {x:.2f}× [{y:.2f}× at equal compute]" for e, (x, y) in v.items())
+    print(f"- **Ok-Topk's step-time speedup, {rate}, P = {pp}**: {s}.")
 print("  Paper (Ok-Topk Fig. 12, 32–256 GPUs): 1.34–12.95× over dense and the sparse baselines.")
 for rate, sp, ll, lw, lo, hit, nrun in lamb_v:
     sp, spe, e2e = sp

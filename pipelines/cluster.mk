@@ -17,7 +17,9 @@ cluster-status:
 # (ring, plus MPI_Allreduce by bench), TopkA, TopkDSA, gTopk, Gaussiank, Ok-Topk and DEFT, with
 # the model's prediction and time to the dense run's loss; (3) LAMB vs 1-bit LAMB throughput;
 # (4) EmbRace vs AllGather vs dense on the LM and its schedule's stall vs fifo. PARTS=embrace
-# runs (4) alone. Brings its own cluster up and down; needs root (docs/CLUSTER.md).
+# runs (4) alone. Steps (2)–(5) run REPEATS=3 times interleaved, merged as median (min–max);
+# REUSE=1 rewrites the sections from the last run's files. Brings its own cluster up and
+# down; needs root (docs/CLUSTER.md).
 .PHONY: repro-cluster
 repro-cluster: build
 	@bash pipelines/cluster-repro.sh
