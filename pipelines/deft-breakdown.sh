@@ -28,7 +28,7 @@ ALGOS="topk-union cltk deft"
 {
 echo "Made by \`make repro-deft-breakdown\`$( [ "$FAST" != 0 ] && echo ' (FAST=1)') on $(date -u +%F), $(nproc) cores; load at the start: $(cut -d' ' -f1-3 /proc/loadavg)."
 echo
-echo "### DEFT Figs. 7 and 9 as a breakdown: where a step's selection time goes"
+echo "### DEFT Figs. 7 and 9 as a breakdown$( [ -n "${GRADKIT_CLUSTER:-}" ] && echo ' across shaped hosts'): where a step's selection time goes"
 echo
 echo "Trace \`gradtrace synthetic --shape lstm --scale $SCALE --ranks P --steps $STEPS --seed 3 --overlap 0.2\`"
 echo "(DEFT's LSTM at scale $SCALE), \`RAYON_NUM_THREADS=1 gradallreduce --algo A --density $D\` with"
@@ -97,7 +97,7 @@ for algo in ["topk-union", "cltk", "deft"]:
         print(f"| {algo} | {p} | {col('topk')} | {col('norms')} | {col('bcast')} | {col('comm')} | {col('select')} | {col('step_comm')} |")
 PY
 echo
-echo "### Eq. 6's cost model on this CPU: heap top-k (n·log k) vs gradkit's two-pass top-k"
+echo "### Eq. 6's cost model on this CPU: heap top-k (n·log k) vs gradkit's two-pass top-k$( [ -n "${GRADKIT_CLUSTER:-}" ] && echo ' (run again beside the hosts run)')"
 echo
 N=${HEAP_N:-$($B/gradtrace inspect trace-P2.parquet | sed -n 's/.* \([0-9]*\) elements per step and rank.*/\1/p')}
 echo "\`RAYON_NUM_THREADS=1 target/release/examples/bench_topk_heap $N $REPS\` (n = the trace's elements per"

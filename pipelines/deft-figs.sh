@@ -28,6 +28,7 @@ else
   E_STEPS=256; E_P=4
 fi
 D=0.01
+REPS=${REPS:-3}  # interleaved repeats of the density sweep's timed plans
 {
 echo "Made by \`make repro-deft\` (\`pipelines/deft-figs.sh\`)$( [ "$FAST" != 0 ] && echo ' (FAST=1)') on $(date -u +%F), $(nproc) cores."
 echo "Every number below is measured by the commands printed beside it (stderr of the run); the"
@@ -43,21 +44,25 @@ echo "\`RAYON_NUM_THREADS=1 gradpartition --method deft --density d\`: build-up 
 echo "selections| / k for plain Top-k (every rank its own top-k of the whole model) and for DEFT (every"
 echo "rank its norm-derived k_x in its own pieces), counted from the indices; *measured* speedup = one"
 echo "exact top-k of a rank's whole accumulator / the slowest worker's DEFT selection, each timed alone on"
-echo "one core; *predicted* = the cost model n_g·log2 k / max_i C_i (Eq. 6), a prediction. Medians over"
-echo "steps (min–max). The paper reports Top-k build-up 5.31–14.18× at 16 GPUs and DEFT's density at the"
+echo "one core; *predicted* = the cost model n_g·log2 k / max_i C_i (Eq. 6), a prediction. Each cell is the"
+echo "median over $REPS interleaved repeats (every density once per repeat) of the median over steps, with the"
+echo "repeats' min–max (\`gradreport table --per-file\`). The paper reports Top-k build-up 5.31–14.18× at 16"
+echo "GPUs and DEFT's density at the"
 echo "set value (Fig. 4), and that d = 0.001 converges slightly slower, with no significant difference"
 echo "after epoch 45 (Fig. 8, no numbers)."
 echo
 run $B/gradtrace synthetic $SW_SHAPE --ranks $SW_P --steps $SW_STEPS --seed 3 --overlap 0.2 -q -o sweep.parquet
-for d in $DENS; do
-  run env RAYON_NUM_THREADS=1 $B/gradpartition --method deft --density $d -q --run "d=$d" sweep.parquet \
-      -o /dev/null --metrics sweep-$d.m.parquet
+for rep in $(seq "$REPS"); do
+  for d in $DENS; do
+    run env RAYON_NUM_THREADS=1 $B/gradpartition --method deft --density $d -q --run "d=$d" sweep.parquet \
+        -o /dev/null --metrics sweep-$d-r$rep.m.parquet
+  done
 done
-run $B/gradreport table sweep-*.m.parquet --by run --metric k_total,buildup_topk,buildup_deft,selection_speedup_measured,selection_speedup_predicted
+run $B/gradreport table sweep-*.m.parquet --per-file --by run --metric k_total,buildup_topk,buildup_deft,selection_speedup_measured,selection_speedup_predicted
 echo
-echo "Selection times behind the measured speedup (seconds, median over steps):"
+echo "Selection times behind the measured speedup (seconds; median over repeats of the median over steps):"
 echo
-run $B/gradreport table sweep-*.m.parquet --by run --metric time_select_topk_s,time_select_deft_max_s
+run $B/gradreport table sweep-*.m.parquet --per-file --by run --metric time_select_topk_s,time_select_deft_max_s
 echo
 echo "#### Training across densities: MLP on the UCI digits, 4 ranks, $TRAIN_STEPS steps"
 echo

@@ -8,6 +8,7 @@ if [ "$FAST" != 0 ]; then
 else
   PS="2 4 8 16"; SHAPE="--shape lstm --scale 0.1"; STEPS=6; TRAIN_STEPS=600
 fi
+REPS=${REPS:-3}  # interleaved repeats of the timed plan (gradpartition), every P in each
 D=0.01
 {
 echo "Made by \`make repro-deft\`$( [ "$FAST" != 0 ] && echo ' (FAST=1)') on $(date -u +%F), $(nproc) cores; density $D."
@@ -26,8 +27,13 @@ for P in $PS; do
   run $B/gradtrace synthetic $SHAPE --ranks $P --steps $STEPS --seed 3 --overlap 0.2 -q -o trace-P$P.parquet
   run $B/gradselect --method topk --density $D -q --run topk trace-P$P.parquet -o sel-topk-P$P.parquet --metrics sel-topk-P$P.parquet.m
   run $B/gradselect --method deft --density $D -q --run deft trace-P$P.parquet -o sel-deft-P$P.parquet --metrics sel-deft-P$P.parquet.m
-  # one thread, so that each selection is timed alone on one core (the measured speedup)
-  run env RAYON_NUM_THREADS=1 $B/gradpartition --method deft --density $D -q --run plan trace-P$P.parquet -o plan-P$P.parquet --metrics part-P$P.parquet
+done
+for rep in $(seq "$REPS"); do
+  for P in $PS; do
+    # one thread, so that each selection is timed alone on one core (the measured speedup)
+    run env RAYON_NUM_THREADS=1 $B/gradpartition --method deft --density $D -q --run plan trace-P$P.parquet \
+      -o plan-P$P.parquet --metrics part-P$P-r$rep.parquet
+  done
 done
 echo "Selection time per rank and step (median, seconds) and selected entries per rank:"
 echo
@@ -41,14 +47,15 @@ echo "timed alone on one core (\`RAYON_NUM_THREADS=1\`). They differ because gra
 echo "costs about two streaming passes over its input, not n·log k: a worker's time follows the"
 echo "elements it searches (at least n/P, more when the bins are unbalanced) plus a fixed cost per"
 echo "piece, and the smaller log2 k_x the model credits it with saves nothing, so the measured"
-echo "speedup stays below P while the predicted one exceeds P. Times are medians over steps on a"
-echo "shared machine; the ranges show their spread."
+echo "speedup stays below P while the predicted one exceeds P. Each cell is the median over $REPS"
+echo "interleaved repeats (every P once per repeat) of the median over steps, with the repeats' min–max"
+echo "(\`gradreport table --per-file\`); build-up, imbalance and the prediction are the same in every repeat."
 echo
-run $B/gradreport table part-*.parquet --by world_size --metric buildup_topk,buildup_deft,cost_imbalance,selection_speedup_predicted,selection_speedup_measured --stat median
+run $B/gradreport table part-*-r*.parquet --per-file --by world_size --metric buildup_topk,buildup_deft,cost_imbalance,selection_speedup_predicted,selection_speedup_measured --stat median
 echo
-echo "Selection times behind the measured speedup (median over steps, seconds):"
+echo "Selection times behind the measured speedup (seconds; median over repeats of the median over steps):"
 echo
-run $B/gradreport table part-*.parquet --by world_size --metric time_select_topk_s,time_select_deft_max_s --stat median
+run $B/gradreport table part-*-r*.parquet --per-file --by world_size --metric time_select_topk_s,time_select_deft_max_s --stat median
 echo
 echo "### Loss curves: MLP on the UCI digits, 4 ranks, $TRAIN_STEPS steps, density 2 %"
 echo
@@ -71,4 +78,5 @@ cat section.md
 # the issue-16 figures (density sweep, DEFT Fig. 8; error-norm curves, DEFT Figs. 5/6)
 bash "$ROOT/pipelines/deft-figs.sh"
 # DEFT Figs. 7 and 9 as a per-part breakdown, and the heap top-k beside the two-pass one
-bash "$ROOT/pipelines/deft-breakdown.sh"
+# (BREAKDOWN=0 leaves it out: its section is kept as it was)
+[ "${BREAKDOWN:-1}" = 0 ] || bash "$ROOT/pipelines/deft-breakdown.sh"
