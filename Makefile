@@ -27,7 +27,7 @@ help:
 	@echo "make test    install what is missing, build, check formatting, run every test (twice in a row is fine)"
 	@echo "make bench   benchmarks (numbers go to docs/RESULTS.md by hand)"
 	@echo "make repro   every reproduction below; FAST=1 for the quick ones make test runs"
-	@echo "make repro-oktopk | repro-deft | repro-onebit-lamb | repro-embrace   (FAST=1: ~1 min)"
+	@echo "make repro-dense | repro-oktopk | repro-deft | repro-onebit-lamb | repro-embrace   (FAST=1: ~1 min)"
 	@echo "make repro-oktopk-figs | repro-deft-figs | repro-deft-breakdown   the figures alone, from target/release"
 	@echo "make repro-oktopk-closed | repro-onebit-table3   the papers' closed-loop training runs (FAST=1: ~30 s each)"
 	@echo "make repro-cluster | repro-embrace-fig7   the shaped multi-host runs (root; docs/CLUSTER.md)"
@@ -183,8 +183,8 @@ stress-mpi: deps build
 	@bash pipelines/stress-mpi-errors.sh $(RUNS)
 
 include pipelines/oktopk.mk pipelines/deft.mk pipelines/onebit-lamb.mk pipelines/embrace.mk
-include pipelines/cluster.mk pipelines/sim.mk pipelines/closed-loop.mk
-repro: repro-oktopk repro-deft repro-onebit-lamb repro-embrace repro-oktopk-closed repro-onebit-table3 repro-embrace-fig7
+include pipelines/cluster.mk pipelines/sim.mk pipelines/closed-loop.mk pipelines/dense.mk
+repro: repro-dense repro-oktopk repro-deft repro-onebit-lamb repro-embrace repro-oktopk-closed repro-onebit-table3 repro-embrace-fig7
 
 fmt:
 	$(CARGO) fmt --all
