@@ -225,7 +225,8 @@ def cell(xs, fmt="{:.1f}"):
     if not xs:
         return ""
     m = fmt.format(st.median(xs))
-    return m if min(xs) == max(xs) else f"{m} ({fmt.format(min(xs))}–{fmt.format(max(xs))})"
+    sep = " to " if min(xs) < 0 else "–"  # "-5.2–-1.7" would read as a subtraction
+    return m if min(xs) == max(xs) else f"{m} ({fmt.format(min(xs))}{sep}{fmt.format(max(xs))})"
 print("Each cell: the median over repeats (min–max); *stall removed* is computed within each repeat "
       "(fifo's stall − this schedule's, the same repeat), then its median (min–max).")
 print()
