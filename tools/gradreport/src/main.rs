@@ -73,7 +73,8 @@ last step (final loss); --stat sum adds every sample (total bytes of all ranks a
 With --per-file each file is one repeat: the statistic is taken in each file alone and the cell \
 is the median over the files, (min–max) the files' range.\n\n\
 Examples:\n  gradreport table m.parquet --by algo,world_size --metric bytes_sent,bytes_sent:*\n  \
-gradreport table r1.parquet r2.parquet r3.parquet --per-file --by world_size --metric time_select_s"
+for r in 1 2 3; do gradallreduce trace.parquet -o /dev/null --metrics r$r.parquet; done\n  \
+gradreport table r?.parquet --per-file --metric time_comm_s,bytes_sent"
     )]
     Table {
         /// metrics/1 files (stdin when none)
