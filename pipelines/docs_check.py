@@ -344,11 +344,13 @@ def f_embrace_sched_p8():
     pmax = max(head, key=lambda r: int(r.rsplit("P", 1)[1]) if r.startswith("embrace-P") else 0)
     st_f, st_e = num(fi["stall_s (mean)"]), num(em["stall_s (mean)"])
     gain = "**No gain here**" if st_e >= st_f else f"**The stall drops by {g(st_f - st_e)} s**"
+    m = re.search(r"median over (\d+) interleaved\s+repeats", text)
+    reps = f"medians over {m.group(1)} repeats of the " if m else ""
     same = len(set(losses.values())) == 1
     return (f"prior rows {prior:.0f} of {coal:.0f} coalesced rows per rank and step "
             f"({100 * prior / coal:.0f} % prior, {100 * (1 - prior / coal):.0f} % delayed; the paper's Table 3: "
             f"42–62 % delayed). Stall (step − compute − update) {g(st_f)} s fifo vs {g(st_e)} s embrace; "
-            f"step time {g(num(fi['time_step_s (mean)']))} s vs {g(num(em['time_step_s (mean)']))} s (means over "
+            f"step time {g(num(fi['time_step_s (mean)']))} s vs {g(num(em['time_step_s (mean)']))} s ({reps}means over "
             f"steps and ranks, RESULTS.md § EmbRace, FIFO vs EmbRace scheduling). {gain}: the delayed "
             f"exchange overlapped with compute takes {1000 * num(em['time_overlapped_s (mean)']):.0f} ms, while "
             f"the extra compute thread per rank (8 ranks on 2 cores) slows compute "

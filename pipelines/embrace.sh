@@ -125,9 +125,15 @@ echo
 echo "### Memory per rank for the token embedding (Adam: table + 2 moments)"
 echo
 PM=$(echo $PS | awk '{print $NF}')
-for s in fifo embrace 2d; do
-  run $TR --data zipf-$V.parquet --ranks $PM --steps $STEPS --exchange embrace --optimizer adam --lr 0.01 \
-      --schedule $s --run sched-$s --metrics sched-$s.parquet
+# The schedules at P = PM, SCHED_REPS interleaved repeats: the first repeat's files are
+# sched-S.parquet (the memory, Table 3 and loss tables read them), the others schedrep-S-rR.
+SCHED_REPS=$([ "$FAST" != 0 ] && echo 2 || echo 3)
+for rep in $(seq $SCHED_REPS); do
+  for s in fifo embrace 2d; do
+    f=sched-$s.parquet; [ $rep = 1 ] || f=schedrep-$s-r$rep.parquet
+    run $TR --data zipf-$V.parquet --ranks $PM --steps $STEPS --exchange embrace --optimizer adam --lr 0.01 \
+        --schedule $s --run sched-$s --metrics $f
+  done
 done
 run $TR --data zipf-$V.parquet --ranks $PM --steps 1 --exchange allgather --optimizer adam --lr 0.01 --run mem-allgather --metrics mem-allgather.parquet
 run $B/gradreport table sched-fifo.parquet mem-allgather.parquet --by run,rank --metric mem_emb_table_bytes,mem_emb_state_bytes,mem_emb_dense_equiv_bytes --no-range
@@ -175,8 +181,10 @@ echo "stall_s = step wall time − compute − update (time the step waits on co
 echo "\`embrace\` (vertical only) the delayed rows travel while the next step computes"
 echo "(time_overlapped_s); under \`2d\` (vertical + horizontal, embrace.md §2.1) each dense block's"
 echo "allreduce and update also overlap the next forward, which waits per block (time_fwd_wait_s)."
+echo "Each cell: the mean over steps and ranks within one run, then the median over $SCHED_REPS interleaved"
+echo "repeats with their min–max (\`gradreport table --per-file\`)."
 echo
-run $B/gradreport table sched-*.parquet --by run --metric stall_s,time_step_s,time_compute_s,time_overlapped_s,rows_prior,rows_delayed,rows_coalesced,bytes_emb --stat mean --no-range
+run $B/gradreport table sched-*.parquet schedrep-*.parquet --per-file --by run --metric stall_s,time_step_s,time_compute_s,time_overlapped_s,rows_prior,rows_delayed,rows_coalesced,bytes_emb --stat mean
 echo
 # The paper's Table 3 beside ours: coalescing (rows per token) and the delayed share of the
 # coalesced rows. FIFO never splits rows (rows_prior = rows_coalesced), so the split is taken
