@@ -14,6 +14,7 @@ else
   SWEEP_V=2000; SWEEP_B="1 4 16 64 256"; EQ_STEPS=10
   RSS_V=100000; RSS_D=256; RSS_PS="1 2 4 8"
 fi
+BYTE_REPS=$([ "$FAST" != 0 ] && echo 2 || echo 3)  # repeats of the byte table's runs (their times)
 # A Zipf(1.1) token stream over V ids (pipelines/zipf_tokens.py).
 for zv in $V $RSS_V; do
   "$PY" "$ROOT/pipelines/zipf_tokens.py" "$zv" "$NTOK" "zipf-$zv.parquet"
@@ -32,16 +33,22 @@ echo "row-sparse gradients: \`allgather\` coalesces duplicate rows first (one ro
 echo "token), \`allgather-raw\` sends one row per token as Horovod/PyTorch DDP do; \`bytes_dense\` = ring allreduce of every other layer"
 echo "(\`lm_head\` is an untied dense V × d layer here: \`bytes_lm_head\` is its own ring allreduce,"
 echo "\`bytes_dense_other\` the other dense layers). \`dense\` ring-allreduces the whole gradient"
-echo "(embedding included: its \`bytes_sent\` is the total). Medians over steps and ranks."
+echo "(embedding included: its \`bytes_sent\` is the total). Medians over steps and ranks; each run $BYTE_REPS times,"
+echo "interleaved: the times are the median over those repeats (min–max), the bytes the same in each."
 echo
-for P in $PS; do
-  for ex in dense allgather allgather-raw embrace; do
-    sch=(); [ $ex = embrace ] && sch=(--schedule fifo)   # the others have no schedule
-    run $TR --data zipf-$V.parquet --ranks $P --steps $STEPS --exchange $ex "${sch[@]}" --lr 0.05 \
-        --run $ex-P$P --metrics m-$ex-P$P.parquet
+# BYTE_REPS interleaved repeats (the times vary, the bytes do not): the first repeat's files are
+# m-EX-PP.parquet (the tables below read them), the others mrep-EX-PP-rR.parquet.
+for rep in $(seq $BYTE_REPS); do
+  for P in $PS; do
+    for ex in dense allgather allgather-raw embrace; do
+      sch=(); [ $ex = embrace ] && sch=(--schedule fifo)   # the others have no schedule
+      f=m-$ex-P$P.parquet; [ $rep = 1 ] || f=mrep-$ex-P$P-r$rep.parquet
+      run $TR --data zipf-$V.parquet --ranks $P --steps $STEPS --exchange $ex "${sch[@]}" --lr 0.05 \
+          --run $ex-P$P --metrics $f
+    done
   done
 done
-run $B/gradreport table m-*.parquet --by run --metric bytes_emb,bytes_dense,bytes_lm_head,bytes_dense_other,bytes_sent,time_step_s,time_compute_s --no-range
+run $B/gradreport table m-*.parquet mrep-*.parquet --per-file --by run --metric bytes_emb,bytes_dense,bytes_lm_head,bytes_dense_other,bytes_sent,time_step_s,time_compute_s
 echo
 echo "The output head's share of embrace's bytes per rank and step (median):"
 echo

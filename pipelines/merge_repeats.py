@@ -4,7 +4,7 @@
 The repeats must be the same generator's output on repeated runs (pipelines/cluster-repro.sh's
 rR/section.md): the same lines, tables and words, with different numbers. Per line, every number
 that differs between the repeats is replaced by the median over the repeats and its range,
-`12.6 (11.9–14.0)` (`2.45× (2.1–2.6×)`, `18 % (12–25 %)`), each value as its repeat printed it;
+`12.6 (11.9–14.0)` (`2.45× (2.1–2.6×)`, `18 % (12–25 %)`, `-3 (-5 to 2)`), each value as its repeat printed it;
 numbers equal in every repeat stay as they are. A ratio is thus the median of the ratios computed
 within each repeat, not a ratio of medians. Table rows merge cell by cell, other lines sentence by
 sentence; where the words differ (a verdict that goes one way in one repeat and the other way in
@@ -48,7 +48,8 @@ def merge_numbers(parts):
             med = srt[(len(srt) - 1) // 2]
             u = unit.strip()
             sep = " " if unit.startswith(" ") else ""
-            out.append(f"{med}{unit} ({srt[0]}–{srt[-1]}{sep}{u})")
+            dash = " to " if srt[0].startswith("-") else "–"  # "-4–9" would read as a subtraction
+            out.append(f"{med}{unit} ({srt[0]}{dash}{srt[-1]}{sep}{u})")
     return "".join(out)
 
 

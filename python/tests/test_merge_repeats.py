@@ -31,7 +31,7 @@ class MergeRepeats(unittest.TestCase):
                   "| ring | 1.60 | 6,758 | -4 % |\nstep 3.\n")
         self.assertEqual(r.returncode, 0, r.stderr)
         # 1.50/1.70/1.60: median 1.60; -4/12/30 %: median 12 %; equal numbers stay as printed.
-        self.assertEqual(r.stdout, "| ring | 1.60 (1.50–1.70) | 6,758 | 12 % (-4–30 %) |\nstep 3.\n")
+        self.assertEqual(r.stdout, "| ring | 1.60 (1.50–1.70) | 6,758 | 12 % (-4 to 30 %) |\nstep 3.\n")
 
     def test_units_and_sentences(self):
         r = merge("- x 2.45× [1.1× at equal compute]. Wins here.\n",
