@@ -391,11 +391,14 @@ fn body(args: Args) -> Result<()> {
                 if files.len() < 2 {
                     bail!("--per-file: give two or more metrics files, one per repeat");
                 }
-                let repeats = files
-                    .iter()
-                    .map(|f| metrics::load(std::slice::from_ref(f)))
-                    .collect::<Result<Vec<_>>>()?;
-                return table::table_over_repeats(&repeats, &opts)?.print(format);
+                // One read of each file; each repeat is its rows' range in `rows`.
+                let (mut rows, mut repeats) = (Vec::new(), Vec::new());
+                for f in &files {
+                    let start = rows.len();
+                    rows.extend(metrics::load(std::slice::from_ref(f))?);
+                    repeats.push(start..rows.len());
+                }
+                return table::table_over_repeats(&rows, &repeats, &opts)?.print(format);
             }
             let rows = metrics::load(&files)?;
             table::table(&rows, &opts)?.print(format)

@@ -298,8 +298,7 @@ pub fn aggregate(samples: &[&MetricRow], stat: Stat) -> Summary {
         };
     }
     let values: Vec<f64> = samples.iter().map(|r| r.value).collect();
-    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let (min, max) = range(&values);
     let value = match stat {
         Stat::Median => median(&values),
         Stat::Mean => values.iter().sum::<f64>() / values.len() as f64,
@@ -325,6 +324,25 @@ pub struct Summary {
     pub value: f64,
     pub min: f64,
     pub max: f64,
+}
+
+impl Summary {
+    /// The median of non-empty `values` and their range.
+    pub fn median_of(values: &[f64]) -> Summary {
+        let (min, max) = range(values);
+        Summary {
+            value: median(values),
+            min,
+            max,
+        }
+    }
+}
+
+/// The smallest and the largest of `values`.
+fn range(values: &[f64]) -> (f64, f64) {
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (min, max)
 }
 
 /// Median per step over the other columns (ranks, runs) of the samples: a curve.

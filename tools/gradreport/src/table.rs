@@ -1,6 +1,7 @@
 //! `gradreport table`: one row per group of `--by` columns, one column per metric.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
 
 use anyhow::Result;
 use gradkit_core::cli::{Format, TextTable};
@@ -30,18 +31,21 @@ pub fn table(rows: &[MetricRow], opts: &TableOpts) -> Result<TextTable> {
     render(&names, cells, opts, opts.stat.shows_range())
 }
 
-/// As [`table`], with each element of `repeats` (one input file's rows) one repeat of the same
-/// runs: a group's `--stat` is taken within each repeat alone, and its cell is the median over
-/// the repeats that have the group, with the repeats' min–max as its range. A ratio or time is
-/// thus summarised per repeat first (a median over steps), then across repeats.
-pub fn table_over_repeats(repeats: &[Vec<MetricRow>], opts: &TableOpts) -> Result<TextTable> {
-    let all: Vec<MetricRow> = repeats.iter().flatten().cloned().collect();
-    let names = metrics::expand(&all, opts.metrics.as_deref())?;
+/// As [`table`], with each range of `repeats` (one input file's rows within `rows`) one repeat
+/// of the same runs: a group's `--stat` is taken within each repeat alone, and its cell is the
+/// median over the repeats that have the group, with the repeats' min–max as its range. A ratio
+/// or time is thus summarised per repeat first (a median over steps), then across repeats.
+pub fn table_over_repeats(
+    rows: &[MetricRow],
+    repeats: &[Range<usize>],
+    opts: &TableOpts,
+) -> Result<TextTable> {
+    let names = metrics::expand(rows, opts.metrics.as_deref())?;
     let mut cells = Vec::new();
     for m in &names {
         let mut per: BTreeMap<Key, Vec<f64>> = BTreeMap::new();
-        for rows in repeats {
-            for (k, s) in column(rows, m, opts) {
+        for r in repeats {
+            for (k, s) in column(&rows[r.clone()], m, opts) {
                 if !s.value.is_nan() {
                     per.entry(k).or_default().push(s.value);
                 }
@@ -49,12 +53,7 @@ pub fn table_over_repeats(repeats: &[Vec<MetricRow>], opts: &TableOpts) -> Resul
         }
         let col = per
             .into_iter()
-            .map(|(k, v)| {
-                let min = v.iter().copied().fold(f64::INFINITY, f64::min);
-                let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let value = metrics::median(&v);
-                (k, metrics::Summary { value, min, max })
-            })
+            .map(|(k, v)| (k, metrics::Summary::median_of(&v)))
             .collect();
         cells.push(col);
     }
