@@ -31,8 +31,10 @@ done
 for rep in $(seq "$REPS"); do
   for P in $PS; do
     # one thread, so that each selection is timed alone on one core (the measured speedup)
+    # the plan is the same in every repeat: the first one keeps it
+    plan=plan-P$P.parquet; [ $rep = 1 ] || plan=/dev/null
     run env RAYON_NUM_THREADS=1 $B/gradpartition --method deft --density $D -q --run plan trace-P$P.parquet \
-      -o plan-P$P.parquet --metrics part-P$P-r$rep.parquet
+      -o $plan --metrics part-P$P-r$rep.parquet
   done
 done
 echo "Selection time per rank and step (median, seconds) and selected entries per rank:"

@@ -98,12 +98,6 @@ def g(x, sig=3):
     return s
 
 
-def unit(cell):
-    """The last printed digit's place of a number cell: '1.3' → 0.1, '12' → 1."""
-    m = re.match(r"\s*-?[0-9,]*(?:\.([0-9]+))?", cell)
-    return 10.0 ** -len(m.group(1) or "")
-
-
 def f2(x):
     """A ratio as the prose prints it: 0.88, 5.39, 17.3."""
     return f"{x:.2f}" if abs(x) < 10 else f"{x:.1f}" if abs(x) < 100 else f"{x:.0f}"

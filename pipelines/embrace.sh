@@ -215,8 +215,9 @@ echo
 #   pipelines/cluster.sh up --hosts 4 --rate 100mbit
 #   GRADKIT_CLUSTER=data/cluster/cluster.env bash pipelines/embrace.sh
 stall_table() {
-  "$PY" - "$@" <<'PY'
+  PYTHONPATH="$ROOT/pipelines" "$PY" - "$@" <<'PY'
 import csv, statistics as st, subprocess, sys
+from spread import spread
 b, files = sys.argv[1], sys.argv[2:]
 cols = ["stall_s", "time_step_s", "time_compute_s", "time_overlapped_s", "time_comm_s", "time_fwd_wait_s"]
 def med(f):
@@ -236,12 +237,8 @@ for f in files:
     sched, rep = f.split("-")[1], f.split("-")[2].split(".")[0]
     runs.setdefault(sched, {})[rep] = med(f)
 def cell(xs, fmt="{:.1f}"):
-    xs = [x for x in xs if x == x]
-    if not xs:
-        return ""
-    m = fmt.format(st.median(xs))
-    sep = " to " if min(xs) < 0 else "–"  # "-5.2–-1.7" would read as a subtraction
-    return m if min(xs) == max(xs) else f"{m} ({fmt.format(min(xs))}{sep}{fmt.format(max(xs))})"
+    xs = [x for x in xs if x == x]  # a metric the schedule has not (NaN): an empty cell
+    return spread(xs, fmt) if xs else ""
 print("Each cell: the median over repeats (min–max); *stall removed* is computed within each repeat "
       "(fifo's stall − this schedule's, the same repeat), then its median (min–max).")
 print()

@@ -18,6 +18,7 @@ import statistics as st
 from collections import defaultdict
 
 import pyarrow.parquet as pq
+from spread import spread
 
 BASELINES = ["dense", "allgather-raw", "allgather"]
 SCHEDULES = ["embrace-fifo", "embrace-embrace", "embrace-2d"]
@@ -54,12 +55,9 @@ def run_stats(path, skip):
     return out
 
 
-def spread(xs, scale=1e3):
-    """`median (min–max)` of xs scaled (ms by default)."""
-    m = st.median(xs) * scale
-    if len(xs) < 2:
-        return f"{m:.0f}"
-    return f"{m:.0f} ({min(xs) * scale:.0f}–{max(xs) * scale:.0f})"
+def ms(xs):
+    """`median (min–max)` of seconds, in whole ms."""
+    return spread([x * 1e3 for x in xs], "{:.0f}")
 
 
 def verdict(x):
@@ -84,10 +82,10 @@ def setting(runs, rate, p):
     for c, rs in by.items():
         eqs = [c0 + r["step"] - r["compute"] for r in rs]
         eq[c] = st.median(eqs)
-        print(f"| {c} | {len(rs)} | {spread([r['step'] for r in rs])} | "
-              f"{spread([r['compute'] for r in rs])} | {spread([r['stall'] for r in rs])} | "
-              f"{spread([r['comm'] for r in rs])} | {st.median(r['bytes'] for r in rs) / 1e6:.2f} | "
-              f"{spread(eqs)} |")
+        print(f"| {c} | {len(rs)} | {ms([r['step'] for r in rs])} | "
+              f"{ms([r['compute'] for r in rs])} | {ms([r['stall'] for r in rs])} | "
+              f"{ms([r['comm'] for r in rs])} | {st.median(r['bytes'] for r in rs) / 1e6:.2f} | "
+              f"{ms(eqs)} |")
     print()
     base = {c: eq[c] for c in BASELINES if c in eq}
     sched = {c: eq[c] for c in SCHEDULES if c in eq}
