@@ -369,6 +369,24 @@ fn plot_figure(p: PlotArgs) -> Result<()> {
     Ok(())
 }
 
+/// `gradreport table`: the files pooled, or with `--per-file` each file one repeat.
+fn table_cmd(files: &[PathBuf], opts: &TableOpts, per_file: bool) -> Result<()> {
+    if !per_file {
+        return table::table(&metrics::load(files)?, opts)?.print(opts.format);
+    }
+    if files.len() < 2 {
+        bail!("--per-file: give two or more metrics files, one per repeat");
+    }
+    // One read of each file; each repeat is its rows' range in `rows`.
+    let (mut rows, mut repeats) = (Vec::new(), Vec::new());
+    for f in files {
+        let start = rows.len();
+        rows.extend(metrics::load(std::slice::from_ref(f))?);
+        repeats.push(start..rows.len());
+    }
+    table::table_over_repeats(&rows, &repeats, opts)?.print(opts.format)
+}
+
 fn body(args: Args) -> Result<()> {
     match args.cmd {
         Cmd::Table {
@@ -387,21 +405,7 @@ fn body(args: Args) -> Result<()> {
                 range: !no_range,
                 format,
             };
-            if per_file {
-                if files.len() < 2 {
-                    bail!("--per-file: give two or more metrics files, one per repeat");
-                }
-                // One read of each file; each repeat is its rows' range in `rows`.
-                let (mut rows, mut repeats) = (Vec::new(), Vec::new());
-                for f in &files {
-                    let start = rows.len();
-                    rows.extend(metrics::load(std::slice::from_ref(f))?);
-                    repeats.push(start..rows.len());
-                }
-                return table::table_over_repeats(&rows, &repeats, &opts)?.print(format);
-            }
-            let rows = metrics::load(&files)?;
-            table::table(&rows, &opts)?.print(format)
+            table_cmd(&files, &opts, per_file)
         }
         Cmd::Plot(p) => plot_figure(p),
         Cmd::Volume {
