@@ -25,7 +25,7 @@ all: build
 help:
 	@echo "make demo    install what is missing, build, run the demo pipeline (data/out/demo/)"
 	@echo "make test    install what is missing, build, check formatting, run every test (twice in a row is fine)"
-	@echo "make bench   benchmarks (numbers go to docs/RESULTS.md by hand)"
+	@echo "make bench   benchmarks (its goal verdicts go to docs/RESULTS.md § bench-goals)"
 	@echo "make repro   every reproduction below; FAST=1 for the quick ones make test runs"
 	@echo "make repro-dense | repro-oktopk | repro-deft | repro-onebit-lamb | repro-embrace   (FAST=1: ~1 min)"
 	@echo "make repro-oktopk-figs | repro-deft-figs | repro-deft-breakdown   the figures alone, from target/release"

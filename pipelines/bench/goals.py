@@ -8,8 +8,10 @@ its okinput-RATE.md tables (one per repeat, rR/): Ok-Topk's dense/pre-selected r
 comparison beside the shared-memory goal.
 
 Each row names the goal, the value measured in this bench run, how it was derived from which
-file, and a verdict: "met", "NOT met", or "not measured" when the file is missing. Ratios are
-of medians over the interleaved repetitions; the stability goal is counted per run. Memory is
+file, and a verdict: "met", "NOT met", or "not measured" when the file is missing. Every ratio
+is taken within each interleaved repetition (or run) first, then given as the median over them
+with their min–max (`0.71 × (0.69–0.75 ×)`); the verdict is the median's. The stability goal
+is counted per run. Memory is
 measured apart (pipelines/bench-memory.sh, docs/MEMORY.md), as is the Ok-Topk CLI step
 (docs/results/sparse.md). Only the standard library: it runs with any python3.
 """
@@ -18,6 +20,14 @@ import os
 import re
 import statistics
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from spread import spread  # noqa: E402  (pipelines/spread.py)
+
+
+def ratio(xs):
+    """`median × (min–max ×)` of per-repetition ratios."""
+    return spread(xs, "{:.2f}", " ×")
 
 
 def tables(path):
@@ -85,12 +95,22 @@ def io(g):
         g.missing(goal_r, "io.md")
         return
     text = open(p, encoding="utf-8").read()
+    # Per repetition (bench_io's last line): the ratio within each; older files have only
+    # the ratio of medians.
+    per = re.search(r"per repetition: read speed ([\d., ]+); write time ([\d., ]+)", text)
+    if per:
+        for goal, cell, ok in ((goal_w, per[2], lambda m: m <= 1.0),
+                               (goal_r, per[1], lambda m: m >= 1.0)):
+            xs = [float(x) for x in cell.split(",")]
+            g.add(goal, ratio(xs), f"io.md, median of {len(xs)} interleaved repetitions",
+                  ok(statistics.median(xs)))
+        return
     w = re.search(r"write: gradkit takes ([\d.]+)x pyarrow's write_table time", text)
     r = re.search(r"read: gradkit ([\d.]+)x pyarrow's read_table speed", text)
     if w:
-        g.add(goal_w, f"{float(w[1]):.2f} ×", "io.md, median of 3", float(w[1]) <= 1.0)
+        g.add(goal_w, f"{float(w[1]):.2f} ×", "io.md, ratio of medians", float(w[1]) <= 1.0)
     if r:
-        g.add(goal_r, f"{float(r[1]):.2f} ×", "io.md, median of 3", float(r[1]) >= 1.0)
+        g.add(goal_r, f"{float(r[1]):.2f} ×", "io.md, ratio of medians", float(r[1]) >= 1.0)
 
 
 def select_flat(g):
@@ -98,13 +118,20 @@ def select_flat(g):
     p = g.path("select-sweep.md")
     if not p:
         return g.missing(goal, "select-sweep.md")
+    runs = []  # one sweep table per run
     for header, rows in tables(p):
         if header and header[0] == "n" and "topk_indices ns/elem" in header:
             i = header.index("topk_indices ns/elem")
             v = [num(r[i]) for r in rows]
-            ratio = max(v) / min(v)
-            return g.add(goal, f"max/min {ratio:.2f}", "select-sweep.md, topk_indices", ratio <= 1.5)
-    g.missing(goal, "a sweep table in select-sweep.md")
+            runs.append(max(v) / min(v))
+    if not runs:
+        return g.missing(goal, "a sweep table in select-sweep.md")
+    g.add(goal, "max/min " + spread(runs, "{:.2f}"),
+          f"select-sweep.md, topk_indices, {of_runs(runs)}", statistics.median(runs) <= 1.5)
+
+
+def of_runs(runs):
+    return "one run" if len(runs) == 1 else f"median of {len(runs)} runs"
 
 
 def dense_vs_mpi4py(g, name, p_ranks):
@@ -125,11 +152,16 @@ def dense_vs_mpi4py(g, name, p_ranks):
     for r in rows_by(p, "algo"):
         by.setdefault(r["algo"], []).append((num(r["time_us"]), num(r["max/min"])))
     med = {a: statistics.median(t for t, _ in v) for a, v in by.items()}
-    how = f"{name}, medians of {len(by.get('mpi4py', []))} interleaved runs"
+    how = f"{name}, median of {len(by.get('mpi4py', []))} interleaved runs"
+
+    def per_run(a, b):
+        """a's time / b's within each interleaved run (the i-th table of each)."""
+        return [x / y for (x, _), (y, _) in zip(by[a], by[b])]
+
     if "ring" in med and "mpi4py" in med:
-        r = med["ring"] / med["mpi4py"]
-        value = f"{r:.2f} × ({med['ring'] / 1e3:.1f} vs {med['mpi4py'] / 1e3:.1f} ms)"
-        g.add(goals[0], value, how, r <= 1.0, info)
+        rs = per_run("ring", "mpi4py")
+        value = f"{ratio(rs)}; {med['ring'] / 1e3:.1f} vs {med['mpi4py'] / 1e3:.1f} ms"
+        g.add(goals[0], value, how, statistics.median(rs) <= 1.0, info)
         spreads = [s for _, s in by["ring"]]
         within = sum(s <= 1.3 for s in spreads)
         ref = [s for _, s in by["mpi4py"]]
@@ -139,11 +171,11 @@ def dense_vs_mpi4py(g, name, p_ranks):
     if info:
         return
     if "native" in med and "mpi4py" in med:
-        r = med["native"] / med["mpi4py"]
-        g.add(goals[2], f"{r:.2f} ×", how, r <= 1.1)
+        rs = per_run("native", "mpi4py")
+        g.add(goals[2], ratio(rs), how, statistics.median(rs) <= 1.1)
     if "onebit" in med and "ring" in med:
-        r = med["onebit"] / med["ring"]
-        g.add(goals[3], f"{r:.2f} × the ring's time", how, r < 1.0)
+        rs = per_run("onebit", "ring")
+        g.add(goals[3], f"{ratio(rs)} the ring's time", how, statistics.median(rs) < 1.0)
 
 
 def onebit_kernel(g):
@@ -178,22 +210,25 @@ def oktopk_dense(g):
     runs = input_ratios(p, "oktopk") if p else []
     if not runs:
         return g.missing(goal, "Ok-Topk rows of oktopk-input.md")
-    r = statistics.median(d / t for d, s, t in runs)
-    d, s, t = (statistics.median(x) for x in zip(*runs))
-    value = f"{r:.2f} × ({d:.1f} ms, of which selection {s:.1f} ms, vs {t:.1f} ms)"
-    g.add(goal, value, f"oktopk-input.md, P = 4 mpirun, 64 MiB, median of {len(runs)} runs", r <= 1.3)
+    g.add(goal, input_value(runs), f"oktopk-input.md, P = 4 mpirun, 64 MiB, median of {len(runs)} runs",
+          statistics.median(d / t for d, s, t in runs) <= 1.3)
     # The same bench across shaped hosts, where `make repro-cluster` has run it.
     # Its repeats are rR/okinput-RATE.md (pipelines/cluster-repro.sh), one run each.
     for rate in ("100mbit", "1gbit"):
         cs = sorted(glob.glob(os.path.join(g.cluster, "r*", f"okinput-{rate}.md"))) if g.cluster else []
         runs = [r for c in cs for r in input_ratios(c, "oktopk")[:1]]
         if runs:
-            r = statistics.median(d / t for d, s, t in runs)
-            d, s, t = (statistics.median(x) for x in zip(*runs))
-            g.add(goal + f", 4 hosts at {rate}", f"{r:.2f} × ({d:.1f} ms, of which selection "
-                  f"{s:.1f} ms, vs {t:.1f} ms)",
+            g.add(goal + f", 4 hosts at {rate}", input_value(runs),
                   f"{os.path.join(g.cluster, 'r*', f'okinput-{rate}.md')} (make repro-cluster), "
-                  f"median of {len(runs)} repeats", r <= 1.3, info=True)
+                  f"median of {len(runs)} repeats",
+                  statistics.median(d / t for d, s, t in runs) <= 1.3, info=True)
+
+
+def input_value(runs):
+    """Dense / pre-selected within each run, and the medians of the times (ms)."""
+    d, s, t = (statistics.median(x) for x in zip(*runs))
+    return (f"{ratio([d / t for d, s, t in runs])}; {d:.1f} ms, of which selection {s:.1f} ms, "
+            f"vs {t:.1f} ms")
 
 
 def ring_flat(g):
@@ -201,11 +236,17 @@ def ring_flat(g):
     p = g.path("dense-scaling.md")
     if not p:
         return g.missing(goal, "dense-scaling.md")
-    per = [num(r["time_us"]) / num(r["count"]) for r in rows_by(p, "algo") if r["algo"] == "ring"]
-    if not per:
+    runs = []  # one table per run
+    for header, rows in tables(p):
+        if "algo" in header:
+            rows = [dict(zip(header, r)) for r in rows]
+            per = [num(r["time_us"]) / num(r["count"]) for r in rows if r["algo"] == "ring"]
+            if per:
+                runs.append(max(per) / min(per))
+    if not runs:
         return g.missing(goal, "ring rows in dense-scaling.md")
-    ratio = max(per) / min(per)
-    g.add(goal, f"max/min {ratio:.2f}", "dense-scaling.md, one run", ratio <= 1.5)
+    g.add(goal, "max/min " + spread(runs, "{:.2f}"), f"dense-scaling.md, {of_runs(runs)}",
+          statistics.median(runs) <= 1.5)
 
 
 def main():

@@ -240,6 +240,22 @@ fn print_ratios(s: &Samples) {
         s.median(&format!("{WRITE} cpu")) / s.median("pyarrow_write_zstd1_bss cpu"),
         s.median(&format!("{READ} cpu")) / s.median("pyarrow_read cpu"),
     );
+    // The same ratios within each repetition (its measurements ran back to back), whose
+    // min–max make bench's goals print beside the ratio of medians.
+    let per_rep = |num: &str, den: &str| -> String {
+        let (a, b) = (&s.0[num].0, &s.0[den].0);
+        let v: Vec<String> = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| format!("{:.2}", x / y))
+            .collect();
+        v.join(", ")
+    };
+    println!(
+        "per repetition: read speed {}; write time {}",
+        per_rep("pyarrow_read", READ),
+        per_rep(WRITE, "pyarrow_write_zstd1_bss"),
+    );
 }
 
 /// Runs REPS interleaved repetitions of every measurement and prints the table.
