@@ -12,6 +12,9 @@
 #      at P = 2, 4 and 8, recorded and replayed with the fitted factors, the per-message
 #      overhead as SMPI's send/receive overheads, and the recorded compute;
 #   3. the table simulated vs measured vs α-β (docs/RESULTS.md section "sim-validation").
+# Steps 1–2 run REPEATS times (default 3), interleaved: repeat r of both rates before repeat
+# r + 1, each a complete calibration and validation in $OUT/rR/; the table gives every ratio
+# as the median (min–max) over the repeats, each taken within its repeat.
 # Needs root (docs/CLUSTER.md). Outputs in data/out/sim/ (FAST=1: data/out/sim-fast/, 2 hosts,
 # one rate, tiny sizes).
 source "$(dirname "$0")/lib.sh"
@@ -20,20 +23,28 @@ OUT=$ROOT/data/out/sim
 # REUSE=1: keep the runs already in $OUT, redo the replays and rewrite the table and section;
 # REUSE=2: keep the replays too.
 REUSE=${REUSE:-0}
+REPEATS=${REPEATS:-3}
+[ "$FAST" != 0 ] && REPEATS=1
 [ "$REUSE" = 0 ] && rm -rf "$OUT"
 mkdir -p "$OUT" && cd "$OUT"
 if [ "$FAST" != 0 ]; then
-  HOSTS=2; RATES="1gbit"; PS="2"; CAL_SIZES=4K:256K; CAL_ITERS=3; ITERS=2; SIZE=64K
+  HOSTS=2; RATES="1gbit"; PS="2"; CAL_SIZES=4K:256K; CAL_FACTOR=4; CAL_ITERS=3; ITERS=2; SIZE=64K
   DENSE="ring"; SPARSE="oktopk"; DEFT=""
 else
-  HOSTS=8; RATES="100mbit 1gbit"; PS="2 4 8"; CAL_SIZES=4:64M; CAL_ITERS=5; ITERS=9; SIZE=4M
+  # The calibration's sizes double (a factor per power of 2 of the message size): the sparse
+  # calls' messages (tens of KiB) fall between 4-fold sizes where the token bucket's burst
+  # makes the factor change fastest (docs/SIMULATE.md, "Calibration").
+  HOSTS=8; RATES="100mbit 1gbit"; PS="2 4 8"; CAL_SIZES=4:64M; CAL_FACTOR=2; CAL_ITERS=5; ITERS=9; SIZE=4M
   DENSE="ring,rabenseifner,onebit"; SPARSE="topka,topkdsa,gtopk,gaussiank,oktopk"; DEFT="deft"
 fi
 QUIET_TRIES=12; [ "$FAST" != 0 ] && QUIET_TRIES=0
 # tbf's burst: 1 ms of the rate (at least 16 KiB) instead of the cluster's default 2 ms / 64 KiB.
 # A message that fits in the burst passes at memory speed, which neither a real NIC nor
 # SimGrid's links do; with 64 KiB at 100 Mbit/s, Top-k's 40 KiB messages went 2.7× faster than
-# the rate (docs/SIMULATE.md, "Calibration").
+# the rate. At 1 Gbit/s 1 ms is 125 KB, which a sparse call's 84 KB messages still fit in after
+# the compute before the call; 16 KiB there (CLUSTER_BURST=16384, tried on 2026-11-27) fixes
+# P = 2 but the 16 small buckets of 8 hosts then cost more CPU than 2 cores have, and the
+# shaped links fall to a quarter of their P = 2 speed (docs/SIMULATE.md, "Calibration").
 export CLUSTER_BURST=${CLUSTER_BURST:-1ms}
 EMB_STEPS=$(( ITERS + 1 ))   # EmbRace's AlltoAlls: gradtrain steps, the first left out
 # The overhead per message at every P, from the ring over small sizes (64 B … 4 KiB).
@@ -60,7 +71,7 @@ on_cluster() {
   # ways at once), and over small sizes at every other P of the validation (the per-message
   # cost where P processes share the machine's cores).
   quiet cal-$RATE-p2
-  launch 2 $B/gradallreduce bench --algo ring --sizes $CAL_SIZES --factor 4 --warmup 1 \
+  launch 2 $B/gradallreduce bench --algo ring --sizes $CAL_SIZES --factor $CAL_FACTOR --warmup 1 \
     --iters $CAL_ITERS --format csv --comm-trace cal-$RATE-p2.parquet > cal-$RATE-p2.csv
   for p in $PS; do
     [ $p = 2 ] && continue
@@ -125,29 +136,43 @@ replays() {
   done
 }
 
-for RATE in $RATES; do
-  # REUSE=1: measure only a rate whose runs are not all there; the replays are redone.
-  if [ "$REUSE" = 0 ] || [ ! -f val-$RATE-p${PS##* }.parquet ]; then
-    with_cluster $HOSTS $RATE on_cluster
-  fi
-  # Replays run with nothing else of ours running (REUSE=2: keep them too).
-  [ "$REUSE" = 2 ] || replays
+DIRS=$(seq -f 'r%g' "$REPEATS")
+for R in $DIRS; do
+  for RATE in $RATES; do
+    mkdir -p "$OUT/$R" && cd "$OUT/$R"
+    # REUSE=1: measure only a rate whose runs are not all there; the replays are redone.
+    if [ "$REUSE" = 0 ] || [ ! -f val-$RATE-p${PS##* }.parquet ]; then
+      with_cluster $HOSTS $RATE on_cluster
+    fi
+  done
 done
+# Replays run with nothing else of ours running, after every measurement (REUSE=2: keep them).
+for R in $DIRS; do
+  cd "$OUT/$R"
+  for RATE in $RATES; do
+    [ "$REUSE" = 2 ] || replays
+  done
+done
+cd "$OUT"
 
 {
   echo "Made by \`make repro-sim$( [ "$FAST" != 0 ] && echo ' FAST=1')\` (pipelines/sim.sh) on $(date -u +%F),"
-  echo "SimGrid $(dpkg-query -W -f='${Version}' libsimgrid-dev 2>/dev/null || echo '?'), $HOSTS shaped hosts (tbf burst $CLUSTER_BURST of the rate, at least 16 KiB) on $(nproc) shared cores;"
+  echo "SimGrid $(dpkg-query -W -f='${Version}' libsimgrid-dev 2>/dev/null || echo '?'), $HOSTS shaped hosts (tbf burst $(case $CLUSTER_BURST in *ms) echo "$CLUSTER_BURST of the rate, at least 16 KiB" ;; *) echo "$CLUSTER_BURST B" ;; esac)) on $(nproc) shared cores;"
   [ "$REUSE" != 0 ] && echo -n "REUSE=$REUSE: this text rewritten from the runs' files. " || echo -n "wall time $(( $(date +%s) - T0 )) s. "
-  echo "Per row, medians over $ITERS recorded calls of $SIZE per rank"
+  [ "$REPEATS" = 1 ] && echo "One repeat (${OUT#$ROOT/}/r1/)." ||
+    echo "$REPEATS interleaved repeats (${OUT#$ROOT/}/rR/), each a calibration and a validation of its own."
+  echo "Per row and repeat, medians over $ITERS recorded calls of $SIZE per rank"
   echo "(sparse: density 0.01, pre-selected input; DEFT selects for itself): the measured wall time"
   echo "of the call on its slowest rank (as bench times it, every call between two barriers), its calibrated replay (fitted α and"
   echo "bandwidth factors, the recorded compute), the bare replay (fitted α, factors 1) and the α-β"
   echo "model on the recorded messages with the fitted α. EmbRace: its two AlltoAlls (lookup and"
   echo "gradient phases) in $ITERS gradtrain steps (transformer-lm, 4096 × 64 embedding, batch 13 × 32)."
-  echo "1-minute load when each measurement started (it waits up to a minute for < 1.5):"
-  echo "$(awk '{printf "%s%s %s", (NR>1?", ":""), $1, $2}' load.log)."
+  echo "The cells are the median (min–max) over the repeats where these differ; every ratio is"
+  echo "taken within its repeat first."
+  echo "1-minute load when each measurement started (it waits up to a minute for < 1.5): median"
+  cat r*/load.log | python3 -c "import sys; sys.path.insert(0, '$ROOT/pipelines'); from spread import spread; v = [float(l.split()[1]) for l in sys.stdin]; print(spread(v, '{:.2f}'), 'over', len(v), 'measurements (rR/load.log).')"
   echo
-  python3 "$ROOT/pipelines/sim_tables.py" table --rates "$RATES" --ps "$PS"
+  python3 "$ROOT/pipelines/sim_tables.py" table --rates "$RATES" --ps "$PS" --repeats "$DIRS"
 } > section.md
 section sim-validation section.md
 cat section.md

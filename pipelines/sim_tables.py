@@ -5,12 +5,18 @@ fit CALSIM.csv P: from the bare replay (latency 0, factors 1, recorded compute) 
 at P over sizes, with each call's recorded wall time beside it: α per message and SMPI's piecewise
 bandwidth factors; prints LATENCY=… (per link, half of α) and BW_FACTOR=… for the shell.
 
-table --rates R --ps P: the validation table from the files sim.sh wrote. "Measured" is each
+table --rates R --ps P [--repeats "r1 r2 r3"]: the validation table from the files sim.sh
+wrote in each repeat's directory (default: the current one), every ratio within a repeat,
+then the median (min–max) over them. "Measured" is each
 call's recorded wall time on its slowest rank (what bench times), the median over the calls.
 """
 import csv
+import os
 import statistics
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from spread import spread  # noqa: E402
 
 
 def rows(path):
@@ -108,56 +114,80 @@ def fit(calsim, p, small=None, psmall=None, stat=2):
     print(f"ALPHA_US={alpha * 1e6:.2f}")
 
 
-def table(rates, ps):
+def row_values(d, rate, p, kind):
+    """One repeat's rows of KIND at (RATE, P), from the files in D: label → (measured,
+    fastest measured, simulated, bare, α-β, fastest-fit simulated), seconds."""
+    times = emb_times if kind == "emb" else sim_times
+    try:
+        sim = times(f"{d}/sim-{kind}-{rate}-p{p}.csv")
+        bare = times(f"{d}/bare-{kind}-{rate}-p{p}.csv")
+    except FileNotFoundError:
+        return {}
+    try:
+        fast = times(f"{d}/simfast-{kind}-{rate}-p{p}.csv")
+    except FileNotFoundError:
+        fast = {}
+    return {label: (t, tmin, s, bare[label][0], ab, fast.get(label, (s,))[0])
+            for label, (s, ab, t, tmin) in sim.items()}
+
+
+def env_of(d, rate, p):
+    return dict(l.strip().split("=", 1) for l in open(f"{d}/fit-{rate}-p{p}.env") if "=" in l)
+
+
+def table(rates, ps, dirs=(".",)):
+    """The validation table over the repeats in DIRS (each a complete calibration and
+    validation): every ratio is taken within a repeat, then the median (min–max) over them;
+    the summary's errors are the rows' median ratios."""
+    ms = lambda xs: spread([x * 1e3 for x in xs], "{:.3f}")  # noqa: E731
+    rt = lambda xs: spread(xs, "{:.2f}")  # noqa: E731
+    med = statistics.median
     print("| rate | P | algorithm | measured ms | (fastest call) | simulated ms | sim/meas | bare sim ms | α-β ms | α-β/meas "
           "| fastest-fit sim ms | its sim/fastest |")
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    errs_sim, errs_ab, errs_fast, fits, kinds = [], [], [], [], []
+    errs_sim, errs_ab, errs_fast, alphas, kinds = [], [], [], [], []
     for rate in rates.split():
         for p in ps.split():
-            env = dict(
-                l.strip().split("=", 1) for l in open(f"fit-{rate}-p{p}.env") if "=" in l
-            )
             for kind in ("val", "deft", "emb"):
-                times = emb_times if kind == "emb" else sim_times
-                try:
-                    sim = times(f"sim-{kind}-{rate}-p{p}.csv")
-                    bare = times(f"bare-{kind}-{rate}-p{p}.csv")
-                except FileNotFoundError:
-                    continue
-                try:
-                    fast = times(f"simfast-{kind}-{rate}-p{p}.csv")
-                except FileNotFoundError:
-                    fast = {}
-                for label, (s, ab, t, tmin) in sim.items():
-                    errs_sim.append(s / t)
-                    sf = fast.get(label, (s,))[0]
-                    errs_fast.append(sf / tmin)
-                    kinds.append((rate, p, label.split()[0], s / t))
-                    errs_ab.append(ab / t)
-                    print(
-                        f"| {rate} | {p} | {label} | {t * 1e3:.3f} | {tmin * 1e3:.3f} | {s * 1e3:.3f} | {s / t:.2f} | "
-                        f"{bare[label][0] * 1e3:.3f} | {ab * 1e3:.3f} | {ab / t:.2f} | {sf * 1e3:.3f} | {sf / tmin:.2f} |"
-                    )
-            fits.append(f"{rate}, P = {p}: α = {env.get('ALPHA_US')} µs, factors "
-                        f"`{env.get('BW_FACTOR', '').strip(chr(39))}`")
-    summary(rates, fits, errs_sim, errs_ab, errs_fast, kinds)
+                reps = [row_values(d, rate, p, kind) for d in dirs]
+                for label in reps[0]:
+                    v = [r[label] for r in reps if label in r]
+                    t, tmin, s, bare, ab, sf = ([x[i] for x in v] for i in range(6))
+                    sm = [a / b for a, b in zip(s, t)]
+                    abm = [a / b for a, b in zip(ab, t)]
+                    ff = [a / b for a, b in zip(sf, tmin)]
+                    errs_sim.append(med(sm))
+                    errs_fast.append(med(ff))
+                    errs_ab.append(med(abm))
+                    kinds.append((rate, p, label.split()[0], med(sm)))
+                    print(f"| {rate} | {p} | {label} | {ms(t)} | {med(tmin) * 1e3:.3f} | {ms(s)} | {rt(sm)} | "
+                          f"{med(bare) * 1e3:.3f} | {med(ab) * 1e3:.3f} | {rt(abm)} | {med(sf) * 1e3:.3f} | {rt(ff)} |")
+            envs = [env_of(d, rate, p) for d in dirs]
+            alphas.append(f"{rate}, P = {p}: α = "
+                          + spread([float(e["ALPHA_US"]) for e in envs], "{:.2f}") + " µs")
+    factors = [f"{rate}, repeat {i + 1}: `{env_of(d, rate, ps.split()[0]).get('BW_FACTOR', '').strip(chr(39))}`"
+               for rate in rates.split() for i, d in enumerate(dirs)]
+    summary(rates, alphas, factors, errs_sim, errs_ab, errs_fast, kinds, dirs)
 
 
-def summary(rates, fits, errs_sim, errs_ab, errs_fast, kinds):
+def summary(rates, alphas, factors, errs_sim, errs_ab, errs_fast, kinds, dirs):
     print()
-    print("Fitted from the ring across 2 hosts over sizes (SMPI bandwidth factors by message size) "
-          "and at each P over small sizes (α: the per-message overhead, replayed as SMPI's send "
-          "and receive overheads, α/2 each): " + "; ".join(fits) + ".")
+    n = len(dirs)
+    over = f" (median (min–max) over the {n} repeats, each fitted from its own calibration runs)" if n > 1 else ""
+    print("Fitted from the ring across 2 hosts over sizes (SMPI bandwidth factors by message size, the "
+          "same at every P of a rate) and at each P over small sizes (α: the per-message overhead, "
+          "replayed as SMPI's send and receive overheads, α/2 each)" + over + ": "
+          + "; ".join(alphas) + ". Factors: " + "; ".join(factors) + ".")
     print()
     if not errs_sim:
         return
+    rows_of = f" ({n} interleaved repeats each, by each row's median sim/meas)" if n > 1 else ""
     med = statistics.median(abs(e - 1) for e in errs_sim)
     worst = max(abs(e - 1) for e in errs_sim)
     med_ab = statistics.median(abs(e - 1) for e in errs_ab)
     worst_ab = max(abs(e - 1) for e in errs_ab)
     print(f"Calibrated replay vs measured: median |error| {med * 100:.0f} %, worst {worst * 100:.0f} % "
-          f"over {len(errs_sim)} rows; α-β: median {med_ab * 100:.0f} %, worst {worst_ab * 100:.0f} %.")
+          f"over {len(errs_sim)} rows{rows_of}; α-β: median {med_ab * 100:.0f} %, worst {worst_ab * 100:.0f} %.")
     within = sum(abs(e - 1) <= 0.3 for e in errs_sim)
     within_fast = sum(abs(e - 1) <= 0.3 for e in errs_fast)
     med_fast = statistics.median(abs(e - 1) for e in errs_fast)
@@ -175,13 +205,16 @@ def summary(rates, fits, errs_sim, errs_ab, errs_fast, kinds):
         groups.setdefault((r, "dense (ring, rabenseifner)" if a in ("ring", "rabenseifner") else "the others"), []).append(e)
     same = []
     for rate in rates.split():
-        try:
-            v = sim_times(f"sim-val-{rate}-p2.csv")
-        except FileNotFoundError:
-            continue
-        r = {k.split()[0]: x[2] for k, x in v.items()}
+        r = {}
+        for d in dirs:
+            try:
+                v = sim_times(f"{d}/sim-val-{rate}-p2.csv")
+            except FileNotFoundError:
+                continue
+            for k, x in v.items():
+                r.setdefault(k.split()[0], []).append(x[2] * 1e3)
         if "ring" in r and "rabenseifner" in r:
-            same.append(f"{rate} {r['ring'] * 1e3:.0f} vs {r['rabenseifner'] * 1e3:.0f} ms")
+            same.append(f"{rate} {spread(r['ring'], '{:.0f}')} vs {spread(r['rabenseifner'], '{:.0f}')} ms")
     if same:
         print("The measurement's own spread: at P = 2 ring and rabenseifner send the same two "
               "messages, measured " + ", ".join(same) + ".")
@@ -197,7 +230,7 @@ if __name__ == "__main__":
             3 if "--fastest" in sys.argv else 2)
     elif sys.argv[1] == "table":
         args = dict(zip(sys.argv[2::2], sys.argv[3::2]))
-        table(args["--rates"], args["--ps"])
+        table(args["--rates"], args["--ps"], args.get("--repeats", ".").split())
 
 
 def scale(ps, factor, validation, pmax):

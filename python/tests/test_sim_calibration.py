@@ -46,6 +46,41 @@ def factor_of(spec, m):
     return [f for s, f in pieces if s <= m][-1]
 
 
+def write_val(d, calls, rate="1gbit", p=2):
+    """One repeat's validation replay (sim, bare: the same) of a ring: `calls` is a list of
+    (simulated ms, recorded ms) per call; and its fit file."""
+    os.makedirs(d, exist_ok=True)
+    for kind in ("sim", "bare"):
+        with open(os.path.join(d, f"{kind}-val-{rate}-p{p}.csv"), "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["step", "label", "phase", "simulated_ms", "recorded_ms", "alpha_beta_ms", "sim/alpha_beta"])
+            for i, (s, r) in enumerate(calls):
+                w.writerow([i, "ring 4194304B", "(step)", s, r, s, 1.0])
+    with open(os.path.join(d, f"fit-{rate}-p{p}.env"), "w") as f:
+        f.write("ALPHA_US=10.00\nBW_FACTOR='0:1.0000'\n")
+
+
+class ValidationTableTest(unittest.TestCase):
+    def test_ratios_within_each_repeat_then_median_and_range(self):
+        """Repeat by repeat (median over its calls): measured 10, 20, 10 ms, simulated 10, 10,
+        15 ms, so sim/meas is 1.0, 0.5 and 1.5: the cell is 1.00 (0.50–1.50) and the row's
+        error is that of the median ratio (0 %), not of the pooled times (10 / 12.5)."""
+        with tempfile.TemporaryDirectory() as d:
+            write_val(os.path.join(d, "r1"), [(10, 8), (10, 12)])
+            write_val(os.path.join(d, "r2"), [(10, 20), (10, 20)])
+            write_val(os.path.join(d, "r3"), [(15, 10), (15, 10)])
+            out = subprocess.run([sys.executable, FIT, "table", "--rates", "1gbit", "--ps", "2",
+                                  "--repeats", "r1 r2 r3"], cwd=d, capture_output=True, text=True,
+                                 check=True).stdout
+        row = [l for l in out.splitlines() if l.startswith("| 1gbit")][0]
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        self.assertEqual(cells[3], "10.000 (10.000–20.000)")  # measured ms
+        self.assertEqual(cells[4], "10.000")  # fastest call: the median of 8, 20, 10
+        self.assertEqual(cells[6], "1.00 (0.50–1.50)")  # sim/meas
+        self.assertIn("median |error| 0 %, worst 0 % over 1 rows (3 interleaved repeats", out)
+        self.assertIn("α = 10.00 µs", out)
+
+
 class CalibrationFitTest(unittest.TestCase):
     def test_fit_recovers_overhead_and_factors(self):
         truth = lambda m: 0.6 if m >= 100_000 else (3.0 if m >= 1000 else 1.0)  # noqa: E731
