@@ -11,9 +11,8 @@ Each row names the goal, the value measured in this bench run, how it was derive
 file, and a verdict: "met", "NOT met", or "not measured" when the file is missing. Every ratio
 is taken within each interleaved repetition (or run) first, then given as the median over them
 with their min–max (`0.71 × (0.69–0.75 ×)`); the verdict is the median's. The stability goal
-is counted per run. Memory is
-measured apart (pipelines/bench-memory.sh, docs/MEMORY.md), as is the Ok-Topk CLI step
-(docs/results/sparse.md). Only the standard library: it runs with any python3.
+is counted per run. Memory is measured apart (pipelines/bench-memory.sh, docs/MEMORY.md), as is
+the Ok-Topk CLI step (docs/results/sparse.md). Only the standard library: it runs with any python3.
 """
 import glob
 import os
