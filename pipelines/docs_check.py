@@ -23,6 +23,8 @@ import os
 import re
 import sys
 
+from spread import span  # pipelines/spread.py, beside this script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FRAG = re.compile(r"<!-- gen:([a-z0-9][a-z0-9.-]*) -->(.*?)<!-- /gen -->", re.S)  # NAME in prose is not one
 PAPER_ONEBIT_STAGE = 4.4  # docs/papers/onebit-lamb.md §3: S_c implied by the 2.8× headline
@@ -552,7 +554,7 @@ def f_cluster_embrace():
     paper = lambda xs: all(1.02 <= x[0] <= 2.41 and x[1] > 1 for x in xs)
     verdict = ("**reproduced**" if paper(ag) else
                "**not reproduced against AllGather**" + (", only the gain over dense shows" if beats(de) else ""))
-    pct = lambda r: f"{r[0]:.0f} %" + (f" ({r[1]:.0f}{' to ' if r[1] < 0 else '–'}{r[2]:.0f} %)" if r[1] != r[2] else "")
+    pct = lambda r: f"{r[0]:.0f} %" + (f" {span(f'{r[1]:.0f}', f'{r[2]:.0f}', ' %')}" if r[1] != r[2] else "")
     return (f"{verdict}: at equal compute EmbRace's step is "
             + " and ".join(f"{show(x)} at {RATE_WORDS[r]}" for r, x in zip(rates, de)) + " below dense's, "
             + " and ".join(f"{show(x)}" for x in ag) + " below AllGather's; its schedule removes "

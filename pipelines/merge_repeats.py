@@ -14,6 +14,8 @@ naming the files and exit 2."""
 import re
 import sys
 
+from spread import span  # pipelines/spread.py, beside this script
+
 # A number as the generators print it, with its unit where the unit sticks to it (×, %).
 NUM = re.compile(r"(?<![\w.])(-?\d[\d,]*(?:\.\d+)?(?:e[+-]?\d+)?)(×|\s%)?(?!\w|\.\d)")
 
@@ -48,8 +50,7 @@ def merge_numbers(parts):
             med = srt[(len(srt) - 1) // 2]
             u = unit.strip()
             sep = " " if unit.startswith(" ") else ""
-            dash = " to " if srt[0].startswith("-") else "–"  # "-4–9" would read as a subtraction
-            out.append(f"{med}{unit} ({srt[0]}{dash}{srt[-1]}{sep}{u})")
+            out.append(f"{med}{unit} {span(srt[0], srt[-1], sep + u)}")
     return "".join(out)
 
 

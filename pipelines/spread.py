@@ -1,5 +1,6 @@
 """`median (min–max)` of repeated measurements, as the repro tables print them (one place for the
-pipelines' inline tables: pipelines/dense.sh, embrace.sh, embrace_fig7.py)."""
+pipelines' tables: dense.sh, embrace.sh, embrace_fig7.py, sim_tables.py, bench/goals.py; and the
+range alone, `span`, for merge_repeats.py and docs_check.py)."""
 import statistics
 
 
@@ -11,5 +12,11 @@ def spread(xs, fmt="{:.1f}", unit=""):
     lo, hi = fmt.format(min(xs)), fmt.format(max(xs))
     if lo == hi:  # equal as printed: no range
         return m
-    dash = " to " if min(xs) < 0 else "–"  # "-5.2–-1.7" would read as a subtraction
-    return f"{m} ({lo}{dash}{hi}{unit})"
+    return f"{m} {span(lo, hi, unit)}"
+
+
+def span(lo, hi, unit=""):
+    """`(lo–hi UNIT)` of two ends as printed; `(lo to hi UNIT)` where lo is negative ("-5.2–-1.7"
+    would read as a subtraction). The one rule of spread(), merge_repeats.py and docs_check.py."""
+    dash = " to " if lo.startswith("-") else "–"
+    return f"({lo}{dash}{hi}{unit})"
