@@ -146,6 +146,7 @@ def table(rates, ps, dirs=(".",)):
           "| fastest-fit sim ms | its sim/fastest |")
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     errs_sim, errs_ab, errs_fast, alphas, kinds = [], [], [], [], []
+    measured = {}  # (rate, P, algorithm) → the measured seconds of each repeat
     for rate in rates.split():
         for p in ps.split():
             for kind in ("val", "deft", "emb"):
@@ -160,6 +161,7 @@ def table(rates, ps, dirs=(".",)):
                     errs_fast.append(med(ff))
                     errs_ab.append(med(abm))
                     kinds.append((rate, p, label.split()[0], med(sm)))
+                    measured[(rate, p, label.split()[0])] = t
                     print(f"| {rate} | {p} | {label} | {ms(t)} | {med(tmin) * 1e3:.3f} | {ms(s)} | {rt(sm)} | "
                           f"{med(bare) * 1e3:.3f} | {med(ab) * 1e3:.3f} | {rt(abm)} | {med(sf) * 1e3:.3f} | {rt(ff)} |")
             envs = [env_of(d, rate, p) for d in dirs]
@@ -167,10 +169,10 @@ def table(rates, ps, dirs=(".",)):
                           + spread([float(e["ALPHA_US"]) for e in envs], "{:.2f}") + " µs")
     factors = [f"{rate}, repeat {i + 1}: `{env_of(d, rate, ps.split()[0]).get('BW_FACTOR', '').strip(chr(39))}`"
                for rate in rates.split() for i, d in enumerate(dirs)]
-    summary(rates, alphas, factors, errs_sim, errs_ab, errs_fast, kinds, dirs)
+    summary(rates, alphas, factors, errs_sim, errs_ab, errs_fast, kinds, dirs, measured)
 
 
-def summary(rates, alphas, factors, errs_sim, errs_ab, errs_fast, kinds, dirs):
+def summary(rates, alphas, factors, errs_sim, errs_ab, errs_fast, kinds, dirs, measured):
     print()
     n = len(dirs)
     over = f" (median (min–max) over the {n} repeats, each fitted from its own calibration runs)" if n > 1 else ""
@@ -205,16 +207,10 @@ def summary(rates, alphas, factors, errs_sim, errs_ab, errs_fast, kinds, dirs):
         groups.setdefault((r, "dense (ring, rabenseifner)" if a in ("ring", "rabenseifner") else "the others"), []).append(e)
     same = []
     for rate in rates.split():
-        r = {}
-        for d in dirs:
-            try:
-                v = sim_times(f"{d}/sim-val-{rate}-p2.csv")
-            except FileNotFoundError:
-                continue
-            for k, x in v.items():
-                r.setdefault(k.split()[0], []).append(x[2] * 1e3)
-        if "ring" in r and "rabenseifner" in r:
-            same.append(f"{rate} {spread(r['ring'], '{:.0f}')} vs {spread(r['rabenseifner'], '{:.0f}')} ms")
+        ring, rab = measured.get((rate, "2", "ring")), measured.get((rate, "2", "rabenseifner"))
+        if ring and rab:
+            ms = lambda xs: spread([x * 1e3 for x in xs], "{:.0f}")  # noqa: E731
+            same.append(f"{rate} {ms(ring)} vs {ms(rab)} ms")
     if same:
         print("The measurement's own spread: at P = 2 ring and rabenseifner send the same two "
               "messages, measured " + ", ".join(same) + ".")
