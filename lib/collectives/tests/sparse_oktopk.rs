@@ -56,48 +56,72 @@ fn kth_abs(m: &BTreeMap<u32, f64>, k: usize) -> f64 {
 
 /// Reference of the reuse-step threshold adjustment, from the brute-force sum: the ladder
 /// th·1.06^j, j = −12..=24 (rounded to f32 from f64); a rung is admissible when its global
-/// count c has 3c ≤ 4k; take the admissible rung with c closest to k (ties: higher rung);
-/// none admissible → start again from the top rung; the bottom rung picked with 3c < 2k while
-/// some non-zero sum is still ≤ it → start again from the bottom rung; at most 4 rounds (the
-/// 4th takes its best rung, the top one if none is admissible). Threshold 0 is kept.
-/// Returns (threshold, count at the reused threshold, rounds).
-fn ref_adjust(th: f32, sum: &BTreeMap<u32, f64>, k: usize) -> (f32, Option<usize>, u32) {
+/// count c has 3c ≤ 4k; take the admissible rung with c closest to k (equal distances: the
+/// higher rung); of the rungs with that same count, the highest when c ≥ k or every non-zero
+/// passes, else the lowest; none admissible → start again from the top rung; a count with
+/// 3c < 2k while some non-zero sum is still ≤ the rung → start again from the bottom rung when
+/// the rung is the bottom one, else count again on 37 rungs geometric from the rung below
+/// to it (lo·(hi/lo)^(j/36) in f64, rounded to f32); at most 4 rounds (the 4th takes its best
+/// rung, the top one if none is admissible). Threshold 0 is kept. Returns (threshold, count
+/// at the reused threshold, rounds, whether the count taken is outside the band where it
+/// was reachable: more than 4k/3, or fewer than 2k/3 with more non-zeros left).
+fn ref_adjust(th: f32, sum: &BTreeMap<u32, f64>, k: usize) -> (f32, Option<usize>, u32, bool) {
     if th <= 0.0 {
-        return (th, None, 0);
+        return (th, None, 0, false);
     }
     let count = |t: f32| sum.values().filter(|v| v.abs() > t as f64).count();
     let nonzero = sum.values().filter(|v| **v != 0.0).count();
     let before = count(th);
-    let mut centre = th;
+    let mut rungs: Vec<f32> = (-12..=24)
+        .map(|j| (th as f64 * 1.06f64.powi(j)) as f32)
+        .collect();
     for round in 1..=4u32 {
         let last = round == 4;
-        let ladder: Vec<(f32, usize)> = (-12..=24)
-            .map(|j| {
-                let t = (centre as f64 * 1.06f64.powi(j)) as f32;
-                (t, count(t))
-            })
-            .collect();
-        let mut best: Option<(f32, usize)> = None;
-        for &(t, c) in &ladder {
+        let ladder: Vec<(f32, usize)> = rungs.iter().map(|&t| (t, count(t))).collect();
+        let mut best: Option<usize> = None;
+        for (i, &(_, c)) in ladder.iter().enumerate() {
             if 3 * c > 4 * k {
                 continue;
             }
             let better = match best {
                 None => true,
-                Some((bt, bc)) => {
-                    c.abs_diff(k) < bc.abs_diff(k) || (c.abs_diff(k) == bc.abs_diff(k) && t > bt)
-                }
+                Some(b) => c.abs_diff(k) <= ladder[b].1.abs_diff(k),
             };
             if better {
-                best = Some((t, c));
+                best = Some(i);
             }
         }
-        match best {
-            None if !last => centre = ladder[ladder.len() - 1].0,
-            None => return (ladder[ladder.len() - 1].0, Some(before), round),
-            Some((t, c)) if !last && t == ladder[0].0 && 3 * c < 2 * k && nonzero > c => centre = t,
-            Some((t, _)) => return (t, Some(before), round),
+        let top = ladder.len() - 1;
+        let Some(b) = best else {
+            if last {
+                let c = ladder[top].1;
+                return (ladder[top].0, Some(before), round, 3 * c > 4 * k);
+            }
+            rungs = (-12..=24)
+                .map(|j| (ladder[top].0 as f64 * 1.06f64.powi(j)) as f32)
+                .collect();
+            continue;
+        };
+        let c = ladder[b].1;
+        let same: Vec<usize> = (0..=top).filter(|&i| ladder[i].1 == c).collect();
+        let (lo, hi) = (same[0], same[same.len() - 1]);
+        let missed = 3 * c < 2 * k && nonzero > c;
+        if c >= k || c == nonzero {
+            return (ladder[hi].0, Some(before), round, false);
         }
+        if last || !missed {
+            return (ladder[lo].0, Some(before), round, missed);
+        }
+        rungs = if lo == 0 {
+            (-12..=24)
+                .map(|j| (ladder[0].0 as f64 * 1.06f64.powi(j)) as f32)
+                .collect()
+        } else {
+            let (a, z) = (ladder[lo - 1].0 as f64, ladder[lo].0 as f64);
+            (0..=36)
+                .map(|j| (a * (z / a).powf(j as f64 / 36.0)) as f32)
+                .collect()
+        };
     }
     unreachable!()
 }
@@ -186,7 +210,9 @@ fn exact_steps_give_topk_of_the_sum_and_reuse_steps_the_recorded_threshold() {
                     last_th = Some(th);
                 } else {
                     // The reused threshold (the previous step's) adjusted collectively.
-                    let (want_th, before, rounds) = ref_adjust(last_th.unwrap() as f32, &sum, k);
+                    let (want_th, before, rounds, missed) =
+                        ref_adjust(last_th.unwrap() as f32, &sum, k);
+                    assert!(!missed, "P={p} t={t}: this input stays inside the ladder");
                     assert_eq!(th, want_th as f64, "adjusted threshold, P={p} t={t}");
                     moved += usize::from(Some(th) != last_th);
                     assert_eq!(metric(o0, "th_adjust_rounds"), rounds as f64);
@@ -598,90 +624,129 @@ fn adjusted_global_threshold_keeps_the_count_in_band_and_the_volume_within_6k() 
     // Error feedback makes the accumulated values grow after the exact re-evaluation step:
     // here every rank's k selected values are scaled by (8+t)/8 at step t (exact dyadic
     // values), fresh random indices each step, τ' = 8 (steps 1..7 reuse the threshold).
-    let (n, k, steps) = (20_000u64, 400usize, 8usize);
     for p in [4usize, 8] {
-        let mut rng = Rng::new(900 + p as u64);
-        let sp: Vec<Vec<Sparse>> = (0..steps)
-            .map(|t| {
-                (0..p)
-                    .map(|_| {
-                        let mut s = rand_sparse(&mut rng, n, k);
-                        s.values
-                            .iter_mut()
-                            .for_each(|v| *v = *v * (8 + t) as f32 / 8.0);
-                        s
-                    })
-                    .collect()
-            })
-            .collect();
-        let inputs: Vec<Vec<Flat>> = sp
-            .iter()
-            .map(|v| v.iter().cloned().map(Flat::Sparse).collect())
-            .collect();
-        let params = Params {
-            k: Some(k as u64),
-            reeval: 8,
-            period: 64,
-            ..Params::default()
-        };
-        let outs = run(&params, &layout(n), &inputs);
-        let th0 = metric(&outs[0][0].0, "global_threshold");
-        assert_eq!(th0, kth_abs(&sum_map(&sp[0]), k));
-        let mut prev = th0 as f32;
-        let mut unadjusted_max = 0;
-        let logp = p.trailing_zeros() as u64;
-        for t in 1..steps {
-            let sum = sum_map(&sp[t]);
-            let o0 = &outs[0][t].0;
-            // What the threshold of step 0, reused as is, would let through.
-            let unadjusted = sum.values().filter(|v| v.abs() > th0).count();
-            unadjusted_max = unadjusted_max.max(unadjusted);
-            let th = metric(o0, "global_threshold");
-            let (want_th, before, rounds) = ref_adjust(prev, &sum, k);
-            assert_eq!(th, want_th as f64, "P={p} t={t}");
-            assert_eq!(metric(o0, "global_count_reused_th"), before.unwrap() as f64);
-            prev = th as f32;
-            // The result is the filter with the recorded threshold, the same on every rank.
-            let want: BTreeMap<u32, f64> = sum
-                .iter()
-                .filter(|(_, v)| v.abs() > th)
-                .map(|(a, b)| (*a, *b))
-                .collect();
-            assert_eq!(as_map(res(o0)), want, "P={p} t={t}");
-            // The count stays in the band [2k/3, 4k/3].
-            let c = want.len();
-            assert!(
-                3 * c <= 4 * k && 3 * c >= 2 * k,
-                "P={p} t={t}: count {c}, k {k}"
-            );
-            let bound = cost::oktopk_worst(p, k as f64).words;
-            for r in 0..p {
-                assert_eq!(bits(res(&outs[r][t].0)), bits(res(o0)), "P={p} t={t} r={r}");
-                let tr = &outs[r][t].1;
-                // th_adjust: per round, log2 P messages of (12 + 24 + 1 + 1) u64 counts.
-                let adj = tr["th_adjust"];
-                assert_eq!(
-                    adj.bytes_sent,
-                    rounds as u64 * logp * 8 * 38,
-                    "P={p} t={t} r={r}"
-                );
-                assert_eq!(adj.msgs_sent, rounds as u64 * logp);
-                // Data words ≤ 6k(P−1)/P; control: P−1 sizes (u64) + th_adjust's counts.
-                let sent: u64 = tr.values().map(|c| c.bytes_sent).sum();
-                let ctl = 8 * (p as u64 - 1) + adj.bytes_sent;
-                assert!(
-                    (sent - ctl) as f64 <= 4.0 * bound,
-                    "P={p} t={t} rank {r}: {} data words > {bound}",
-                    (sent - ctl) / 4
-                );
-            }
-        }
+        let (unadjusted_max, fallbacks) = check_adjust(p, |t| (8 + t) as f32 / 8.0);
         // The input does exercise the growth: unadjusted, the count leaves the band.
         assert!(
-            3 * unadjusted_max > 4 * k * 3 / 2,
+            3 * unadjusted_max > 4 * 400 * 3 / 2,
             "P={p}: {unadjusted_max}"
         );
+        assert_eq!(fallbacks, 0, "P={p}: the ladder reaches the band by itself");
     }
+}
+
+/// Issue 41: gradients that fade (÷64 a step, the loss reached 0) once made the reused global
+/// threshold run away upwards (every count 0, ties went to the top rung, ×4 a step) and
+/// nothing was sent. Now the ladder moves down, and where it cannot move far enough in its
+/// rounds (÷16 at most) the step re-evaluates exactly: the count stays in the band on every
+/// step. Slow fading (×(64−t)/64) stays inside the ladder. Scales are exact in binary so the
+/// sums are exact too.
+#[test]
+fn fading_gradients_keep_the_global_count_in_band() {
+    for p in [2usize, 4] {
+        let (_, fallbacks) = check_adjust(p, |t| 2f32.powi(-6 * t as i32));
+        assert!(
+            fallbacks > 0,
+            "P={p}: ÷64 a step is beyond the ladder's rounds"
+        );
+        let (_, fallbacks) = check_adjust(p, |t| (64 - t) as f32 / 64.0);
+        assert_eq!(fallbacks, 0, "P={p}");
+    }
+}
+
+/// Runs 8 steps of sparse inputs scaled by `scale(t)` (k random entries a rank, τ' = 8) and
+/// checks every reuse step against [`ref_adjust`] and the brute-force sum: the threshold,
+/// the result (the filter, or the exact top-k where the ladder missed its band), the count
+/// in the band, the same bits on every rank, th_adjust's traffic and the 6k(P−1)/P bound on
+/// the steps that did not fall back. Returns the largest count the unadjusted threshold of
+/// step 0 would have let through, and the number of fallbacks.
+fn check_adjust(p: usize, scale: impl Fn(usize) -> f32) -> (usize, usize) {
+    let (n, k, steps) = (20_000u64, 400usize, 8usize);
+    let mut rng = Rng::new(900 + p as u64);
+    let sp: Vec<Vec<Sparse>> = (0..steps)
+        .map(|t| {
+            (0..p)
+                .map(|_| {
+                    let mut s = rand_sparse(&mut rng, n, k);
+                    s.values.iter_mut().for_each(|v| *v *= scale(t));
+                    s
+                })
+                .collect()
+        })
+        .collect();
+    let inputs: Vec<Vec<Flat>> = sp
+        .iter()
+        .map(|v| v.iter().cloned().map(Flat::Sparse).collect())
+        .collect();
+    let params = Params {
+        k: Some(k as u64),
+        reeval: 8,
+        period: 64,
+        ..Params::default()
+    };
+    let outs = run(&params, &layout(n), &inputs);
+    let th0 = metric(&outs[0][0].0, "global_threshold");
+    assert_eq!(th0, kth_abs(&sum_map(&sp[0]), k));
+    let mut prev = th0 as f32;
+    let (mut unadjusted_max, mut fallbacks) = (0, 0);
+    let logp = p.trailing_zeros() as u64;
+    for t in 1..steps {
+        let sum = sum_map(&sp[t]);
+        let o0 = &outs[0][t].0;
+        unadjusted_max = unadjusted_max.max(sum.values().filter(|v| v.abs() > th0).count());
+        let th = metric(o0, "global_threshold");
+        let (want_th, before, rounds, missed) = ref_adjust(prev, &sum, k);
+        assert_eq!(metric(o0, "global_count_reused_th"), before.unwrap() as f64);
+        assert_eq!(
+            metric(o0, "th_fallback"),
+            f64::from(u8::from(missed)),
+            "P={p} t={t}"
+        );
+        let want = if missed {
+            fallbacks += 1;
+            assert_eq!(th, kth_abs(&sum, k), "P={p} t={t}: exact re-evaluation");
+            topk_map(&sum, k)
+        } else {
+            assert_eq!(th, want_th as f64, "P={p} t={t}");
+            sum.iter()
+                .filter(|(_, v)| v.abs() > th)
+                .map(|(a, b)| (*a, *b))
+                .collect()
+        };
+        prev = th as f32;
+        assert_eq!(as_map(res(o0)), want, "P={p} t={t}");
+        // The count stays in the band [2k/3, 4k/3].
+        let c = want.len();
+        assert!(
+            3 * c <= 4 * k && 3 * c >= 2 * k,
+            "P={p} t={t}: count {c}, k {k}"
+        );
+        let bound = cost::oktopk_worst(p, k as f64).words;
+        for r in 0..p {
+            assert_eq!(bits(res(&outs[r][t].0)), bits(res(o0)), "P={p} t={t} r={r}");
+            let tr = &outs[r][t].1;
+            // th_adjust: per round, log2 P messages of (12 + 24 + 1 + 1) u64 counts.
+            let adj = tr["th_adjust"];
+            assert_eq!(
+                adj.bytes_sent,
+                rounds as u64 * logp * 8 * 38,
+                "P={p} t={t} r={r}"
+            );
+            assert_eq!(adj.msgs_sent, rounds as u64 * logp);
+            if missed {
+                continue; // a re-evaluation step: an allgatherv of the reduced non-zeros
+            }
+            // Data words ≤ 6k(P−1)/P; control: P−1 sizes (u64) + th_adjust's counts.
+            let sent: u64 = tr.values().map(|c| c.bytes_sent).sum();
+            let ctl = 8 * (p as u64 - 1) + adj.bytes_sent;
+            assert!(
+                (sent - ctl) as f64 <= 4.0 * bound,
+                "P={p} t={t} rank {r}: {} data words > {bound}",
+                (sent - ctl) / 4
+            );
+        }
+    }
+    (unadjusted_max, fallbacks)
 }
 
 /// Step C's sums, bit for bit, against a reference written here: at each index of rank r's

@@ -185,25 +185,92 @@ pub enum Rung {
     Take(usize),
     /// Re-centre the ladder on rung i and count again (band not reached inside the ladder).
     Recentre(usize),
+    /// The band lies between rungs i and i+1 (rung i lets more than 4k/3 through, rung i+1
+    /// fewer than 2k/3): count again on [`fine_ladder`] between them.
+    Refine(usize),
+}
+
+/// The rungs of a refining round: as many as [`th_ladder`] has, geometric from `lo` to `hi`
+/// (both included; computed in f64, rounded to f32, the same bits on every rank).
+pub fn fine_ladder(lo: f32, hi: f32) -> Vec<f32> {
+    let n = (TH_LADDER_DOWN + TH_LADDER_UP) as f64;
+    let ratio = hi as f64 / lo as f64;
+    (0..=(TH_LADDER_DOWN + TH_LADDER_UP))
+        .map(|j| (lo as f64 * ratio.powf(j as f64 / n)) as f32)
+        .collect()
+}
+
+/// The ladder of the next round after `rung` was decided on `rungs`.
+pub fn next_ladder(rungs: &[f32], rung: Rung) -> Vec<f32> {
+    match rung {
+        Rung::Recentre(i) => th_ladder(rungs[i]),
+        Rung::Refine(i) => fine_ladder(rungs[i], rungs[i + 1]),
+        Rung::Take(i) => vec![rungs[i]],
+    }
 }
 
 /// The ladder's rule for one round, band [2k/3, 4k/3] (the reference code's VGG global band,
 /// anchors.md §4): among the rungs whose count is ≤ 4k/3, the one whose count is closest to
-/// k (ties to the higher threshold). When no rung is ≤ 4k/3 the ladder re-centres on its top
-/// rung; when the pick is the bottom rung, its count is < 2k/3 and lowering could still add
-/// entries (`all` > that count), it re-centres on the bottom rung. Re-centring only happens
-/// while `last` is false (the final round takes the best rung it has).
+/// k (between a count d below k and one d above, the one below). Rungs with the same count
+/// select the same entries but set different thresholds for the next step: at or above k the
+/// highest is kept, below k the lowest (the k-th magnitude lies below it), unless every
+/// non-zero already passes (`count == all`, nothing to gain by lowering: the highest). When no
+/// rung is ≤ 4k/3 the ladder re-centres on its top rung; when the pick is the bottom rung, its
+/// count is < 2k/3 and lowering could still add entries (`all` > that count), it re-centres on
+/// the bottom rung; when it is another rung, the rung below it lets more than 4k/3 through and
+/// the band lies between the two: the next round refines between them ([`Rung::Refine`]: the
+/// k-th magnitude moved by less than one rung, as when error feedback drains the residual a
+/// little each step). Re-centring and refining only happen while `last` is false (the final
+/// round takes the best rung it has). `all = u64::MAX` stands for "not counted yet": the rule
+/// then never assumes that every non-zero passes.
+///
+/// Before 2026-11-28 ties went to the highest rung whatever the count, so when nothing passed
+/// (gradients fading, every count 0) the top rung (×4.05) was taken step after step and the
+/// threshold ran away (issue 41).
 pub fn pick_rung(counts: &[u64], all: u64, k: u64, last: bool) -> Rung {
     let top = counts.len() - 1;
     let pick = (0..counts.len())
         .filter(|&i| 3 * counts[i] <= 4 * k)
         .min_by_key(|&i| (counts[i].abs_diff(k), std::cmp::Reverse(i)));
-    match pick {
-        None if last => Rung::Take(top),
-        None => Rung::Recentre(top),
-        Some(0) if !last && 3 * counts[0] < 2 * k && all > counts[0] => Rung::Recentre(0),
-        Some(i) => Rung::Take(i),
+    let Some(best) = pick else {
+        return if last {
+            Rung::Take(top)
+        } else {
+            Rung::Recentre(top)
+        };
+    };
+    let c = counts[best];
+    // counts are non-increasing: the rungs with count c are one run around `best`.
+    let lo = (0..=best)
+        .rev()
+        .take_while(|&i| counts[i] == c)
+        .last()
+        .unwrap_or(best);
+    let hi = (best..=top)
+        .take_while(|&i| counts[i] == c)
+        .last()
+        .unwrap_or(best);
+    if c >= k || c >= all {
+        return Rung::Take(hi);
     }
+    if !last && 3 * c < 2 * k && all > c {
+        // lo > 0: rung lo−1 counts more than c, and more than 4k/3 (else it would be closer).
+        return if lo == 0 {
+            Rung::Recentre(0)
+        } else {
+            Rung::Refine(lo - 1)
+        };
+    }
+    Rung::Take(lo)
+}
+
+/// Whether a reuse step that selected `count` entries out of `all` non-zeros is outside the
+/// ladder's band [2k/3, 4k/3] where the band was reachable: more than 4k/3, or fewer than 2k/3
+/// while more non-zeros were there to take. [`Adjust::Ladder`] then re-evaluates exactly
+/// (the exact top-k and its k-th magnitude), locally ([`OkTopk`]) and globally (the Ok-Topk
+/// collective's `th_adjust`), so the count stays in the band whatever the gradients do.
+pub fn outside_band(count: u64, all: u64, k: u64) -> bool {
+    3 * count > 4 * k || (3 * count < 2 * k && all > count)
 }
 
 /// Reusable buffers of the one-pass local selection, kept across steps (no gradient-sized
@@ -459,14 +526,14 @@ pub fn ladder_local(acc: &[f32], th: f32, k: usize, scratch: &mut Scratch) -> La
                     rescans,
                 };
             }
-            Rung::Recentre(i) => {
-                rungs = th_ladder(rungs[i]);
-                counts = if i == 0 {
-                    rescans += 1;
-                    scratch.scan(acc, &rungs)
-                } else {
-                    scratch.recount(&rungs)
-                };
+            Rung::Recentre(0) => {
+                rungs = next_ladder(&rungs, rung);
+                rescans += 1;
+                counts = scratch.scan(acc, &rungs);
+            }
+            Rung::Recentre(_) | Rung::Refine(_) => {
+                rungs = next_ladder(&rungs, rung);
+                counts = scratch.recount(&rungs);
             }
         }
     }
@@ -563,8 +630,8 @@ fn reuse_resident(
                 }
                 match rung {
                     Rung::Take(i) => return take(rungs[i]),
-                    Rung::Recentre(i) => {
-                        rungs = th_ladder(rungs[i]);
+                    Rung::Recentre(_) | Rung::Refine(_) => {
+                        rungs = next_ladder(&rungs, rung);
                         c = counts(&rungs);
                     }
                 }
@@ -596,6 +663,10 @@ pub struct OkStep {
     /// True on a re-evaluation step: the selection is the exact top-k (ties to the lower
     /// index, exact zeros left out); on other steps it is exactly `{i : |acc_i| > threshold}`.
     pub reevaluated: bool,
+    /// True when this was a reuse step whose adjusted threshold still selected outside the
+    /// ladder's band ([`outside_band`]), so it re-evaluated exactly instead (`reevaluated` is
+    /// true too). Only [`Adjust::Ladder`] falls back.
+    pub fell_back: bool,
     /// Passes over `acc` after the first on a reuse step ([`LadderPick::rescans`]; 0 for the
     /// other policies and on re-evaluation steps): 0 in the common case.
     pub rescans: u32,
@@ -639,11 +710,26 @@ impl OkTopk {
         let k = k.min(acc.len());
         self.calls += 1;
         let reeval = reeval || self.th.is_none() || k == 0;
-        let (step, values) = if reeval {
+        let exact = |me: &mut Self| {
             let (indices, values, th) = topk::topk_with_values(acc, k);
-            self.reevaluated(indices, values, th, k, || threshold::count_above(acc, 0.0))
+            me.reevaluated(indices, values, th, k, || threshold::count_above(acc, 0.0))
+        };
+        let (step, values) = if reeval {
+            exact(self)
         } else {
-            self.reuse(acc, k)
+            let (step, values) = self.reuse(acc, k);
+            if self.ladder_missed(&step, k, || threshold::count_above(acc, 0.0) as u64) {
+                let (st, v) = exact(self);
+                (
+                    OkStep {
+                        fell_back: true,
+                        ..st
+                    },
+                    v,
+                )
+            } else {
+                (step, values)
+            }
         };
         self.after(&step, k);
         (step, values)
@@ -669,9 +755,18 @@ impl OkTopk {
             indices,
             threshold: th,
             reevaluated: true,
+            fell_back: false,
             rescans: 0,
         };
         (step, values)
+    }
+
+    /// Whether a ladder reuse step selected outside its band where the band was reachable
+    /// ([`outside_band`]; the non-zeros are counted only when too few passed).
+    fn ladder_missed(&self, step: &OkStep, k: usize, all: impl FnOnce() -> u64) -> bool {
+        let (n, k) = (step.indices.len() as u64, k as u64);
+        self.adjust == Adjust::Ladder
+            && (3 * n > 4 * k || (3 * n < 2 * k && outside_band(n, all(), k)))
     }
 
     /// The threshold the next call reuses (the reference policy's nudge from this count).
@@ -719,9 +814,25 @@ impl OkTopk {
                 indices: s.indices,
                 threshold: Some(th),
                 reevaluated: false,
+                fell_back: false,
                 rescans: 0,
             };
-            (step, s.values)
+            let count_all = || dev.count_above(acc, 0.0);
+            if self.ladder_missed(&step, k, count_all) {
+                let (i, v, th) = dev.topk(acc, 0..acc.len(), k);
+                let s = resident::download_sparse(dev, &i, &v, 0);
+                let nonzeros = || dev.count_above(acc, 0.0) as usize;
+                let (st, v) = self.reevaluated(s.indices, s.values, th, k, nonzeros);
+                (
+                    OkStep {
+                        fell_back: true,
+                        ..st
+                    },
+                    v,
+                )
+            } else {
+                (step, s.values)
+            }
         };
         self.after(&step, k);
         (step, values)
@@ -751,6 +862,7 @@ impl OkTopk {
             indices,
             threshold: Some(th),
             reevaluated: false,
+            fell_back: false,
             rescans,
         };
         (step, values)

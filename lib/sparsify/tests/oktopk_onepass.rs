@@ -49,11 +49,22 @@ fn ladder(th: f32) -> Vec<f32> {
         .collect()
 }
 
-/// The ladder's rule: among rungs with count ≤ 4k/3 the one closest to k (ties to the higher
-/// rung); none: re-centre on the top rung (take it in the last round); a bottom pick below
-/// 2k/3 with more non-zeros below it re-centres on the bottom rung (not in the last round).
-/// `Err(i)` = re-centre on rung i.
-fn rule(counts: &[u64], all: u64, k: u64, last: bool) -> Result<usize, usize> {
+/// What the ladder's rule decided for one round.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Next {
+    Take(usize),
+    /// Re-centre the ladder on this rung.
+    Centre(usize),
+    /// Count again on 37 rungs from this rung to the next.
+    Between(usize),
+}
+
+/// The ladder's rule: among rungs with count ≤ 4k/3 the one closest to k (equal distances:
+/// the higher rung); of the rungs with that count, the highest when it is ≥ k or equals
+/// `all`, else the lowest; none: re-centre on the top rung (take it in the last round); a
+/// count below 2k/3 with more non-zeros left: re-centre on the bottom rung when the rung is
+/// the bottom one, else count again between the rung below and it (not in the last round).
+fn rule(counts: &[u64], all: u64, k: u64, last: bool) -> Next {
     let mut best: Option<usize> = None;
     for (i, &c) in counts.iter().enumerate() {
         if 3 * c > 4 * k {
@@ -68,11 +79,26 @@ fn rule(counts: &[u64], all: u64, k: u64, last: bool) -> Result<usize, usize> {
         }
     }
     let top = counts.len() - 1;
-    match best {
-        None if last => Ok(top),
-        None => Err(top),
-        Some(0) if !last && 3 * counts[0] < 2 * k && all > counts[0] => Err(0),
-        Some(i) => Ok(i),
+    let Some(b) = best else {
+        return if last {
+            Next::Take(top)
+        } else {
+            Next::Centre(top)
+        };
+    };
+    let c = counts[b];
+    let same: Vec<usize> = (0..=top).filter(|&i| counts[i] == c).collect();
+    let (lo, hi) = (same[0], same[same.len() - 1]);
+    if c >= k || c == all {
+        Next::Take(hi)
+    } else if !last && 3 * c < 2 * k && all > c {
+        if lo == 0 {
+            Next::Centre(0)
+        } else {
+            Next::Between(lo - 1)
+        }
+    } else {
+        Next::Take(lo)
     }
 }
 
@@ -82,21 +108,26 @@ fn brute_ladder(acc: &[f32], th: f32, k: usize) -> ((Vec<u32>, Vec<f32>), f32, u
     if th <= 0.0 || !th.is_finite() {
         return (brute_select(acc, th), th, 0);
     }
-    let (mut th, mut rescans) = (th, 0);
+    let (mut rungs, mut rescans) = (ladder(th), 0);
     for round in 1..=4 {
         let last = round == 4;
-        let rungs = ladder(th);
         let counts: Vec<u64> = rungs.iter().map(|&r| brute_count(acc, r)).collect();
         let mut pick = rule(&counts, u64::MAX, k as u64, last);
-        if pick == Err(0) {
+        if pick == Next::Centre(0) {
             rescans += 1;
             pick = rule(&counts, brute_count(acc, 0.0), k as u64, last);
         }
         match pick {
-            Ok(i) => return (brute_select(acc, rungs[i]), rungs[i], rescans),
-            Err(i) => {
+            Next::Take(i) => return (brute_select(acc, rungs[i]), rungs[i], rescans),
+            Next::Centre(i) => {
                 rescans += u32::from(i == 0);
-                th = rungs[i];
+                rungs = ladder(rungs[i]);
+            }
+            Next::Between(i) => {
+                let (a, z) = (rungs[i] as f64, rungs[i + 1] as f64);
+                rungs = (0..=36)
+                    .map(|j| (a * (z / a).powf(j as f64 / 36.0)) as f32)
+                    .collect();
             }
         }
     }

@@ -183,3 +183,98 @@ fn ladder_policy_keeps_the_count_near_k_where_paper_drifts() {
     assert_eq!(Adjust::parse("paper"), Some(Adjust::Paper));
     assert_eq!(Adjust::parse("none"), None);
 }
+
+/// How the gradient of each step is scaled in [`ladder_band_holds_whatever_the_gradients_do`].
+#[derive(Clone, Copy, Debug)]
+enum Course {
+    /// ×10^-(t−t0) from step t0 on (the loss reached 0: issue 41's runaway).
+    Fading(usize),
+    /// ×10^(t−t0) from step t0 on.
+    Growing(usize),
+    Constant,
+    /// Every gradient 0 from step t0 on.
+    Zero(usize),
+    /// ×1e4 on every step t with t mod m = 0.
+    Spiky(usize),
+}
+
+impl Course {
+    fn scale(self, t: usize) -> f32 {
+        match self {
+            Course::Fading(t0) if t >= t0 => 10f32.powi(-((t - t0 + 1) as i32)),
+            Course::Growing(t0) if t >= t0 => 10f32.powi((t - t0 + 1) as i32),
+            Course::Zero(t0) if t >= t0 => 0.0,
+            Course::Spiky(m) if t.is_multiple_of(m) => 1e4,
+            _ => 1.0,
+        }
+    }
+}
+
+fn course() -> impl proptest::strategy::Strategy<Value = Course> {
+    use proptest::prelude::*;
+    prop_oneof![
+        (1usize..12).prop_map(Course::Fading),
+        (1usize..8).prop_map(Course::Growing),
+        Just(Course::Constant),
+        (1usize..12).prop_map(Course::Zero),
+        (2usize..5).prop_map(Course::Spiky),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+    /// The ladder's band, whatever the gradients do: with error feedback and a threshold
+    /// reused for a whole run (τ' beyond the run), every step that finds at least k non-zeros
+    /// in the accumulator selects between 2k/3 and 4k/3 of them (the exact top-k where the
+    /// ladder falls back), the selection is exactly {|acc| > th} (or the exact top-k), and th
+    /// lies between the ⌊4k/3⌋+1-th and the ⌈2k/3⌉-th largest |acc| — counted here by
+    /// sorting, apart from the library.
+    #[test]
+    fn ladder_band_holds_whatever_the_gradients_do(
+        c in course(),
+        seed in 0u64..1000,
+        n in 2_000usize..12_000,
+        kdiv in 20usize..200,
+    ) {
+        let k = (n / kdiv).max(3);
+        let steps = 16;
+        let gs: Vec<Vec<f32>> = grads(steps, n, seed)
+            .into_iter()
+            .enumerate()
+            .map(|(t, g)| g.iter().map(|x| x * c.scale(t)).collect())
+            .collect();
+        let mut sel = Selector::new(Method::OkTopk { reeval: 1000, adjust: Adjust::Ladder }, 0);
+        let mut res = Residual::zeros(n);
+        for (t, g) in gs.iter().enumerate() {
+            let mut acc = g.clone();
+            res.compensate(&mut acc);
+            let s = sel.select(t as u32, &acc, k);
+            let mut mags: Vec<f32> = acc.iter().map(|v| v.abs()).filter(|&m| m > 0.0).collect();
+            mags.sort_by(|a, b| b.total_cmp(a));
+            let count = s.indices.len();
+            if mags.len() >= k {
+                proptest::prop_assert!(
+                    3 * count >= 2 * k && 3 * count <= 4 * k,
+                    "{c:?} t={t}: {count} selected, k={k}, {} non-zeros", mags.len()
+                );
+            } else {
+                proptest::prop_assert!(count <= mags.len());
+            }
+            let th = s.info.threshold.unwrap();
+            if s.info.exact_topk {
+                proptest::prop_assert_eq!(count, k.min(mags.len()), "{:?} t={}", c, t);
+            } else {
+                let want: Vec<u32> =
+                    (0..n as u32).filter(|&i| acc[i as usize].abs() > th).collect();
+                proptest::prop_assert_eq!(&s.indices, &want, "{:?} t={}", c, t);
+                if mags.len() >= k {
+                    let hi = 4 * k / 3; // the ⌊4k/3⌋+1-th largest is mags[hi]
+                    let lo = (2 * k).div_ceil(3) - 1; // the ⌈2k/3⌉-th largest
+                    proptest::prop_assert!(hi >= mags.len() || th >= mags[hi], "{c:?} t={t}");
+                    proptest::prop_assert!(th < mags[lo], "{c:?} t={t}");
+                }
+            }
+            res.update(acc, &s.indices);
+        }
+    }
+}

@@ -243,9 +243,23 @@ pub fn th_re_evaluate(
 /// The ladder and its rule live with the local threshold reuse in `gradkit_sparsify::oktopk`
 /// (one implementation, used locally by [`Adjust::Ladder`] and globally by [`th_adjust`]).
 pub use gradkit_sparsify::oktopk::{
-    pick_rung, th_ladder, Rung, TH_ADJUST_COUNTS, TH_ADJUST_ROUNDS, TH_LADDER_DOWN, TH_LADDER_STEP,
-    TH_LADDER_UP,
+    fine_ladder, next_ladder, outside_band, pick_rung, th_ladder, Rung, TH_ADJUST_COUNTS,
+    TH_ADJUST_ROUNDS, TH_LADDER_DOWN, TH_LADDER_STEP, TH_LADDER_UP,
 };
+
+/// What [`th_adjust`] decided.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Adjusted {
+    /// The threshold taken.
+    pub th: f32,
+    /// The global count at the reused threshold (what the unadjusted threshold would have let
+    /// through); `None` when it was kept without counting (≤ 0).
+    pub before: Option<u64>,
+    /// Ladder rounds run.
+    pub rounds: u32,
+    /// The count at `th` is outside the band where the band was reachable: re-evaluate.
+    pub missed: bool,
+}
 
 /// Collective count-band adjustment of a reused global threshold (reuse steps, before Step D).
 /// Each rank counts its reduced entries with |v| > rung for every rung of [`th_ladder`]`(th)`
@@ -254,30 +268,38 @@ pub use gradkit_sparsify::oktopk::{
 /// [`pick_rung`] to the same sums, so every rank gets the same threshold. Repeats on the
 /// re-centred ladder at most [`TH_ADJUST_ROUNDS`] times. A threshold of 0 (at most k
 /// non-zeros at the last re-evaluation, e.g. density 1) is kept as is, without messages.
-/// Returns the threshold, the global count at `th` (what the unadjusted threshold would
-/// have let through; `None` when `th` was kept without counting) and the rounds run.
-pub fn th_adjust(
-    comm: &dyn Comm,
-    reduced: &[f32],
-    th: f32,
-    k: usize,
-) -> Result<(f32, Option<u64>, u32)> {
+/// The ladder's final pick is checked against its band: when the global count at the rung
+/// taken is still outside [2k/3, 4k/3] where the band was reachable ([`outside_band`]), `missed`
+/// is set and the caller re-evaluates exactly ([`th_re_evaluate`]) instead of using it; every
+/// rank decides this from the same sums.
+pub fn th_adjust(comm: &dyn Comm, reduced: &[f32], th: f32, k: usize) -> Result<Adjusted> {
     if th <= 0.0 || !th.is_finite() {
-        return Ok((th, None, 0));
+        return Ok(Adjusted {
+            th,
+            before: None,
+            rounds: 0,
+            missed: false,
+        });
     }
     let nonzero = reduced.iter().filter(|v| v.abs() > 0.0).count() as u64;
-    let mut th = th;
+    let mut rungs = th_ladder(th);
     let mut before = None;
     for round in 1..=TH_ADJUST_ROUNDS {
-        let rungs = th_ladder(th);
         let mut counts = ladder_counts(reduced, &rungs);
         counts.push(nonzero);
         allreduce_sum_u64(comm, &mut counts)?;
         let all = counts.pop().expect("count of non-zeros");
         let before = *before.get_or_insert(counts[TH_LADDER_DOWN as usize]);
         match pick_rung(&counts, all, k as u64, round == TH_ADJUST_ROUNDS) {
-            Rung::Take(i) => return Ok((rungs[i], Some(before), round)),
-            Rung::Recentre(i) => th = rungs[i],
+            Rung::Take(i) => {
+                return Ok(Adjusted {
+                    th: rungs[i],
+                    before: Some(before),
+                    rounds: round,
+                    missed: outside_band(counts[i], all, k as u64),
+                })
+            }
+            rung => rungs = next_ladder(&rungs, rung),
         }
     }
     unreachable!("the last round takes a rung")
@@ -479,15 +501,24 @@ impl OkTopk {
         let th = self.global_th.expect("threshold from the first call");
         let th = match self.params.adjust {
             Adjust::Ladder => {
-                let (th, before, rounds) = {
+                let a = {
                     let _ph = comm.phase("th_adjust");
                     th_adjust(comm, &reduced.values, th, k)?
                 };
-                if let Some(b) = before {
+                if let Some(b) = a.before {
                     metrics.push(("global_count_reused_th".into(), b as f64));
                 }
-                metrics.push(("th_adjust_rounds".into(), f64::from(rounds)));
-                th
+                metrics.push(("th_adjust_rounds".into(), f64::from(a.rounds)));
+                metrics.push(("th_fallback".into(), f64::from(u8::from(a.missed))));
+                if a.missed {
+                    // The ladder could not reach the band (gradients fading or growing faster
+                    // than its rounds move): this step re-evaluates exactly instead.
+                    let _ph = comm.phase("th_re_evaluate");
+                    let (res, th) = th_re_evaluate(comm, kern, reduced, k)?;
+                    self.global_th = Some(th);
+                    return Ok((res, false));
+                }
+                a.th
             }
             // Algorithm 1 line 13 as written; the reference code nudges th after the step.
             Adjust::Paper | Adjust::Reference(_) => th,
@@ -540,6 +571,7 @@ impl OkTopk {
                 self.local_th = st.threshold;
                 // Passes over acc beyond the one streaming pass (0 in the common case).
                 metrics.push(("local_rescans".into(), f64::from(st.rescans)));
+                metrics.push(("local_fallback".into(), f64::from(u8::from(st.fell_back))));
                 let sel = Sparse {
                     indices: st.indices,
                     values,
