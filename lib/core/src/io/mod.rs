@@ -14,6 +14,8 @@ use bytes::Bytes;
 use crate::tables::Table;
 
 mod atomic;
+mod checksum;
+pub use checksum::KEY as CHECKSUM_KEY;
 mod read;
 mod reader;
 mod stream;

@@ -78,7 +78,7 @@ pub(super) fn damage_at(
     let fails = |g: usize| -> bool {
         let read = || -> Result<()> {
             let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(
-                source.chunk_reader()?,
+                source.chunk_reader(metadata)?,
                 metadata.clone(),
             )
             .with_row_groups(vec![g])
@@ -142,21 +142,12 @@ pub(super) fn read_row_groups<T: Table>(
         }
         Ok(rows)
     }
-    let read = match source {
-        Source::File(p) => rows(
-            File::open(p).with_context(|| format!("cannot read {}", p.display()))?,
-            metadata,
-            groups.clone(),
-            batch,
-        ),
-        Source::Handle(f) => rows(
-            f.try_clone().context("cannot read the buffered input")?,
-            metadata,
-            groups.clone(),
-            batch,
-        ),
-        Source::Memory(b) => rows(b.clone(), metadata, groups.clone(), batch),
-    };
+    let read = rows(
+        source.chunk_reader(metadata)?,
+        metadata,
+        groups.clone(),
+        batch,
+    );
     read.map_err(|e| {
         if e.is::<Damaged>() {
             let starts = group_starts(metadata);
@@ -221,16 +212,20 @@ pub(super) fn checked_metadata<T: Table>(
         Source::Memory(b) => ArrowReaderMetadata::load(b, Default::default()),
     }
     .map_err(not_parquet)?;
+    super::checksum::of(metadata.metadata()).map_err(|e| anyhow!(e))?;
     let mut meta = Meta::default();
     if let Some(kv) = metadata.metadata().file_metadata().key_value_metadata() {
-        for e in kv {
+        // The chunks' checksums describe this file's bytes only: never carried to an output.
+        for e in kv.iter().filter(|e| e.key != super::checksum::KEY) {
             if let Some(v) = &e.value {
                 meta.0.insert(e.key.clone(), v.clone());
             }
         }
     }
     for (k, v) in metadata.schema().metadata() {
-        meta.0.entry(k.clone()).or_insert_with(|| v.clone());
+        if k != super::checksum::KEY {
+            meta.0.entry(k.clone()).or_insert_with(|| v.clone());
+        }
     }
     match meta.get("gradkit.schema") {
         None => schema_from_columns::<T>(metadata.schema(), name)?,
@@ -358,31 +353,51 @@ pub fn read_tensor(input: &Input, opts: ReadOptions) -> Result<Loaded<TensorRow>
 }
 
 impl Source {
-    /// A reader of the bytes for one thread.
-    pub(super) fn chunk_reader(&self) -> Result<SourceReader> {
-        Ok(match self {
-            Source::File(p) => SourceReader::File(
-                File::open(p).with_context(|| format!("cannot read {}", p.display()))?,
-            ),
-            Source::Handle(f) => {
-                SourceReader::File(f.try_clone().context("cannot read the input")?)
+    /// A reader of the bytes for one thread, which checks every column chunk it reads against
+    /// the checksums in the footer `metadata` (where the file has them: [`super::checksum`]).
+    pub(super) fn chunk_reader(&self, metadata: &ArrowReaderMetadata) -> Result<SourceReader> {
+        let raw = match self {
+            Source::File(p) => {
+                Raw::File(File::open(p).with_context(|| format!("cannot read {}", p.display()))?)
             }
-            Source::Memory(b) => SourceReader::Memory(b.clone()),
-        })
+            Source::Handle(f) => Raw::File(f.try_clone().context("cannot read the input")?),
+            Source::Memory(b) => Raw::Memory(b.clone()),
+        };
+        let m = metadata.metadata();
+        let verify = super::checksum::of(m)
+            .ok()
+            .flatten()
+            .map(|sums| super::checksum::Verified::new(m.clone(), sums));
+        Ok(SourceReader { raw, verify })
     }
 }
 
-/// [`Source`] as one `ChunkReader` type.
-pub(super) enum SourceReader {
+/// [`Source`] as one `ChunkReader` type, verifying the chunks it serves.
+pub(super) struct SourceReader {
+    raw: Raw,
+    verify: Option<super::checksum::Verified>,
+}
+
+enum Raw {
     File(File),
     Memory(Bytes),
 }
 
+impl Raw {
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        use parquet::file::reader::ChunkReader;
+        match self {
+            Raw::File(f) => f.get_bytes(start, length),
+            Raw::Memory(b) => b.get_bytes(start, length),
+        }
+    }
+}
+
 impl parquet::file::reader::Length for SourceReader {
     fn len(&self) -> u64 {
-        match self {
-            SourceReader::File(f) => Length::len(f),
-            SourceReader::Memory(b) => Length::len(b),
+        match &self.raw {
+            Raw::File(f) => Length::len(f),
+            Raw::Memory(b) => Length::len(b),
         }
     }
 }
@@ -390,16 +405,24 @@ impl parquet::file::reader::Length for SourceReader {
 impl parquet::file::reader::ChunkReader for SourceReader {
     type T = Box<dyn Read + Send>;
     fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
-        Ok(match self {
-            SourceReader::File(f) => Box::new(f.get_read(start)?),
-            SourceReader::Memory(b) => Box::new(b.get_read(start)?),
+        let checked = self
+            .verify
+            .as_ref()
+            .and_then(|v| v.read_from(start, |s, l| self.raw.get_bytes(s, l)));
+        if let Some(b) = checked {
+            return Ok(Box::new(std::io::Cursor::new(b?)));
+        }
+        Ok(match &self.raw {
+            Raw::File(f) => Box::new(f.get_read(start)?),
+            Raw::Memory(b) => Box::new(b.get_read(start)?),
         })
     }
     fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
-        match self {
-            SourceReader::File(f) => f.get_bytes(start, length),
-            SourceReader::Memory(b) => b.get_bytes(start, length),
-        }
+        let checked = self
+            .verify
+            .as_ref()
+            .and_then(|v| v.bytes(start, length, |s, l| self.raw.get_bytes(s, l)));
+        checked.unwrap_or_else(|| self.raw.get_bytes(start, length))
     }
 }
 

@@ -137,7 +137,7 @@ impl TensorStream {
                 .collect::<Result<Vec<_>, _>>()?,
         );
         let mut builder = ParquetRecordBatchReaderBuilder::new_with_metadata(
-            self.src.chunk_reader()?,
+            self.src.chunk_reader(&self.metadata)?,
             self.metadata.clone(),
         )
         .with_projection(mask)
@@ -306,7 +306,7 @@ impl TensorStream {
                 let layout = crate::read_values::ValuesLayout::of(&metadata);
                 for (groups, mut first_row) in parts {
                     let mut builder = ParquetRecordBatchReaderBuilder::new_with_metadata(
-                        src.chunk_reader()?,
+                        src.chunk_reader(&metadata)?,
                         metadata.clone(),
                     )
                     .with_batch_size(batch);
@@ -317,7 +317,7 @@ impl TensorStream {
                                 .clone()
                                 .unwrap_or_else(|| (0..starts.len()).collect());
                             let m = metadata.metadata().clone();
-                            let r = src.chunk_reader()?;
+                            let r = src.chunk_reader(&metadata)?;
                             Some(crate::read_values::ValuesReader::new(l.clone(), r, m, g))
                         }
                         None => None,

@@ -78,6 +78,10 @@ pub(super) struct Splice {
 
 pub(super) struct SpliceState {
     file: Option<FileWriter>,
+    /// A copy of the bytes reaching the sink (a row group at a time), and the column chunks' CRCs so far
+    /// (super::checksum: written to the footer by `close`).
+    tee: super::checksum::Tee,
+    crcs: Vec<u32>,
     /// The next row group to append.
     next: usize,
     /// A row group failed (or the writer was dropped): the later ones are not appended.
@@ -102,7 +106,11 @@ impl Splice {
         }
         let done = match st.failed {
             true => Err(anyhow!("an earlier row group was not written")),
-            false => cols.and_then(|c| append_row_group(st.file.as_mut().expect("open"), c)),
+            false => cols.and_then(|c| {
+                let st = &mut *st;
+                let file = st.file.as_mut().expect("open");
+                append_row_group(file, c, &st.tee, &mut st.crcs)
+            }),
         };
         match done {
             Ok(()) => st.next += 1,
@@ -113,8 +121,18 @@ impl Splice {
     }
 }
 
-/// Splices one encoded row group into the file.
-pub(super) fn append_row_group(file: &mut FileWriter, cols: Vec<EncodedColumn>) -> Result<()> {
+/// Splices one encoded row group into the file, and pushes the CRC of each of its column
+/// chunks to `crcs` (super::checksum): the file is flushed before and after, so the sink's
+/// copy `tee` then holds exactly the row group's bytes.
+pub(super) fn append_row_group(
+    file: &mut FileWriter,
+    cols: Vec<EncodedColumn>,
+    tee: &super::checksum::Tee,
+    crcs: &mut Vec<u32>,
+) -> Result<()> {
+    file.flush()?;
+    tee.take();
+    let base = file.bytes_written() as u64;
     let mut rg = file.next_row_group()?;
     for c in cols {
         match c {
@@ -123,7 +141,11 @@ pub(super) fn append_row_group(file: &mut FileWriter, cols: Vec<EncodedColumn>) 
             EncodedColumn::Pages(chunk, close) => rg.append_column(&chunk, close)?,
         }
     }
-    rg.close()?;
+    let group = rg.close()?;
+    file.flush()?;
+    let sums = super::checksum::chunk_crcs(&group, &tee.take(), base)
+        .ok_or_else(|| anyhow!("internal: a column chunk outside its row group's bytes"))?;
+    crcs.extend(sums);
     Ok(())
 }
 
@@ -380,7 +402,26 @@ pub(super) fn encode_row_group(
 /// temporary file over it would replace the device node); or a temporary file beside the path,
 /// renamed when the table is complete.
 #[allow(clippy::type_complexity)]
-fn open_sink(out: &Output) -> Result<(Box<dyn Write + Send>, Option<crate::paths::TempFile>)> {
+/// The sink of `out`, hashing what passes ([`super::checksum::CrcSink`]), its running CRC,
+/// and the temporary file it writes when `out` is a path.
+#[allow(clippy::type_complexity)]
+fn open_sink(
+    out: &Output,
+) -> Result<(
+    Box<dyn Write + Send>,
+    super::checksum::Tee,
+    Option<crate::paths::TempFile>,
+)> {
+    let (inner, tmp) = open_raw_sink(out)?;
+    let tee = super::checksum::Tee::default();
+    let sink = super::checksum::CrcSink {
+        inner,
+        tee: tee.clone(),
+    };
+    Ok((Box::new(sink), tee, tmp))
+}
+
+fn open_raw_sink(out: &Output) -> Result<(Box<dyn Write + Send>, Option<crate::paths::TempFile>)> {
     Ok(match out {
         Output::Stdout => (Box::new(std::io::stdout()), None),
         Output::Path(p) if std::fs::metadata(p).is_ok_and(|m| !m.is_file()) => {
@@ -410,7 +451,7 @@ fn open_sink(out: &Output) -> Result<(Box<dyn Write + Send>, Option<crate::paths
 impl<T: Table> TableWriter<T> {
     /// Opens `out` for a table of type `T` with `meta` (the schema key is added here).
     pub fn create(out: &Output, meta: &Meta) -> Result<Self> {
-        let (sink, tmp) = open_sink(out)?;
+        let (sink, tee, tmp) = open_sink(out)?;
         // The metadata also goes into the Arrow schema stored in the file, so that pyarrow's
         // `read_table(...).schema.metadata` (and pandas, polars) show it, not only the footer.
         let mut schema_meta: std::collections::HashMap<String, String> =
@@ -423,7 +464,7 @@ impl<T: Table> TableWriter<T> {
             T::KIND.name().to_string(),
         ));
         for (k, v) in &meta.0 {
-            if k != "gradkit.schema" {
+            if k != "gradkit.schema" && k != super::checksum::KEY {
                 writer.append_key_value_metadata(KeyValue::new(k.clone(), v.clone()));
             }
         }
@@ -444,6 +485,8 @@ impl<T: Table> TableWriter<T> {
         let file = std::sync::Arc::new(Splice {
             state: std::sync::Mutex::new(SpliceState {
                 file: Some(file),
+                tee,
+                crcs: Vec::new(),
                 next: 0,
                 failed: false,
             }),
@@ -809,7 +852,12 @@ impl<T: Table> TableWriter<T> {
         let name = self.out.name();
         let mut closed = || -> Result<()> {
             self.drain()?;
-            let file = self.file.state()?.file.take().expect("writer open");
+            let mut st = self.file.state()?;
+            let mut file = st.file.take().expect("writer open");
+            file.append_key_value_metadata(KeyValue::new(
+                super::checksum::KEY.into(),
+                super::checksum::encode(&st.crcs),
+            ));
             file.into_inner()?.flush()?;
             Ok(())
         };
