@@ -15,7 +15,7 @@
 //! and every count is derived from the sizes the suite chose. The first mismatch is
 //! returned as an error that names the check and the rank.
 //!
-//! Run by `lib/comm/tests/conformance.rs` on Local (P = 1..5) and under `mpirun -np 1..4`
+//! Run by `lib/comm/tests/comm/conformance.rs` on Local (P = 1..5) and under `mpirun -np 1..4`
 //! (`examples/conformance.rs`). A new backend (NCCL, a shaped-TCP cluster) runs it too.
 
 use std::any::Any;

@@ -10,7 +10,7 @@ use gradkit_core::trace::Layout;
 use gradkit_core::PlanRow;
 use gradkit_partition::deft;
 
-mod common;
+use crate::common;
 use common::Rng;
 
 fn layout(sizes: &[u64]) -> Layout {

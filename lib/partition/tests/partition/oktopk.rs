@@ -5,7 +5,7 @@
 use gradkit_core::trace::Layout;
 use gradkit_partition::oktopk;
 
-mod common;
+use crate::common;
 use common::Rng;
 
 fn layout(sizes: &[u64]) -> Layout {

@@ -16,7 +16,7 @@ use gradkit_comm::{run_local, Comm, PhaseCounts};
 use gradkit_core::trace::{flatten_dense, Layout, Sparse};
 use gradkit_core::PlanRow;
 
-mod common;
+use crate::common;
 use common::{rand_sparse, res, Rng};
 
 fn layout(n: u64) -> Layout {

@@ -4,7 +4,7 @@
 use gradkit_core::trace::Layout;
 use gradkit_partition::deft::{self, Piece};
 
-mod common;
+use crate::common;
 use common::Rng;
 
 fn layout(sizes: &[u64]) -> Layout {

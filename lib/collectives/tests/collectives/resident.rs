@@ -13,7 +13,7 @@ use gradkit_core::trace::Layout;
 use gradkit_sparsify::oktopk::{Adjust, Bands};
 use gradkit_sparsify::resident::{Counting, DeviceKernels, Transfers};
 
-mod common;
+use crate::common;
 use common::{res, Rng};
 
 const P: usize = 3;

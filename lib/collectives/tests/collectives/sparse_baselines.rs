@@ -8,7 +8,7 @@ use gradkit_collectives::{cost, make_reducer, Flat, StepOutput};
 use gradkit_comm::{run_local, PhaseCounts};
 use gradkit_core::trace::{Layout, Sparse};
 
-mod common;
+use crate::common;
 use common::{rand_sparse, Rng};
 
 fn layout(n: u64) -> Layout {

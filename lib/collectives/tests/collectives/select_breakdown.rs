@@ -11,7 +11,7 @@ use gradkit_comm::{run_local, PhaseCounts};
 use gradkit_core::trace::Layout;
 use gradkit_core::PlanRow;
 
-mod common;
+use crate::common;
 use common::Rng;
 
 type Out = Vec<Vec<(StepOutput, BTreeMap<String, PhaseCounts>)>>;

@@ -26,7 +26,7 @@ use gradkit_core::trace::{Layout, Sparse};
 use gradkit_partition::deft as pdeft;
 use gradkit_sparsify::{Leaves, Method, Residual, Selector};
 
-mod common;
+use crate::common;
 use common::{res, Rng};
 
 const STEPS: usize = 5;

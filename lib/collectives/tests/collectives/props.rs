@@ -10,7 +10,7 @@
 //! * **1-bit state identity** through the reducer: with the worker and server errors of
 //!   `Reducer::state()`, Σ_t result_t + server_error_T = (Σ_ranks Σ_t x_t − Σ_ranks
 //!   worker_error_T)/P, elementwise (the kernel-level identities are in
-//!   lib/sparsify/tests/kernels.rs).
+//!   lib/sparsify/tests/sparsify/kernels.rs).
 
 #![allow(clippy::needless_range_loop)] // ranks × steps tables read clearest by index
 
@@ -23,7 +23,7 @@ use gradkit_core::trace::{Layout, Sparse};
 use gradkit_testkit::rng::Rng;
 use proptest::prelude::*;
 
-mod common;
+use crate::common;
 
 type Traffic = BTreeMap<String, PhaseCounts>;
 

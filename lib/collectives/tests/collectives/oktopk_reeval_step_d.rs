@@ -27,7 +27,7 @@ use gradkit_collectives::registry::{Adjust, Balance, Params, ReevalStepD};
 use gradkit_collectives::{make_reducer, Flat, StepOutput};
 use gradkit_comm::{run_local, Comm, PhaseCounts};
 
-mod common;
+use crate::common;
 use common::{res, Rng};
 
 type Traffic = BTreeMap<String, PhaseCounts>;

@@ -320,13 +320,14 @@ fn mpi_backend_passes_for_np_1_to_4() {
 /// on a passing run): a job still running after 600 s is killed and the test fails.
 fn mpirun_self(np: usize, env: &[(&str, &str)]) -> (bool, String, String) {
     let me = std::env::current_exe().unwrap();
+    // The test's name inside this binary: its module path less the crate's name.
+    let entry = match module_path!().split_once("::") {
+        Some((_, m)) => format!("{m}::mpi_rank_entry"),
+        None => "mpi_rank_entry".to_string(),
+    };
     let mut cmd = gradkit_testkit::mpi::command(np);
-    cmd.arg(&me).args([
-        "--exact",
-        "mpi_rank_entry",
-        "--nocapture",
-        "--test-threads=1",
-    ]);
+    cmd.arg(&me)
+        .args(["--exact", &entry, "--nocapture", "--test-threads=1"]);
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -7,7 +7,7 @@
 //! back in place after every step; Ok-Topk left out: its thresholds and regions are state
 //! that `state` does not carry).
 
-mod common;
+use crate::common;
 
 use common::{layout, res, topk_by_sorting};
 use gradkit_collectives::registry::Params;

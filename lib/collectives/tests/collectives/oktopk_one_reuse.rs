@@ -10,7 +10,7 @@ use gradkit_comm::{run_local, Comm, PhaseCounts};
 use gradkit_sparsify::{Method, Selector};
 use std::collections::BTreeMap;
 
-mod common;
+use crate::common;
 use common::Rng;
 
 /// Heavy-tailed accumulators that grow over the steps (as error feedback makes them), a

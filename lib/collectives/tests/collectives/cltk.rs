@@ -11,7 +11,7 @@ use gradkit_collectives::{cost, make_reducer, Flat, Op};
 use gradkit_comm::run_local;
 use gradkit_core::trace::{Layout, Sparse};
 
-mod common;
+use crate::common;
 use common::{res, ring_bytes, run_steps, topk_by_sorting, Out};
 
 fn run(p: usize, params: &Params, lay: &Layout, g: &[Vec<Vec<f32>>]) -> Out {
