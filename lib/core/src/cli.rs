@@ -696,3 +696,17 @@ mod tests {
         assert_eq!(chain_text(&e), "a: b: a");
     }
 }
+
+/// The `--version` of the tool that expands it: its package version, and ` (cuda)` when that
+/// tool was built with its `cuda` feature (so a user, and the device tests, can tell the two
+/// builds apart: `gradkit_testkit::variant_bin`).
+#[macro_export]
+macro_rules! tool_version {
+    () => {
+        if cfg!(feature = "cuda") {
+            concat!(env!("CARGO_PKG_VERSION"), " (cuda)")
+        } else {
+            env!("CARGO_PKG_VERSION")
+        }
+    };
+}

@@ -58,7 +58,7 @@ Examples:
   gradallreduce model --ranks 256 --n 110M --density 0.01";
 
 #[derive(Parser)]
-#[command(name = "gradallreduce", version, about = ABOUT.split("\n\n").next(), long_about = ABOUT)]
+#[command(name = "gradallreduce", version = gradkit_core::tool_version!(), about = ABOUT.split("\n\n").next(), long_about = ABOUT)]
 #[command(after_help = "The other options, the algorithms and the examples: gradallreduce --help", after_long_help = AFTER_HELP)]
 #[command(args_conflicts_with_subcommands = true)]
 struct Cli {

@@ -8,7 +8,13 @@ use std::process::{Command, Stdio};
 
 use gradkit_core::{read_tensor, write_table, Input, Meta, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_gradallreduce");
+/// The binary of this test's variant (with or without `cuda`), whatever was built last.
+fn bin() -> &'static str {
+    static B: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    B.get_or_init(|| {
+        gradkit_testkit::variant_bin(env!("CARGO_BIN_EXE_gradallreduce"), cfg!(feature = "cuda"))
+    })
+}
 
 /// A fresh directory for one test, removed when the guard drops.
 fn tmpdir(name: &str) -> gradkit_testkit::TempDir {
@@ -25,7 +31,7 @@ fn trace(dir: &Path) -> PathBuf {
 
 /// Runs gradallreduce in `dir` with `envs`: exit code and stderr.
 fn run(dir: &Path, args: &[&str], envs: &[(&str, &Path)]) -> (Option<i32>, String) {
-    let mut c = Command::new(BIN);
+    let mut c = Command::new(bin());
     c.current_dir(dir).args(args).stdin(Stdio::null());
     for (k, v) in envs {
         c.env(k, v);
@@ -53,7 +59,7 @@ fn refused(dir: &Path, dev: &str, envs: &[(&str, &Path)], needle: &str) {
         "--metrics",
         "m.parquet",
     ];
-    gradkit_testkit::cli::refused_with_env(BIN, dir, &args, envs, &[needle]);
+    gradkit_testkit::cli::refused_with_env(bin(), dir, &args, envs, &[needle]);
 }
 
 #[test]
@@ -222,7 +228,7 @@ fn bench_takes_the_device_too() {
         a.iter().map(|s| s.to_string()).collect::<Vec<_>>()
     };
     let run_bench = |args: &[String]| {
-        let o = Command::new(BIN)
+        let o = Command::new(bin())
             .current_dir(&d)
             .args(args)
             .stdin(Stdio::null())
@@ -271,7 +277,7 @@ fn refused_backend(dir: &Path, backend: &str, envs: &[(&str, &Path)], needle: &s
         "--metrics",
         "m.parquet",
     ];
-    gradkit_testkit::cli::refused_with_env(BIN, dir, &args, envs, &[needle]);
+    gradkit_testkit::cli::refused_with_env(bin(), dir, &args, envs, &[needle]);
 }
 
 #[test]
@@ -380,7 +386,7 @@ fn bench(dir: &Path, args: &[&str]) -> (Option<i32>, String, String) {
     } else {
         &["--algo", "ring"]
     };
-    let o = std::process::Command::new(BIN)
+    let o = std::process::Command::new(bin())
         .current_dir(dir)
         .arg("bench")
         .args(args)
@@ -442,7 +448,7 @@ fn without_the_feature_bench_on_nccl_says_to_rebuild() {
     trace(&d);
     let args = BENCH_NCCL;
     let msg = "gradkit was built without the `cuda` feature: rebuild with `cargo build --release --features cuda`";
-    gradkit_testkit::cli::refused_with_env(BIN, &d, &args, &[], &[msg]);
+    gradkit_testkit::cli::refused_with_env(bin(), &d, &args, &[], &[msg]);
     refused_backend(&d, "nccl", &[], msg);
 }
 
@@ -456,13 +462,13 @@ fn with_the_feature_bench_on_nccl_names_what_is_missing() {
     let args = BENCH_NCCL;
     if !stub::system_has("libcuda.so") {
         let needle = "no CUDA driver found (libcuda.so)";
-        gradkit_testkit::cli::refused_with_env(BIN, &d, &args, &[], &[needle]);
+        gradkit_testkit::cli::refused_with_env(bin(), &d, &args, &[], &[needle]);
     }
     let one_dir = stub::libs("gar-bench-nonccl", Some(stub::Driver::Gpus(1)), true, false);
     if !stub::system_has("libnccl.so") {
         let needle = "no NCCL library found (libnccl.so)";
         let envs = [("LD_LIBRARY_PATH", one_dir.path())];
-        gradkit_testkit::cli::refused_with_env(BIN, &d, &args, &envs, &[needle]);
+        gradkit_testkit::cli::refused_with_env(bin(), &d, &args, &envs, &[needle]);
     }
 }
 

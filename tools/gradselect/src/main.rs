@@ -86,7 +86,7 @@ enum Scope {
 }
 
 #[derive(Parser, Debug)]
-#[command(name = "gradselect", version, about = ABOUT.split("\n\n").next(), long_about = ABOUT)]
+#[command(name = "gradselect", version = gradkit_core::tool_version!(), about = ABOUT.split("\n\n").next(), long_about = ABOUT)]
 #[command(after_help = "The other options, the methods and the examples: gradselect --help", after_long_help = AFTER)]
 struct Cli {
     /// Selection method

@@ -10,7 +10,13 @@ use std::process::{Command, Stdio};
 
 use gradkit_core::{read_tensor, write_table, Input, Meta, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_gradselect");
+/// The binary of this test's variant (with or without `cuda`), whatever was built last.
+fn bin() -> &'static str {
+    static B: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    B.get_or_init(|| {
+        gradkit_testkit::variant_bin(env!("CARGO_BIN_EXE_gradselect"), cfg!(feature = "cuda"))
+    })
+}
 
 fn tmpdir(name: &str) -> gradkit_testkit::TempDir {
     gradkit_testkit::tempdir(&format!("gradselect-device-{name}-"))
@@ -25,7 +31,7 @@ fn trace(dir: &Path) -> PathBuf {
 }
 
 fn run(dir: &Path, args: &[&str], envs: &[(&str, &Path)]) -> (Option<i32>, String) {
-    let mut c = Command::new(BIN);
+    let mut c = Command::new(bin());
     c.current_dir(dir).args(args).stdin(Stdio::null());
     for (k, v) in envs {
         c.env(k, v);
@@ -53,7 +59,7 @@ fn refused(dir: &Path, dev: &str, envs: &[(&str, &Path)], needle: &str) {
         "--metrics",
         "m.parquet",
     ];
-    gradkit_testkit::cli::refused_with_env(BIN, dir, &args, envs, &[needle]);
+    gradkit_testkit::cli::refused_with_env(bin(), dir, &args, envs, &[needle]);
 }
 
 #[test]

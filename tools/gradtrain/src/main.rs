@@ -78,7 +78,7 @@ enum DecayArg {
 }
 
 #[derive(Parser, Debug)]
-#[command(name = "gradtrain", version, about = ABOUT.split("\n\n").next(), long_about = ABOUT)]
+#[command(name = "gradtrain", version = gradkit_core::tool_version!(), about = ABOUT.split("\n\n").next(), long_about = ABOUT)]
 #[command(after_help = "The other options, the examples and the metrics: gradtrain --help", after_long_help = AFTER)]
 struct Cli {
     /// mlp | cnn | transformer-lm | lstm-lm

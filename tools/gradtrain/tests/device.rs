@@ -6,7 +6,13 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-const BIN: &str = env!("CARGO_BIN_EXE_gradtrain");
+/// The binary of this test's variant (with or without `cuda`), whatever was built last.
+fn bin() -> &'static str {
+    static B: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    B.get_or_init(|| {
+        gradkit_testkit::variant_bin(env!("CARGO_BIN_EXE_gradtrain"), cfg!(feature = "cuda"))
+    })
+}
 
 /// A short training run's flags, with --metrics in the current folder.
 const RUN: &[&str] = &[
@@ -24,7 +30,7 @@ const RUN: &[&str] = &[
 ];
 
 fn run(dir: &Path, args: &[&str], envs: &[(&str, &Path)]) -> (Option<i32>, String) {
-    let mut c = Command::new(BIN);
+    let mut c = Command::new(bin());
     c.current_dir(dir).args(args).args(RUN).stdin(Stdio::null());
     for (k, v) in envs {
         c.env(k, v);
@@ -43,7 +49,7 @@ fn refused(dir: &Path, dev: &str, envs: &[(&str, &Path)], needle: &str) {
         .into_iter()
         .chain(RUN.iter().copied())
         .collect();
-    gradkit_testkit::cli::refused_with_env(BIN, dir, &args, envs, &[needle]);
+    gradkit_testkit::cli::refused_with_env(bin(), dir, &args, envs, &[needle]);
 }
 
 #[test]
@@ -141,7 +147,7 @@ fn without_the_feature_the_nccl_backend_says_to_rebuild() {
         .chain(RUN.iter().copied())
         .collect();
     gradkit_testkit::cli::refused_with_env(
-        BIN,
+        bin(),
         d.path(),
         &args,
         &[],
@@ -160,7 +166,7 @@ fn with_the_feature_the_nccl_backend_names_what_is_missing() {
             .into_iter()
             .chain(RUN.iter().copied())
             .collect();
-        gradkit_testkit::cli::refused_with_env(BIN, d.path(), &args, envs, &[needle]);
+        gradkit_testkit::cli::refused_with_env(bin(), d.path(), &args, envs, &[needle]);
     };
     if !stub::system_has("libcuda.so") {
         refused(&[], "no CUDA driver found (libcuda.so)");
