@@ -7,6 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ._checksum import WRITE_OPTIONS
 from ._schema import tensor_schema
 
 __version__ = "0.1.0"
@@ -107,7 +108,7 @@ class Recorder:
         self._tmp = f"{path}.tmp-{os.getpid()}"
         self._writer = pq.ParquetWriter(
             self._tmp, self.schema, compression="zstd", compression_level=1,
-            use_dictionary=["layer"],
+            use_dictionary=["layer"], **WRITE_OPTIONS,
         )
         self._closed = False
 
