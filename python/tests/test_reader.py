@@ -9,9 +9,11 @@ import tempfile
 import unittest
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gradkit import Recorder, Trace, read_step
+from gradkit._schema import tensor_schema
 from gradkit.merge import merge
 
 from helpers import column_chunks, flipped, have_torch, run_tool, tool
@@ -183,6 +185,29 @@ class ReaderTest(unittest.TestCase):
         p = subprocess.run([tool("gradtrace"), "inspect", q], capture_output=True, text=True)
         self.assertEqual(p.returncode, 1, p.stderr)
         self.assertRegex(p.stderr, r"^error: .*d\.parquet.*\n$")
+
+    def test_rows_that_do_not_fit_their_layer_are_refused(self):
+        # Layer a has 4 elements, b 3; each file holds one bad row of layer a at step 2, rank 1.
+        cases = [
+            ([1, 4], [0.5, 0.25], "index 4 is not below the layer's 4 elements"),
+            ([0, 2, 3], [0.5, 0.25], "3 indices but 2 values"),
+            (None, [1.0] * 5, "a dense row holds 5 values, but the layer has 4 elements"),
+            (None, [1.0] * 3, "a dense row holds 3 values, but the layer has 4 elements"),
+        ]
+        for i, (indices, values, msg) in enumerate(cases):
+            path = self.p(f"bad{i}.parquet")
+            rows = [(2, 1, 0, "a", 4, [4], indices, values),
+                    (2, 1, 1, "b", 3, [3], None, [1.0, 2.0, 3.0])]
+            cols = list(zip(*rows))
+            schema = tensor_schema({})
+            pq.write_table(pa.Table.from_arrays(
+                [pa.array(c, type=f.type) for c, f in zip(cols, schema)], schema=schema), path)
+            t = Trace(path)
+            want = rf"^{re.escape(path)}: step 2, rank 1, layer `a`: {re.escape(msg)}$"
+            for read in (lambda: t.coo(2, rank=1), lambda: t.flat(2, rank=1),
+                         lambda: t.step(2, dense=False), lambda: t.tensors(2, rank=1)):
+                with self.assertRaisesRegex(ValueError, want):
+                    read()
 
     def merge_cli(self, *args):
         return subprocess.run([sys.executable, "-m", "gradkit.merge", *args], cwd=self.dir,
