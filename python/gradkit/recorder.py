@@ -76,8 +76,9 @@ class Recorder:
             rec.step(model)                  # or rec.step({"fc.weight": array, ...})
 
     The file appears at `path` when the recorder closes without an error; until then it is
-    `path.tmp-<pid>` in the same directory, which an error removes (nothing is left behind).
-    Directories are created. Layer names lose DDP's `module.` prefix; `layer_id` follows the
+    the hidden `.NAME.tmp-<pid>-<random>` in the same directory, which an error, SIGTERM or
+    SIGHUP removes (nothing is left behind; gradkit/_tempfiles.py). Directories are created;
+    a `path` that is a directory, or lies below a file, is refused here, not at the end. Layer names lose DDP's `module.` prefix; `layer_id` follows the
     order of the first recorded step (`named_parameters()` order for a module).
     """
 
