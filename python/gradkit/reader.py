@@ -37,10 +37,11 @@ def _files(paths):
     if not out:
         raise ValueError("no trace file given")
     seen = {}
-    for f in out:
+    for i, f in enumerate(out):
         st = os.stat(f)
-        first = seen.setdefault((st.st_dev, st.st_ino), f)
-        if first is not f:
+        j = seen.setdefault((st.st_dev, st.st_ino), i)
+        if j != i:
+            first = out[j]
             what = f"{f} is given twice" if first == f else f"{first} and {f} are the same file"
             raise ValueError(f"{what}: give each file once (two paths, a symlink or two "
                              "globs lead to it)")

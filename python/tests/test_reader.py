@@ -232,6 +232,9 @@ class ReaderTest(unittest.TestCase):
             (["run/rank0.parquet", "run/rank1.parquet"], "link.parquet",
              "-o link.parquet is the same file as the input run/rank0.parquet"),
         ]
+        path = self.p("run/rank0.parquet")
+        with self.assertRaisesRegex(ValueError, re.escape(f"{path} is given twice")):
+            Trace([path, path])
         for inputs, out, msg in cases:
             self.assert_refused(self.merge_cli(*inputs, "-o", out), re.escape(msg))
             self.assertFalse(os.path.exists(self.p("m.parquet")))
