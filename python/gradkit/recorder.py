@@ -7,13 +7,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._schema import tensor_schema
+from . import _tempfiles
+from ._checksum import KEY, WRITE_OPTIONS
+from ._schema import SCHEMA_KEY, tensor_schema
 
 __version__ = "0.1.0"
 
 # Prefixes that wrappers put before a parameter's own name: DistributedDataParallel and
 # DataParallel (`module.`), torch.compile (`_orig_mod.`).
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+# Metadata keys the recorder (or the tools) set: `metadata=` cannot replace them.
+RESERVED_KEYS = (SCHEMA_KEY, "gradkit.producer", "gradkit.method", "gradkit.world_size", KEY)
 
 # A List column's offsets are int32: one row group holds fewer list items than this.
 _MAX_ITEMS = 2**31 - 1
@@ -71,8 +76,9 @@ class Recorder:
             rec.step(model)                  # or rec.step({"fc.weight": array, ...})
 
     The file appears at `path` when the recorder closes without an error; until then it is
-    `path.tmp-<pid>` in the same directory, which an error removes (nothing is left behind).
-    Directories are created. Layer names lose DDP's `module.` prefix; `layer_id` follows the
+    the hidden `.NAME.tmp-<pid>-<random>` in the same directory, which an error, SIGTERM or
+    SIGHUP removes (nothing is left behind; gradkit/_tempfiles.py). Directories are created;
+    a `path` that is a directory, or lies below a file, is refused here, not at the end. Layer names lose DDP's `module.` prefix; `layer_id` follows the
     order of the first recorded step (`named_parameters()` order for a module).
     """
 
@@ -96,19 +102,28 @@ class Recorder:
         }
         for k, v in (metadata or {}).items():
             k = str(k)
-            meta[k if k.startswith("gradkit.") else "gradkit." + k] = str(v)
+            key = k if k.startswith("gradkit.") else "gradkit." + k
+            if key in RESERVED_KEYS:
+                raise ValueError(f"metadata key `{k}` is reserved: the recorder sets `{key}` "
+                                 "itself (give the value another name)")
+            meta[key] = str(v)
         self.schema = tensor_schema(meta)
         # name → (layer_id, numel, shape), fixed by the first recorded step.
         self._layers = {}
         self._last_step = {}
         self._done = set()
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        self._tmp = f"{path}.tmp-{os.getpid()}"
-        self._writer = pq.ParquetWriter(
-            self._tmp, self.schema, compression="zstd", compression_level=1,
-            use_dictionary=["layer"],
-        )
+        _check_path(path)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self._closed = True  # until the writer exists: close() and abort() do nothing
+        self._tmp = _tempfiles.create(path)
+        try:
+            self._writer = pq.ParquetWriter(
+                self._tmp, self.schema, compression="zstd", compression_level=1,
+                use_dictionary=["layer"], **WRITE_OPTIONS,
+            )
+        except BaseException:
+            _tempfiles.discard(self._tmp)
+            raise
         self._closed = False
 
     # -- context manager ------------------------------------------------------------------
@@ -129,9 +144,9 @@ class Recorder:
         self._closed = True
         try:
             self._writer.close()
-            os.replace(self._tmp, self.path)
+            _tempfiles.commit(self._tmp, self.path)
         except BaseException:
-            self._remove_tmp()
+            _tempfiles.discard(self._tmp)
             raise
 
     def abort(self):
@@ -142,13 +157,7 @@ class Recorder:
         try:
             self._writer.close()
         finally:
-            self._remove_tmp()
-
-    def _remove_tmp(self):
-        try:
-            os.unlink(self._tmp)
-        except FileNotFoundError:
-            pass
+            _tempfiles.discard(self._tmp)
 
     # -- recording ------------------------------------------------------------------------
     def step(self, source, step=None, *, rank=None):
@@ -202,6 +211,11 @@ class Recorder:
                     f"step {step}: layer `{n}` has {a.size} elements, "
                     f"{self._layers[n][1]} in the first recorded step"
                 )
+            if self._layers[n][2] != a.shape:
+                raise ValueError(
+                    f"step {step}: layer `{n}` has shape {_dims(a.shape)}, "
+                    f"{_dims(self._layers[n][2])} in the first recorded step"
+                )
             if not self.allow_nonfinite and not np.isfinite(a).all():
                 raise ValueError(
                     f"step {step}: layer `{n}` holds NaN or Inf "
@@ -236,6 +250,22 @@ class Recorder:
             pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), type=f["values"]),
         ]
         return pa.Table.from_arrays(cols, schema=self.schema)
+
+
+def _dims(shape):
+    return "x".join(map(str, shape)) if shape else "()"
+
+
+def _check_path(path):
+    """Refuses, before anything is recorded, a path the file could not be renamed to at the
+    end: a directory, or one below a file."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path}: is a directory (give the path of the file to write)")
+    d = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(d) and os.path.dirname(d) != d:
+        d = os.path.dirname(d)
+    if not os.path.isdir(d):
+        raise NotADirectoryError(f"{path}: {d} is not a directory")
 
 
 def _chunks(rows):

@@ -39,3 +39,31 @@ def have_torch():
     except ImportError:
         return False
     return True
+
+
+def column_chunks(path):
+    """[(row group, column path, first byte, length)] of every column chunk of a Parquet
+    file, from its footer: a chunk starts at its dictionary page when it has one."""
+    import pyarrow.parquet as pq
+
+    md = pq.ParquetFile(path).metadata
+    out = []
+    for g in range(md.num_row_groups):
+        for c in range(md.num_columns):
+            col = md.row_group(g).column(c)
+            start = col.data_page_offset
+            if col.has_dictionary_page and 0 < col.dictionary_page_offset < start:
+                start = col.dictionary_page_offset
+            out.append((g, col.path_in_schema, start, col.total_compressed_size))
+    return out
+
+
+def flipped(src, dst, at, n=4):
+    """A copy of `src` at `dst` with the `n` bytes from offset `at` inverted."""
+    with open(src, "rb") as f:
+        data = bytearray(f.read())
+    for i in range(at, at + n):
+        data[i] ^= 0xFF
+    with open(dst, "wb") as f:
+        f.write(data)
+    return dst
