@@ -68,6 +68,8 @@ pub struct LiveTable<T: Table> {
     closed_rows: u64,
     /// The open row group's rows.
     open: Vec<T>,
+    /// Rows the file holds (as of the last successful write).
+    published: u64,
 }
 
 impl<T: Table + Clone> LiveTable<T> {
@@ -124,6 +126,7 @@ impl<T: Table + Clone> LiveTable<T> {
             closed_end: MAGIC.len() as u64,
             closed_rows: 0,
             open: Vec::new(),
+            published: 0,
         })
     }
 
@@ -139,9 +142,16 @@ impl<T: Table + Clone> LiveTable<T> {
             return Ok(());
         }
         let name = self.name();
+        let open = self.open.len();
         self.open.extend_from_slice(rows);
-        self.publish(false)
-            .with_context(|| format!("appending to {name}"))
+        let res = self
+            .publish(false)
+            .with_context(|| format!("appending to {name}"));
+        if res.is_err() {
+            // The file holds the rows before these (`put` put it back); so does the table.
+            self.open.truncate(open);
+        }
+        res
     }
 
     /// Writes the open row group and the footer after the closed row groups, and closes the
@@ -245,11 +255,30 @@ impl<T: Table + Clone> LiveTable<T> {
     }
 
     /// Writes `bytes` at `at` in one positioned write and cuts the file after them; the first
-    /// time, gives the file its name.
+    /// time, gives the file its name. A write that fails (a full disk, the file-size limit),
+    /// possibly part-way, is undone: the file is cut back to its old length and the bytes it
+    /// overwrote (the old open row group and footer) are written back, so the file stays the
+    /// complete table of the last append. Both steps stay within the old length, so they need
+    /// no space the file did not hold.
     fn put(&mut self, bytes: &[u8], at: u64) -> Result<()> {
         let file = self.file()?;
-        file.write_all_at(bytes, at)?;
-        file.set_len(at + bytes.len() as u64)?;
+        let len = file.metadata()?.len();
+        let mut old = vec![0u8; len.saturating_sub(at) as usize];
+        file.read_exact_at(&mut old, at)?;
+        let written = file
+            .write_all_at(bytes, at)
+            .and_then(|()| file.set_len(at + bytes.len() as u64));
+        if let Err(e) = written {
+            let undone = file.set_len(len).and_then(|()| file.write_all_at(&old, at));
+            let kept = self.published;
+            return Err(match undone {
+                Ok(()) => anyhow::anyhow!("{e}; the file keeps the {kept} rows written before"),
+                Err(u) => anyhow::anyhow!(
+                    "{e}; putting back the {kept} rows written before failed too ({u})"
+                ),
+            });
+        }
+        self.published = self.rows();
         if let Home::Pending(tmp) = &self.home {
             let f = tmp.file().try_clone()?;
             let Home::Pending(tmp) = std::mem::replace(&mut self.home, Home::Open(f)) else {

@@ -4,6 +4,9 @@
 //!   one of its inputs or another of its outputs (`-o in.parquet`, `--metrics X -o X`).
 //!   Files are compared by device and inode (symlinks followed); a path that does not exist
 //!   yet by its canonical parent directory and file name, so `-o a --metrics ./a` is caught.
+//! - [`check_outside`]: refuse an input or output inside the entries of a directory the tool
+//!   manages itself (gradtrain's `--checkpoint DIR`: `latest`, `step-N/`, …).
+//! - [`try_lock`]: one process at a time in such a directory.
 //! - [`install_signal_cleanup`]: on SIGINT, SIGTERM or SIGHUP, remove the temporary files of
 //!   outputs still being written (`PATH.tmp-<pid>`, see [`register_temp`]) and exit with
 //!   128 + the signal number.
@@ -153,6 +156,125 @@ pub fn check_distinct(
         }
     }
     Ok(())
+}
+
+/// Where `path` leads: absolute, every symlink resolved (a dangling one at the end followed
+/// by hand, as [`file_id`] does); of a path that does not exist yet, its longest existing
+/// ancestor resolved and the rest appended as written (`.` and `..` applied lexically).
+fn resolved(path: &Path) -> PathBuf {
+    let mut p = absolute(path);
+    for _ in 0..40 {
+        let dangling = std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink())
+            && std::fs::metadata(&p).is_err();
+        let Some(target) = dangling.then(|| std::fs::read_link(&p).ok()).flatten() else {
+            break;
+        };
+        p = p
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default()
+            .join(target);
+    }
+    for base in p.ancestors() {
+        if let Ok(real) = std::fs::canonicalize(base) {
+            let rest = p.strip_prefix(base).unwrap_or(Path::new(""));
+            return normalize(&real.join(rest));
+        }
+    }
+    normalize(&p)
+}
+
+/// Refuses (an `error:` line naming both flags) an input or output that is the directory
+/// `dir` (given by `dir_flag`) or lies in one of its entries that the tool itself writes,
+/// replaces or removes (`reserved(name)` of the entry's name: gradtrain's checkpoint
+/// directory holds `latest`, `step-N/`, `.staging-step-N/` and its lock file). Paths are
+/// compared after resolving symlinks, so `--metrics link` with `link -> ck/latest` counts.
+/// `-` and devices are exempt, as in [`check_distinct`]. Call it before reading anything.
+pub fn check_outside(
+    dir_flag: &str,
+    dir: Option<&Path>,
+    reserved: &dyn Fn(&str) -> bool,
+    paths: &[(&str, Option<&Path>)],
+) -> Result<()> {
+    let Some(dir) = dir else {
+        return Ok(());
+    };
+    let root = resolved(dir);
+    for &(flag, path) in paths {
+        let Some(path) = path.filter(|p| !exempt(p)) else {
+            continue;
+        };
+        let Ok(rel) = resolved(path).strip_prefix(&root).map(Path::to_path_buf) else {
+            continue;
+        };
+        let Some(entry) = rel.components().next() else {
+            bail!(
+                "{flag} {} is the {dir_flag} directory {}: give {flag} a path outside it",
+                path.display(),
+                dir.display()
+            );
+        };
+        let entry = entry.as_os_str().to_string_lossy();
+        if reserved(&entry) {
+            bail!(
+                "{flag} {} is inside {dir_flag} {} (its entry `{entry}`, which the run writes, replaces or removes): give {flag} a path outside it",
+                path.display(),
+                dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// An exclusive lock on a file (`flock`), held until it is dropped (or the process ends,
+/// however it ends: the kernel releases it).
+#[derive(Debug)]
+pub struct FileLock {
+    _file: std::fs::File,
+}
+
+/// Takes the exclusive lock of `path` (created if missing) without waiting: `Ok(Err(pid))`
+/// when another process holds it (the pid it wrote into the file, if it could be read), and
+/// an error when the file cannot be created or locked. The holder writes its pid into the
+/// file; the file is never removed (removing a lock file lets two processes each lock a
+/// different file of the same name).
+#[cfg(unix)]
+pub fn try_lock(path: &Path) -> Result<std::result::Result<FileLock, Option<u32>>> {
+    use std::io::{Read, Write};
+    use std::os::unix::io::AsRawFd;
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| anyhow::Error::new(e).context(format!("cannot create {}", path.display())))?;
+    // SAFETY: a valid open descriptor, owned by `file` for the call.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::WouldBlock {
+            return Err(anyhow::Error::new(e).context(format!("cannot lock {}", path.display())));
+        }
+        let mut text = String::new();
+        let _ = file.read_to_string(&mut text);
+        return Ok(Err(text.trim().parse().ok()));
+    }
+    // The pid is informative only: a failure to record it does not give the lock up.
+    let _ = file
+        .set_len(0)
+        .and_then(|()| write!(file, "{}", std::process::id()));
+    Ok(Ok(FileLock { _file: file }))
+}
+
+/// Makes a write past the file-size limit (`ulimit -f`, RLIMIT_FSIZE) an error (EFBIG) that
+/// the tool reports and cleans up after, rather than SIGXFSZ, whose default action kills the
+/// process mid-write.
+#[cfg(unix)]
+fn ignore_file_size_signal() {
+    // SAFETY: setting a signal's disposition to SIG_IGN installs no handler code.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
 }
 
 /// Temporary files of outputs being written, removed on a signal.
@@ -382,13 +504,15 @@ fn link_unnamed(_file: &std::fs::File, _to: &Path) -> std::io::Result<()> {
 /// the registered temporary files and exits with 128 + the signal number. The handler
 /// itself only wakes the thread (signal-hook's iterator), so no unsafe work runs inside it.
 /// Call it first thing in `main`; failing to install is not fatal (the outputs stay atomic,
-/// only the clean-up is lost).
+/// only the clean-up is lost). It also ignores SIGXFSZ, so a write past `ulimit -f` fails
+/// with EFBIG, reported and cleaned up after like a full disk, instead of killing the process.
 pub fn install_signal_cleanup() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         #[cfg(unix)]
         {
             use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+            ignore_file_size_signal();
             let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
             else {
                 return;

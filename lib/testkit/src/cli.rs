@@ -219,3 +219,64 @@ pub fn with_file_size_limit(bin: &str, blocks: u32) -> Command {
     ]);
     c
 }
+
+/// A file a tool's command line names, for [`refuses_every_shared_file`]: its flag as the
+/// tool's messages name it (`IN` for a positional input), and whether the tool reads it and
+/// whether it writes it (a state file does both).
+#[derive(Clone, Copy, Debug)]
+pub struct FileFlag {
+    pub flag: &'static str,
+    pub reads: bool,
+    pub writes: bool,
+}
+
+/// Builds a tool's command line from (flag, path) pairs ([`refuses_every_shared_file`]).
+pub type CommandLine<'a> = dyn Fn(&[(&str, &str)]) -> Option<Vec<String>> + 'a;
+
+/// The table-driven same-file check of a tool: for every pair of `flags` of which one is
+/// written, the pair given one file — by the same path, by another spelling (`./x`) and
+/// through a symlink; an input's file `existing` (a file in `dir`, of the caller's), and
+/// for two outputs also a file not yet there — must be refused as [`refused`] checks: exit
+/// 1, one `error:` line naming both flags, not one byte of `dir` changed. `args` builds the
+/// command line from (flag, path) pairs; `None` where the two flags cannot go together.
+/// Returns the number of command lines run.
+pub fn refuses_every_shared_file(
+    bin: &str,
+    dir: &Path,
+    flags: &[FileFlag],
+    existing: &str,
+    args: &CommandLine<'_>,
+) -> usize {
+    let link = format!("{existing}-link");
+    let _ = std::fs::remove_file(dir.join(&link));
+    std::os::unix::fs::symlink(existing, dir.join(&link)).expect("symlink");
+    let _ = std::fs::remove_file(dir.join("new-link"));
+    std::os::unix::fs::symlink("new.out", dir.join("new-link")).expect("symlink");
+    let dotted = format!("./{existing}");
+    let mut runs = 0;
+    for (i, a) in flags.iter().enumerate() {
+        for b in &flags[i + 1..] {
+            if !(a.writes || b.writes) {
+                continue; // two inputs may share a file: reading destroys nothing
+            }
+            let mut names = vec![
+                [existing, existing],
+                [existing, dotted.as_str()],
+                [existing, link.as_str()],
+                [link.as_str(), existing],
+            ];
+            if !(a.reads || b.reads) {
+                names.extend([["new.out", "./new.out"], ["new-link", "new.out"]]);
+            }
+            for [x, y] in names {
+                let Some(line) = args(&[(a.flag, x), (b.flag, y)]) else {
+                    continue;
+                };
+                let line: Vec<&str> = line.iter().map(String::as_str).collect();
+                refused(bin, dir, &line, &[a.flag, b.flag]);
+                runs += 1;
+            }
+        }
+    }
+    runs
+}

@@ -137,6 +137,35 @@ fn is_ours(name: &str) -> bool {
         || numbered(".staging-step-")
 }
 
+/// The lock file of a checkpoint directory: held (`flock`) by the one process of a run that
+/// does its I/O, for the run's lifetime, so two runs never write into one directory.
+pub const LOCK: &str = ".gradtrain.lock";
+
+/// Whether `name` is an entry of a checkpoint directory that a run writes, replaces or
+/// removes (see [`is_ours`]) or its lock file: no input or output of the run may be one of
+/// them (`gradkit_core::paths::check_outside`).
+pub fn is_reserved(name: &str) -> bool {
+    is_ours(name) || name == LOCK
+}
+
+/// Creates `root` if needed and takes its lock ([`LOCK`]), before the run looks at the
+/// directory: a directory where no file can be created fails here, at the start, and so does
+/// one another run holds (its pid named when it could be read).
+pub fn lock(root: &Path) -> Result<gradkit_core::paths::FileLock> {
+    let ck = root.display();
+    std::fs::create_dir_all(root)
+        .with_context(|| format!("--checkpoint {ck}: cannot create the directory"))?;
+    let path = root.join(LOCK);
+    let held = gradkit_core::paths::try_lock(&path)
+        .with_context(|| format!("--checkpoint {ck}: cannot write into the directory"))?;
+    held.map_err(|pid| {
+        let who = pid.map_or("another run".into(), |p| format!("another run (process {p})"));
+        anyhow::anyhow!(
+            "--checkpoint {ck} is in use by {who}: two runs cannot write into one checkpoint directory; wait for it to end or give another DIR (flag --checkpoint)"
+        )
+    })
+}
+
 /// The checkpoints `root` already holds: its `step-N` directories and `latest`, sorted by
 /// step (`latest` last); empty when `root` does not exist. Other files are not gradkit's and
 /// do not count.

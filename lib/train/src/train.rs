@@ -51,9 +51,6 @@ pub struct TrainReport {
 
 /// Validates the combination of flags before any work.
 pub fn check_config(cfg: &TrainConfig) -> Result<()> {
-    if let Some(path) = &cfg.comm_trace {
-        gradkit_core::paths::check_creatable("--comm-trace", path)?;
-    }
     crate::model::check_name(&cfg.model.name)?;
     if !crate::optim::OPTIMIZERS.iter().any(|o| o.0 == cfg.opt.name) {
         let names: Vec<&str> = crate::optim::OPTIMIZERS.iter().map(|o| o.0).collect();
@@ -125,18 +122,38 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
     Ok(())
 }
 
-/// No output (`--metrics`, `--checkpoint`) may be the `--data` file or each other; checked
-/// before anything is read (a runtime error, exit 1, as in every tool: it depends on the files).
+/// No output (`--metrics`, `--comm-trace`, `--checkpoint`) may be the `--data` file or
+/// another output, `--comm-trace` must be creatable, and no file of the run may be the checkpoint directory or lie in one of
+/// the entries the run writes there (`latest`, `step-N/`, `.staging-step-N/`, the lock file);
+/// checked before anything is read (a runtime error, exit 1, as in every tool: it depends on
+/// the files).
 pub fn check_paths(cfg: &TrainConfig) -> Result<()> {
     let data = (!matches!(cfg.data.name.as_str(), "digits" | "synthetic-lm"))
         .then(|| std::path::Path::new(&cfg.data.name));
+    let files = [
+        ("--data", data),
+        ("--metrics", cfg.metrics_path.as_deref()),
+        ("--comm-trace", cfg.comm_trace.as_deref()),
+    ];
     gradkit_core::paths::check_distinct(
-        &[("--data", data)],
+        &files[..1],
         &[
-            ("--metrics", cfg.metrics_path.as_deref()),
+            files[1],
+            files[2],
             ("--checkpoint", cfg.checkpoint.as_deref()),
         ],
-    )
+    )?;
+    gradkit_core::paths::check_outside(
+        "--checkpoint",
+        cfg.checkpoint.as_deref(),
+        &checkpoint::is_reserved,
+        &files,
+    )?;
+    // Written after the last step: where it cannot be created the run stops now.
+    if let Some(path) = &cfg.comm_trace {
+        gradkit_core::paths::check_creatable("--comm-trace", path)?;
+    }
+    Ok(())
 }
 
 /// The numeric flags' ranges (each names its flag): checked before any rank starts, so a
@@ -250,6 +267,9 @@ fn run_meta(cfg: &TrainConfig, p: usize, n: usize) -> Vec<(String, String)> {
 /// Trains on every rank of `world`; returns the report on the I/O rank (`None` elsewhere
 /// under MPI).
 pub fn train(world: &World, cfg: &TrainConfig) -> Result<Option<TrainReport>> {
+    // Held until the run ends, before anything looks at the checkpoint directory: a second
+    // run there is refused, however the two are started.
+    let _lock = world.agree(lock_checkpoint_dir(world, cfg))?;
     // An agreement point: every rank checks the configuration and loads the data; a mistake
     // is reported once (by the lowest rank that saw it) before any training starts.
     let data = world.agree(prepare(world, cfg))?;
@@ -341,6 +361,21 @@ fn prepare(world: &World, cfg: &TrainConfig) -> Result<Dataset> {
         }
     }
     Ok(data)
+}
+
+/// The I/O process (rank 0's, one per run under mpirun) locks `--checkpoint DIR`
+/// ([`checkpoint::lock`]). `--resume` of a directory that does not exist creates nothing:
+/// [`prepare`] says there is no checkpoint.
+fn lock_checkpoint_dir(
+    world: &World,
+    cfg: &TrainConfig,
+) -> Result<Option<gradkit_core::paths::FileLock>> {
+    match &cfg.checkpoint {
+        Some(root) if world.is_io_rank() && (!cfg.resume || root.is_dir()) => {
+            checkpoint::lock(root).map(Some)
+        }
+        _ => Ok(None),
+    }
 }
 
 /// A fresh run (no `--resume`) must not take over a directory that holds another run's

@@ -595,6 +595,25 @@ fn measure_sparse(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> 
     Ok(pts)
 }
 
+/// bench's outputs: not one file (the later write would replace the other), and each
+/// creatable before any work.
+fn check_outputs(args: &BenchArgs) -> Result<()> {
+    gradkit_core::paths::check_distinct(
+        &[],
+        &[
+            ("--metrics", args.metrics.as_deref()),
+            ("--comm-trace", args.comm_trace.as_deref()),
+        ],
+    )?;
+    if let Some(path) = &args.metrics {
+        gradkit_core::paths::check_creatable("--metrics", path)?;
+    }
+    if let Some(path) = &args.comm_trace {
+        gradkit_core::paths::check_creatable("--comm-trace", path)?;
+    }
+    Ok(())
+}
+
 pub fn run(args: BenchArgs) -> Result<()> {
     args.memory.apply();
     let world = World::init(args.ranks)?;
@@ -612,12 +631,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let sizes = sizes(&args.sizes, args.factor)?;
         let ranks_here = world.backend().ranks_per_process(p);
         check_memory(&sizes, ranks_here, &args.sizes, sparse)?;
-        if let Some(path) = &args.metrics {
-            gradkit_core::paths::check_creatable("--metrics", path)?;
-        }
-        if let Some(path) = &args.comm_trace {
-            gradkit_core::paths::check_creatable("--comm-trace", path)?;
-        }
+        check_outputs(&args)?;
         Ok(sizes)
     })())?;
     let points = world.run(|host| {

@@ -105,3 +105,60 @@ fn outputs_never_overwrite_inputs_or_each_other() {
     }
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// Every pair of gradallreduce's file flags given one file, by any path: refused, naming
+/// both (`--plan` goes with oktopk, `--state` with onebit; the two never meet).
+#[test]
+fn every_pair_of_file_flags_naming_one_file_is_refused() {
+    use gradkit_testkit::cli::FileFlag;
+    let d_dir = dir("pairs");
+    let d = d_dir.path();
+    std::fs::copy(d.join("in.parquet"), d.join("x.parquet")).unwrap();
+    let f = |flag, reads, writes| FileFlag {
+        flag,
+        reads,
+        writes,
+    };
+    let flags = [
+        f("IN", true, false),
+        f("--plan", true, false),
+        f("--state", true, true),
+        f("-o", false, true),
+        f("--metrics", false, true),
+        f("--comm-trace", false, true),
+    ];
+    let args = |pair: &[(&str, &str)]| {
+        let has = |flag: &str| pair.iter().any(|(f, _)| *f == flag);
+        let algo = match (has("--plan"), has("--state")) {
+            (true, true) => return None,
+            (true, false) => "oktopk",
+            (false, true) => "onebit",
+            (false, false) => "ring",
+        };
+        let mut v: Vec<String> = vec!["--ranks".into(), "2".into(), "--algo".into(), algo.into()];
+        let input = pair.iter().find(|(f, _)| *f == "IN");
+        v.push(input.map_or("in.parquet", |(_, p)| p).to_string());
+        for (flag, path) in pair.iter().filter(|(f, _)| *f != "IN") {
+            v.extend([flag.to_string(), path.to_string()]);
+        }
+        Some(v)
+    };
+    let runs = gradkit_testkit::cli::refuses_every_shared_file(BIN, d, &flags, "x.parquet", &args);
+    assert!(runs >= 50, "{runs}");
+    // bench's two outputs.
+    let bench = [f("--metrics", false, true), f("--comm-trace", false, true)];
+    let args = |pair: &[(&str, &str)]| {
+        let mut v: Vec<String> = [
+            "bench", "--ranks", "2", "--algo", "ring", "--sizes", "1K:1K",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        for (flag, path) in pair {
+            v.extend([flag.to_string(), path.to_string()]);
+        }
+        Some(v)
+    };
+    let runs = gradkit_testkit::cli::refuses_every_shared_file(BIN, d, &bench, "x.parquet", &args);
+    assert_eq!(runs, 6);
+}

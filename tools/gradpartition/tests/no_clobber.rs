@@ -54,3 +54,38 @@ fn outputs_never_overwrite_the_input_or_each_other() {
         &["-o", "--metrics"],
     );
 }
+
+/// Every pair of gradpartition's file flags given one file, by any path: refused, naming
+/// both.
+#[test]
+fn every_pair_of_file_flags_naming_one_file_is_refused() {
+    use gradkit_testkit::cli::FileFlag;
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("in.parquet"), b"not read").unwrap();
+    std::fs::write(d.path().join("x.parquet"), b"not read").unwrap();
+    let f = |flag, reads, writes| FileFlag {
+        flag,
+        reads,
+        writes,
+    };
+    let flags = [
+        f("IN", true, false),
+        f("-o", false, true),
+        f("--metrics", false, true),
+    ];
+    let args = |pair: &[(&str, &str)]| {
+        let mut v: Vec<String> = ["--method", "deft", "--density", "0.1"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let input = pair.iter().find(|(f, _)| *f == "IN");
+        v.push(input.map_or("in.parquet", |(_, p)| p).to_string());
+        for (flag, path) in pair.iter().filter(|(f, _)| *f != "IN") {
+            v.extend([flag.to_string(), path.to_string()]);
+        }
+        Some(v)
+    };
+    let runs =
+        gradkit_testkit::cli::refuses_every_shared_file(BIN, d.path(), &flags, "x.parquet", &args);
+    assert!(runs >= 14, "{runs}");
+}

@@ -173,3 +173,41 @@ fn distinct_paths_and_devices_still_work() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Every pair of gradselect's file flags given one file, by any path: refused, naming both.
+#[test]
+fn every_pair_of_file_flags_naming_one_file_is_refused() {
+    use gradkit_testkit::cli::FileFlag;
+    let d = tempfile::tempdir().unwrap();
+    trace(&d.path().join("in.parquet"));
+    trace(&d.path().join("x.parquet"));
+    let f = |flag, reads, writes| FileFlag {
+        flag,
+        reads,
+        writes,
+    };
+    let flags = [
+        f("IN", true, false),
+        f("--plan", true, false),
+        f("-o", false, true),
+        f("--residual-out", false, true),
+        f("--metrics", false, true),
+    ];
+    let args = |pair: &[(&str, &str)]| {
+        let plan = pair.iter().any(|(f, _)| *f == "--plan");
+        let mut v: Vec<String> = ["--method", if plan { "deft" } else { "topk" }]
+            .iter()
+            .chain(&["--density", "0.1"])
+            .map(|s| s.to_string())
+            .collect();
+        let input = pair.iter().find(|(f, _)| *f == "IN");
+        v.push(input.map_or("in.parquet", |(_, p)| p).to_string());
+        for (flag, path) in pair.iter().filter(|(f, _)| *f != "IN") {
+            v.extend([flag.to_string(), path.to_string()]);
+        }
+        Some(v)
+    };
+    let runs =
+        gradkit_testkit::cli::refuses_every_shared_file(BIN, d.path(), &flags, "x.parquet", &args);
+    assert!(runs >= 40, "{runs}");
+}

@@ -37,10 +37,22 @@ fn latest(ck: &Path) -> String {
         .to_string()
 }
 
-/// Every regular file under `dir` with its bytes (one level of subdirectories).
+/// The lock file a run holds in its checkpoint directory (it stays, holding the pid of the
+/// last run that took it).
+const LOCK: &str = ".gradtrain.lock";
+
+/// The names in a checkpoint directory but the lock file's.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut v = gradkit_testkit::cli::names(dir);
+    v.retain(|n| n != LOCK);
+    v
+}
+
+/// Every regular file under `dir` (its lock file aside) with its bytes (one level of
+/// subdirectories).
 fn tree(dir: &Path) -> Vec<(String, Vec<u8>)> {
     let mut v = Vec::new();
-    for n in gradkit_testkit::cli::names(dir) {
+    for n in entries(dir) {
         let p = dir.join(&n);
         if p.is_dir() {
             for m in gradkit_testkit::cli::names(&p) {
@@ -58,10 +70,7 @@ fn a_failed_checkpoint_write_leaves_nothing_and_keeps_the_previous_one() {
     let d = gradkit_testkit::tempdir("gradtrain-ckfail");
     let p = d.path();
     ok(p, &["--steps", "10", "--checkpoint", "ck"]);
-    assert_eq!(
-        gradkit_testkit::cli::names(&p.join("ck")),
-        ["latest", "step-10"]
-    );
+    assert_eq!(entries(&p.join("ck")), ["latest", "step-10"]);
     let before = tree(&p.join("ck"));
     // A full disk, portably: the file-size limit (RLIMIT_FSIZE, 60 blocks of 512 bytes or
     // 1 KiB) is far below one rank's file (the MLP's 26,122 parameters alone are 104 KB) and
@@ -89,7 +98,7 @@ fn a_failed_checkpoint_write_leaves_nothing_and_keeps_the_previous_one() {
         "{err}"
     );
     assert_eq!(
-        gradkit_testkit::cli::names(&p.join("ck")),
+        entries(&p.join("ck")),
         ["latest", "step-10"],
         "a staging directory or a partial checkpoint was left"
     );
@@ -119,9 +128,9 @@ fn a_checkpoint_write_failing_on_one_rank_is_reported_by_that_rank() {
         "the failing rank's own error is reported: {err}"
     );
     assert!(
-        gradkit_testkit::cli::names(&p.join("ck")).is_empty(),
+        entries(&p.join("ck")).is_empty(),
         "{:?}",
-        gradkit_testkit::cli::names(&p.join("ck"))
+        entries(&p.join("ck"))
     );
 }
 
@@ -141,7 +150,7 @@ fn earlier_run(p: &Path) {
     );
     std::fs::write(p.join("ck/notes.txt"), "mine").unwrap();
     assert_eq!(
-        gradkit_testkit::cli::names(&p.join("ck")),
+        entries(&p.join("ck")),
         [
             "latest",
             "notes.txt",
@@ -187,7 +196,7 @@ fn a_fresh_run_writes_into_an_empty_or_unrelated_directory() {
     std::fs::create_dir(p.join("ck/step-x")).unwrap();
     ok(p, &["--steps", "5", "--checkpoint", "ck"]);
     assert_eq!(
-        gradkit_testkit::cli::names(&p.join("ck")),
+        entries(&p.join("ck")),
         ["latest", "notes.txt", "step-5", "step-x"]
     );
 }
@@ -209,10 +218,7 @@ fn overwrite_checkpoint_replaces_the_other_runs_checkpoints_and_nothing_else() {
             "--overwrite-checkpoint",
         ],
     );
-    assert_eq!(
-        gradkit_testkit::cli::names(&p.join("ck")),
-        ["latest", "notes.txt", "step-10"]
-    );
+    assert_eq!(entries(&p.join("ck")), ["latest", "notes.txt", "step-10"]);
     assert_eq!(latest(&p.join("ck")), "step-10");
     assert_eq!(std::fs::read(p.join("ck/notes.txt")).unwrap(), b"mine");
     // step-10 is the new (topk) run's: it resumes as topk, and refuses dense.
@@ -248,4 +254,125 @@ fn overwrite_checkpoint_is_a_usage_error_with_resume_or_without_checkpoint() {
             gradkit_testkit::cli::names(p)
         );
     }
+}
+
+/// Under `ulimit -f` with SIGXFSZ at its default action (as a user's shell leaves it) a
+/// checkpoint too large for the limit is a write error, not the signal's kill: one line,
+/// exit 1, and no staging directory left.
+#[test]
+fn a_checkpoint_past_the_file_size_limit_is_one_line_and_leaves_nothing() {
+    let d = gradkit_testkit::tempdir("gradtrain-ckxfsz");
+    let p = d.path();
+    // 60 blocks (30 or 60 KiB) is far below one rank's file (the MLP's parameters alone are
+    // 104 KB).
+    let o = Command::new("sh")
+        .args(["-c", "ulimit -f 60 && exec \"$0\" \"$@\"", BIN])
+        .current_dir(p)
+        .args(BASE)
+        .args(["--steps", "10", "--checkpoint", "ck"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "killed by SIGXFSZ? {err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("error: ") && err.contains("cannot write checkpoint"),
+        "{err}"
+    );
+    assert!(
+        entries(&p.join("ck")).is_empty(),
+        "{:?}",
+        entries(&p.join("ck"))
+    );
+}
+
+/// Two runs in one checkpoint directory: the second, started while the first runs, is
+/// refused with one line naming the first's process; the first's checkpoints are complete
+/// (every rank's file in every step), and once it has ended the directory is free again.
+#[test]
+fn a_second_run_in_a_checkpoint_directory_in_use_is_refused() {
+    let d = gradkit_testkit::tempdir("gradtrain-cklock");
+    let p = d.path();
+    let mut first = Command::new(BIN)
+        .current_dir(p)
+        .args(BASE)
+        .args([
+            "--steps",
+            "20000",
+            "--checkpoint",
+            "ck",
+            "--checkpoint-every",
+            "10",
+        ])
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    while !p.join("ck/latest").exists() {
+        assert!(first.try_wait().unwrap().is_none(), "the first run ended");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let pid = first.id().to_string();
+    for extra in [&[][..], &["--resume"], &["--overwrite-checkpoint"]] {
+        // More steps than the first run will reach: a resume has steps to train.
+        let o = gradtrain(
+            p,
+            &[&["--steps", "30000", "--checkpoint", "ck"][..], extra].concat(),
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{extra:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        for name in ["error: --checkpoint ck", "in use by another run", &pid] {
+            assert!(err.contains(name), "{extra:?}: `{name}` not named: {err}");
+        }
+    }
+    let _ = Command::new("kill").args(["-TERM", &pid]).status();
+    first.wait().unwrap();
+    let steps: Vec<String> = entries(&p.join("ck"))
+        .into_iter()
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    assert!(!steps.is_empty());
+    for s in &steps {
+        assert_eq!(
+            entries(&p.join("ck").join(s)),
+            [
+                "metrics.parquet",
+                "rank-0.safetensors",
+                "rank-1.safetensors"
+            ],
+            "{s}"
+        );
+    }
+    let at: u32 = latest(&p.join("ck"))["step-".len()..].parse().unwrap();
+    let next = (at + 2).to_string();
+    ok(p, &["--steps", &next, "--checkpoint", "ck", "--resume"]);
+}
+
+/// A checkpoint directory where nothing can be created is found as the run starts, not at
+/// its first checkpoint after all the steps: nothing is trained, `--metrics` not written.
+/// (`/proc` takes no directory, even from root, whom a read-only mode does not stop.)
+#[test]
+fn a_checkpoint_directory_that_cannot_be_created_stops_the_run_first() {
+    let d = gradkit_testkit::tempdir("gradtrain-ckbad");
+    let p = d.path();
+    let ck = format!("/proc/gradkit-ck-{}", std::process::id());
+    let o = gradtrain(
+        p,
+        &[
+            "--steps",
+            "200",
+            "--metrics",
+            "m.parquet",
+            "--checkpoint",
+            &ck,
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with(&format!("error: --checkpoint {ck}: cannot create")),
+        "{err}"
+    );
+    assert!(gradkit_testkit::cli::names(p).is_empty(), "trained first");
 }

@@ -1,7 +1,9 @@
 //! gradtrain's checkpoint checks under mpirun (docs/RELIABILITY.md): a `--resume` that does
 //! not match the checkpoint (world size, exchange) and a fresh run into another run's
 //! checkpoint directory are agreement points: exactly one `error:` line, a non-zero status
-//! on every rank, no `MPI_Abort`, nothing trained or written.
+//! on every rank, no `MPI_Abort`, nothing trained or written. So is a recording that would
+//! overwrite the training data; and one process of a run (rank 0's) locks its checkpoint
+//! directory, so an mpirun run is not refused by its own ranks.
 
 use std::path::Path;
 use std::process::Command;
@@ -19,6 +21,13 @@ fn checkpoint_of_2_ranks(ck: &Path) {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// The names in a checkpoint directory but its lock file's (`.gradtrain.lock`, which stays).
+fn entries(ck: &Path) -> Vec<String> {
+    let mut v = gradkit_testkit::cli::names(ck);
+    v.retain(|n| n != ".gradtrain.lock");
+    v
 }
 
 /// `mpirun -np P gradtrain args…`: exit status and stderr (a hang fails the test).
@@ -68,7 +77,7 @@ fn resuming_a_checkpoint_of_another_world_size_prints_one_line() {
         ],
     );
     one_error(code, &err, &["ranks = 2", "ranks = 3", "--resume"]);
-    assert_eq!(gradkit_testkit::cli::names(&ck), ["latest", "step-10"]);
+    assert_eq!(entries(&ck), ["latest", "step-10"]);
     assert!(!m.exists(), "--metrics written");
 }
 
@@ -96,7 +105,7 @@ fn resuming_with_another_exchange_prints_one_line() {
         ],
     );
     one_error(code, &err, &["exchange = ring", "exchange = topka"]);
-    assert_eq!(gradkit_testkit::cli::names(&ck), ["latest", "step-10"]);
+    assert_eq!(entries(&ck), ["latest", "step-10"]);
 }
 
 #[test]
@@ -120,5 +129,65 @@ fn a_fresh_run_into_another_runs_checkpoints_prints_one_line() {
         ],
     );
     one_error(code, &err, &["--resume", "--overwrite-checkpoint"]);
-    assert_eq!(gradkit_testkit::cli::names(&ck), ["latest", "step-10"]);
+    assert_eq!(entries(&ck), ["latest", "step-10"]);
+}
+
+#[test]
+fn a_recording_over_the_data_is_refused_once_and_the_data_kept() {
+    if !gradkit_testkit::mpi::available() {
+        return;
+    }
+    let d = gradkit_testkit::tempdir("gradtrain-mpi-noclobber");
+    let data = d.path().join("d.parquet");
+    std::fs::write(&data, b"the training data").unwrap();
+    let link = d.path().join("link");
+    std::os::unix::fs::symlink(&data, &link).unwrap();
+    let (code, err) = mpirun(
+        2,
+        &[
+            "--model",
+            "mlp",
+            "--steps",
+            "5",
+            "--data",
+            data.to_str().unwrap(),
+            "--comm-trace",
+            link.to_str().unwrap(),
+            "-q",
+        ],
+    );
+    one_error(code, &err, &["--comm-trace", "--data"]);
+    assert_eq!(std::fs::read(&data).unwrap(), b"the training data");
+    assert_eq!(gradkit_testkit::cli::names(d.path()), ["d.parquet", "link"]);
+}
+
+#[test]
+fn an_mpi_run_takes_its_checkpoint_directorys_lock_once() {
+    if !gradkit_testkit::mpi::available() {
+        return;
+    }
+    let d = gradkit_testkit::tempdir("gradtrain-mpick-lock");
+    let ck = d.path().join("ck");
+    let (code, err) = mpirun(
+        2,
+        &[
+            "--model",
+            "mlp",
+            "--steps",
+            "10",
+            "--checkpoint",
+            ck.to_str().unwrap(),
+            "-q",
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(entries(&ck), ["latest", "step-10"]);
+    assert_eq!(
+        entries(&ck.join("step-10")),
+        [
+            "metrics.parquet",
+            "rank-0.safetensors",
+            "rank-1.safetensors"
+        ]
+    );
 }

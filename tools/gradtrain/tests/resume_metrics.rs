@@ -241,3 +241,109 @@ fn a_metrics_path_that_cannot_be_created_stops_the_run_first() {
         )
     );
 }
+
+/// gradtrain in `dir` under a file-size limit of `blocks` (`ulimit -f`: 512-byte or 1 KiB
+/// blocks, as the shell counts them) with SIGXFSZ at its default action, as a user's shell
+/// leaves it: a write past the limit must be an error the tool reports (it ignores the
+/// signal), not the signal's kill.
+fn under_file_size_limit(dir: &Path, blocks: u32, extra: &[&str]) -> std::process::Output {
+    Command::new("sh")
+        .args([
+            "-c",
+            &format!("ulimit -f {blocks} && exec \"$0\" \"$@\""),
+            BIN,
+        ])
+        .current_dir(dir)
+        .args(BASE)
+        .args(["-q"])
+        .args(extra)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// A run stopped by a failed append (`o`) printed one line and left `metrics` (under `dir`)
+/// as its last complete append made it: a valid table holding exactly the rows of an
+/// uninterrupted run over those steps (a multiple of `every`).
+fn assert_kept_the_last_append(dir: &Path, o: &std::process::Output, every: u32, metrics: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "killed, or not stopped: {err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("error: ") && err.contains(&format!("appending to {metrics}")),
+        "{err}"
+    );
+    let kept = data_rows(&dir.join(metrics));
+    let k = kept.iter().map(|r| r.0).max().unwrap() + 1;
+    assert!(k % every == 0 && k < 20000, "{k} steps kept");
+    let k_s = k.to_string();
+    run(dir, &["--steps", &k_s, "--metrics", "ref.parquet"]);
+    let reference: Vec<Key> = data_rows(&dir.join("ref.parquet"))
+        .into_iter()
+        .filter(|r| !r.2.starts_with("eval_"))
+        .collect();
+    assert_eq!(kept, reference, "--metrics-every {every}");
+    let left = gradkit_testkit::cli::temp_files(dir.join(metrics).parent().unwrap());
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// An append that fails part-way (the file-size limit, EFBIG, as a full disk's ENOSPC) stops
+/// the run with one line, and the `--metrics` file is left as the last complete append made
+/// it.
+#[test]
+fn a_failed_append_leaves_the_metrics_of_the_last_complete_one() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    for (every, blocks) in [(4u32, 100u32), (50, 400)] {
+        let every_s = every.to_string();
+        let o = under_file_size_limit(
+            p,
+            blocks,
+            &[
+                "--steps",
+                "20000",
+                "--metrics-every",
+                &every_s,
+                "--metrics",
+                "m.parquet",
+            ],
+        );
+        assert_kept_the_last_append(p, &o, every, "m.parquet");
+    }
+}
+
+/// A tmpfs mounted for a test, unmounted when dropped.
+struct Mounted(std::path::PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// The same on a full disk (ENOSPC): a small tmpfs, where mounting one is allowed (root);
+/// skipped elsewhere.
+#[test]
+fn a_full_disk_leaves_the_metrics_of_the_last_complete_append() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    std::fs::create_dir(p.join("full")).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=128k", "tmpfs"])
+        .arg(p.join("full"))
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped: cannot mount a tmpfs here (not root?)");
+        return;
+    }
+    let _guard = Mounted(p.join("full"));
+    let o = Command::new(BIN)
+        .current_dir(p)
+        .args(BASE)
+        .args(["-q", "--steps", "20000", "--metrics", "full/m.parquet"])
+        .output()
+        .unwrap();
+    assert_kept_the_last_append(p, &o, 50, "full/m.parquet");
+}
