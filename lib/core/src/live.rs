@@ -66,6 +66,9 @@ pub struct LiveTable<T: Table> {
     closed: Vec<RowGroupMetaData>,
     closed_end: u64,
     closed_rows: u64,
+    /// The CRC-32 of each column chunk of the closed row groups (`gradkit.crc32`, written in
+    /// every footer with the open group's: crate::io::checksum).
+    closed_crcs: Vec<u32>,
     /// The open row group's rows.
     open: Vec<T>,
     /// Rows the file holds (as of the last successful write).
@@ -102,7 +105,7 @@ impl<T: Table + Clone> LiveTable<T> {
         kv.extend(
             meta.0
                 .iter()
-                .filter(|(k, _)| *k != "gradkit.schema")
+                .filter(|(k, _)| *k != "gradkit.schema" && *k != crate::io::checksum::KEY)
                 .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
         );
         let props = props
@@ -125,6 +128,7 @@ impl<T: Table + Clone> LiveTable<T> {
             closed: Vec::new(),
             closed_end: MAGIC.len() as u64,
             closed_rows: 0,
+            closed_crcs: Vec::new(),
             open: Vec::new(),
             published: 0,
         })
@@ -159,6 +163,13 @@ impl<T: Table + Clone> LiveTable<T> {
     fn publish(&mut self, close: bool) -> Result<()> {
         let close = close || self.open.len() >= OPEN_ROWS;
         let (group, meta) = self.encode_open(close)?;
+        let open_crcs = match &meta {
+            Some(m) => crate::io::checksum::chunk_crcs(m, &group, self.closed_end)
+                .ok_or_else(|| anyhow::anyhow!("internal: a column chunk outside its row group"))?,
+            None => Vec::new(),
+        };
+        let mut crcs = self.closed_crcs.clone();
+        crcs.extend(&open_crcs);
         let mut groups = self.closed.clone();
         groups.extend(meta.clone());
         let mut bytes = Vec::with_capacity(MAGIC.len() + group.len() + 4096);
@@ -166,7 +177,7 @@ impl<T: Table + Clone> LiveTable<T> {
             bytes.extend_from_slice(MAGIC);
         }
         bytes.extend_from_slice(&group);
-        bytes.extend(self.footer(groups)?);
+        bytes.extend(self.footer(groups, &crcs)?);
         let at = if self.closed_end == MAGIC.len() as u64 {
             0
         } else {
@@ -174,6 +185,7 @@ impl<T: Table + Clone> LiveTable<T> {
         };
         self.put(&bytes, at)?;
         if close {
+            self.closed_crcs.extend(open_crcs);
             self.closed.extend(meta);
             self.closed_end += group.len() as u64;
             self.closed_rows += self.open.len() as u64;
@@ -225,8 +237,8 @@ impl<T: Table + Clone> LiveTable<T> {
         Ok((bytes, Some(meta)))
     }
 
-    /// The footer listing `groups`.
-    fn footer(&self, groups: Vec<RowGroupMetaData>) -> Result<Vec<u8>> {
+    /// The footer listing `groups`, with their chunks' checksums `crcs`.
+    fn footer(&self, groups: Vec<RowGroupMetaData>, crcs: &[u32]) -> Result<Vec<u8>> {
         let orders = self
             .descr
             .columns()
@@ -240,11 +252,16 @@ impl<T: Table + Clone> LiveTable<T> {
             })
             .collect();
         let rows = self.closed_rows + self.open.len() as u64;
+        let mut kv = self.props.key_value_metadata().cloned().unwrap_or_default();
+        kv.push(KeyValue::new(
+            crate::io::checksum::KEY.into(),
+            crate::io::checksum::encode(crcs),
+        ));
         let file = FileMetaData::new(
             self.props.writer_version().as_num(),
             rows as i64,
             Some(self.props.created_by().to_string()),
-            self.props.key_value_metadata().cloned(),
+            Some(kv),
             self.descr.clone(),
             Some(orders),
         );

@@ -43,7 +43,7 @@ impl Tee {
 
 /// The CRC-32 of each column chunk of `group`, from `bytes`, the file's bytes from offset
 /// `base` on; `None` when a chunk is not inside them (a writer bug).
-pub(super) fn chunk_crcs(
+pub(crate) fn chunk_crcs(
     group: &parquet::file::metadata::RowGroupMetaData,
     bytes: &[u8],
     base: u64,
@@ -75,7 +75,7 @@ impl Write for CrcSink {
 }
 
 /// `crcs` as the footer value.
-pub(super) fn encode(crcs: &[u32]) -> String {
+pub(crate) fn encode(crcs: &[u32]) -> String {
     crcs.iter().map(|c| format!("{c:08x}")).collect()
 }
 

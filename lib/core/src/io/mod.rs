@@ -14,7 +14,7 @@ use bytes::Bytes;
 use crate::tables::Table;
 
 mod atomic;
-mod checksum;
+pub(crate) mod checksum;
 pub use checksum::KEY as CHECKSUM_KEY;
 mod read;
 mod reader;
