@@ -3,7 +3,7 @@
 //! strings, LargeList, FixedSizeList, a Null column, Int64 and whole-number floats where the
 //! format has unsigned integers, Float32 metrics, a missing `gradkit.schema` key, and the
 //! gzip/LZ4/Brotli codecs. Each must read as the rows it was built from; values that do not
-//! fit are refused naming the column and the row. (tools/gradtrace/tests/ecosystem.rs reads
+//! fit are refused naming the column and the row. (tools/gradtrace/tests/gradtrace/ecosystem.rs reads
 //! files written by pandas, polars and pyarrow themselves.)
 
 mod common;

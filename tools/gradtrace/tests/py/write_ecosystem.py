@@ -1,5 +1,5 @@
 """Rewrites gradkit tables the way pandas, polars and pyarrow users do, for
-tools/gradtrace/tests/ecosystem.rs to read back.
+tools/gradtrace/tests/gradtrace/ecosystem.rs to read back.
 
 usage: write_ecosystem.py IN_DIR OUT_DIR
 IN_DIR holds trace.parquet (tensor/1, dense and sparse rows), plan.parquet (plan/1, some `k`

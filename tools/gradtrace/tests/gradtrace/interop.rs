@@ -2,8 +2,7 @@
 //! pyarrow reads gradtrace files and sees the docs/FORMAT.md schema; gradtrace reads what pyarrow
 //! writes; `gradtrace import` of numpy/hand-built dumps equals numpy's float32 bit for bit.
 
-#[path = "../../../lib/core/tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

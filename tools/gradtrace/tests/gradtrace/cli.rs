@@ -2,8 +2,7 @@
 //! (exit 1, one `error:` line naming the problem, no output and no `.tmp-` file), and import
 //! of hand-built safetensors files.
 
-#[path = "../../../lib/core/tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::path::Path;

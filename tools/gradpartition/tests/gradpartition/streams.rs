@@ -1,7 +1,7 @@
 //! gradpartition with closed, full, `head -1` and broken stdout/stderr: no panic, and the
 //! plan written whole even when its stderr tables cannot be (docs/RELIABILITY.md).
 
-#[path = "../../gradtrace/tests/streams/harness.rs"]
+#[path = "../../../gradtrace/tests/streams/harness.rs"]
 mod harness;
 
 use gradkit_core::{read_table, Input, MetricRow, PlanRow};

@@ -1,7 +1,7 @@
 //! gradselect with closed, full, `head -1` and broken stdout/stderr: no panic, and the `-o`,
 //! `--metrics` and `--residual-out` files written whole (docs/RELIABILITY.md).
 
-#[path = "../../gradtrace/tests/streams/harness.rs"]
+#[path = "../../../gradtrace/tests/streams/harness.rs"]
 mod harness;
 
 use gradkit_core::{read_table, read_tensor, Input, MetricRow};

@@ -5,8 +5,7 @@
 //! canonical types. The files come from tests/py/write_ecosystem.py in the project's venv
 //! (`make deps-py`); without the venv the tests say so and skip.
 
-#[path = "../../../lib/core/tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! gradtrace with closed, full, `head -1` and broken stdout/stderr: no panic, a clean error
 //! or quiet success, and `-o` files written whole (docs/RELIABILITY.md).
 
-#[path = "streams/harness.rs"]
+#[path = "../streams/harness.rs"]
 mod harness;
 
 use gradkit_core::{read_tensor, Input};

@@ -1,7 +1,7 @@
 //! gradallreduce with closed, full, `head -1` and broken stdout/stderr: no panic, the reduced
 //! trace and metrics written whole, and `bench`'s table never a panic (docs/RELIABILITY.md).
 
-#[path = "../../gradtrace/tests/streams/harness.rs"]
+#[path = "../../../gradtrace/tests/streams/harness.rs"]
 mod harness;
 
 use gradkit_core::{read_table, read_tensor, Input, MetricRow};
