@@ -813,3 +813,28 @@ fn table_by_step_groups_every_step_as_a_brute_force_grouping() {
         "{err}"
     );
 }
+
+#[test]
+fn plot_with_an_unwritable_csv_writes_no_figure() {
+    let d = tempfile::tempdir().unwrap();
+    let f = write_metrics(d.path(), "train.parquet", &train_rows());
+    let svg = d.path().join("loss.svg");
+    let csv = d.path().join("absent").join("loss.csv");
+    let e = fails(&[
+        "plot",
+        "loss",
+        s(&f),
+        "-o",
+        s(&svg),
+        "--also",
+        "png",
+        "--csv",
+        s(&csv),
+    ]);
+    assert!(e.contains("--csv") && e.contains("absent"), "{e}");
+    let names: Vec<String> = std::fs::read_dir(d.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["train.parquet"]);
+}
