@@ -339,13 +339,17 @@ impl TextTable {
                 w[i] = w[i].max(c.chars().count());
             }
         }
-        let numeric = |i: usize| {
-            !rows.is_empty()
-                && rows.iter().all(|r| {
-                    r.get(i)
-                        .is_some_and(|c| c.parse::<f64>().is_ok() || c == "-")
-                })
-        };
+        // Once per column, not per cell: per cell it made a table of R rows O(R²).
+        let numeric_cols: Vec<bool> = (0..n)
+            .map(|i| {
+                !rows.is_empty()
+                    && rows.iter().all(|r| {
+                        r.get(i)
+                            .is_some_and(|c| c.parse::<f64>().is_ok() || c == "-")
+                    })
+            })
+            .collect();
+        let numeric = |i: usize| numeric_cols.get(i).copied().unwrap_or(false);
         let line = |cells: &[String]| {
             let mut s = String::from("|");
             for (i, c) in cells.iter().enumerate().take(n) {

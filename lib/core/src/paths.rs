@@ -8,8 +8,9 @@
 //!   manages itself (gradtrain's `--checkpoint DIR`: `latest`, `step-N/`, …).
 //! - [`try_lock`]: one process at a time in such a directory.
 //! - [`install_signal_cleanup`]: on SIGINT, SIGTERM or SIGHUP, remove the temporary files of
-//!   outputs still being written (`PATH.tmp-<pid>`, see [`register_temp`]) and exit with
-//!   128 + the signal number.
+//!   outputs still being written (`PATH.tmp-<pid>`, see [`register_temp`]) and the scratch
+//!   directories ([`register_temp_dir`]), end the child process groups
+//!   ([`output_in_group`]), and exit with 128 + the signal number.
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -294,6 +295,52 @@ pub fn unregister_temp(path: &Path) {
     temps().remove(path);
 }
 
+/// Temporary directories (a tool's scratch work) and the process groups of child processes,
+/// removed and ended on a signal.
+static DIRS: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
+static GROUPS: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
+
+fn lock<T>(m: &'static Mutex<T>) -> std::sync::MutexGuard<'static, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Records a scratch directory (call right after creating it) so a signal removes it whole.
+pub fn register_temp_dir(path: &Path) {
+    lock(&DIRS).insert(path.to_path_buf());
+}
+
+/// Forgets a scratch directory (after it was removed).
+pub fn unregister_temp_dir(path: &Path) {
+    lock(&DIRS).remove(path);
+}
+
+/// Starts `cmd` as the leader of a process group of its own, recorded so that a signal to
+/// this process ends the child and everything it started (an `smpirun` and its simulator)
+/// instead of orphaning them; waits for it and returns its output ([`Command::output`]).
+/// The group is recorded under the lock the signal handler takes, so no child starts after
+/// the handler has ended the groups.
+///
+/// [`Command::output`]: std::process::Command::output
+pub fn output_in_group(cmd: &mut std::process::Command) -> std::io::Result<std::process::Output> {
+    #[cfg(unix)]
+    use std::os::unix::process::CommandExt;
+    #[cfg(unix)]
+    cmd.process_group(0);
+    let child = {
+        let mut groups = lock(&GROUPS);
+        let child = cmd
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        groups.insert(child.id() as i32);
+        child
+    };
+    let pid = child.id() as i32;
+    let out = child.wait_with_output();
+    lock(&GROUPS).remove(&pid);
+    out
+}
+
 /// A file being written that appears at its path only when complete ([`TempFile::persist`]).
 ///
 /// On Linux the data goes to an unnamed file (`O_TMPFILE`) in the target's directory: until it
@@ -528,6 +575,14 @@ pub fn install_signal_cleanup() {
                             let _ = std::fs::remove_file(p);
                         }
                         t.clear();
+                        // Children first, so none writes into a directory being removed.
+                        for &g in lock(&GROUPS).iter() {
+                            // SAFETY: kill(2) on a process group this process started.
+                            unsafe { libc::kill(-g, libc::SIGTERM) };
+                        }
+                        for d in lock(&DIRS).iter() {
+                            let _ = std::fs::remove_dir_all(d);
+                        }
                         signal_hook::low_level::exit(128 + sig);
                     }
                 });

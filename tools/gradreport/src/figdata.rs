@@ -169,6 +169,11 @@ fn field(s: &str) -> String {
 /// The plotted data as CSV (`panel,series,x,y,y_min,y_max,y_smooth`; empty where a column
 /// does not apply), written atomically.
 pub fn write_csv(path: &Path, data: &[Datum]) -> Result<()> {
+    gradkit_core::io::write_file_atomic(path, csv_text(data).as_bytes())
+}
+
+/// The `--csv` file's text: a header, then one line per plotted point or bar.
+pub fn csv_text(data: &[Datum]) -> String {
     let mut s = String::from("panel,series,x,y,y_min,y_max,y_smooth\n");
     let opt = |v: Option<f64>| v.map(num).unwrap_or_default();
     for d in data {
@@ -183,7 +188,7 @@ pub fn write_csv(path: &Path, data: &[Datum]) -> Result<()> {
             opt(d.y_smooth)
         ));
     }
-    gradkit_core::io::write_file_atomic(path, s.as_bytes())
+    s
 }
 
 #[cfg(test)]

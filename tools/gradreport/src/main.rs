@@ -324,6 +324,12 @@ fn plot_figure(p: PlotArgs) -> Result<()> {
         .collect();
     outs.push(("--csv", csv.as_deref()));
     gradkit_core::paths::check_distinct(&inputs, &outs)?;
+    // Every output checked before the figure is drawn: none is written unless all can be.
+    for (flag, path) in &outs {
+        if let Some(p) = path {
+            gradkit_core::paths::check_creatable(flag, p)?;
+        }
+    }
     if to_stdout {
         if !cli::under_mpi_launcher() && std::io::stdout().is_terminal() {
             anyhow::bail!("refusing to write an SVG figure to a terminal (-o -): give -o FIG.svg, or pipe stdout into a program");
@@ -354,16 +360,26 @@ fn plot_figure(p: PlotArgs) -> Result<()> {
             .map_err(|e| anyhow::Error::new(e).context("writing <stdout>"));
     }
     // Every file encoded before any is written: a figure that fails leaves none.
-    let files: Vec<(&std::path::PathBuf, Vec<u8>)> = targets
+    let mut files: Vec<(&std::path::Path, Vec<u8>)> = targets
         .iter()
-        .map(|(p, f)| Ok((p, f.encode(&svg)?)))
+        .map(|(p, f)| Ok((p.as_path(), f.encode(&svg)?)))
         .collect::<Result<_>>()?;
-    for (path, bytes) in files {
-        gradkit_core::io::write_file_atomic(path, &bytes)?;
-        gradkit_core::noteln!("wrote {}", path.display());
-    }
     if let Some(path) = &csv {
-        figdata::write_csv(path, &data)?;
+        files.push((path, figdata::csv_text(&data).into_bytes()));
+    }
+    commit_files(&files)
+}
+
+/// Writes every file complete under a temporary name, then renames them all
+/// (`paths::commit_all`): one that cannot be written leaves none of the others.
+fn commit_files(files: &[(&std::path::Path, Vec<u8>)]) -> Result<()> {
+    let mut staged = Vec::new();
+    for (path, bytes) in files {
+        let fill = |w: &mut dyn Write| w.write_all(bytes);
+        staged.extend(gradkit_core::io::write_file_staged(path, fill)?);
+    }
+    gradkit_core::paths::commit_all(staged)?;
+    for (path, _) in files {
         gradkit_core::noteln!("wrote {}", path.display());
     }
     Ok(())

@@ -97,7 +97,7 @@ pub fn topology_hosts(t: &Topology) -> Result<Option<usize>> {
             }
             let down = nums(parts[1])
                 .with_context(|| format!("fat tree parameters `{p}` (flag --fat-tree)"))?;
-            Ok(Some(down.iter().product()))
+            Ok(Some(down.iter().fold(1usize, |a, &d| a.saturating_mul(d))))
         }
         Topology::Dragonfly(p) => {
             let parts: Vec<&str> = p.split(';').collect();
@@ -108,7 +108,7 @@ pub fn topology_hosts(t: &Topology) -> Result<Option<usize>> {
             for part in &parts {
                 let v = nums(part)
                     .with_context(|| format!("dragonfly parameters `{p}` (flag --dragonfly)"))?;
-                h *= v.first().copied().unwrap_or(1);
+                h = v.first().map_or(h, |&x| x.saturating_mul(h));
             }
             Ok(Some(h))
         }
@@ -184,26 +184,51 @@ pub struct StepEvents<'a> {
     pub ranks: Vec<Vec<&'a CommRow>>,
 }
 
-/// The TI tag of a message: its sequence number (unique between a pair of ranks), folded with
-/// the recorded tag, so every request a rank has in flight has its own (src, dst, tag).
-fn ti_tag(r: &CommRow) -> u64 {
-    (r.seq + (r.tag as u64) * 7_919) % TAG_SPACE
+/// The largest message one TI action may carry: SMPI's replayer parses a size as a double
+/// but posts it as an MPI count, an `int`, so 2^31 bytes and more wrap (every such message
+/// replayed as the same 2.9e10 s, a 2^63-byte one as nothing). Larger messages are sent as
+/// pieces of at most this many bytes, all posted at once: they share the links as the one
+/// message would, so the replay keeps latency + bytes / rate.
+pub const PIECE_BYTES: u64 = 1 << 30;
+
+/// The most pieces one message may be cut into: a message over `PIECE_BYTES × MAX_PIECES`
+/// bytes (1 TiB) is refused rather than written as millions of TI lines.
+pub const MAX_PIECES: u64 = 1 << 10;
+
+/// The TI tag of piece 0 of a message: its sequence number (unique between a pair of ranks),
+/// folded with the recorded tag, so every request a rank has in flight has its own (src, dst,
+/// tag). Piece j adds j · 2^20 (a call's messages between two ranks have nearby sequence
+/// numbers, so the pieces' tags stay apart from theirs).
+fn ti_tag(r: &CommRow, piece: u64) -> u64 {
+    (r.seq + (r.tag as u64) * 7_919 + piece * (1 << 20)) % TAG_SPACE
 }
 
-/// Writes rank `rank`'s TI trace of `events` (already cut to what is replayed).
+/// A message of `bytes` (already scaled) as TI pieces: their sizes, each at most
+/// [`PIECE_BYTES`]; a message of 0 bytes stays one piece of 0.
+pub fn pieces(bytes: u64) -> impl Iterator<Item = u64> {
+    let n = bytes.div_ceil(PIECE_BYTES).max(1);
+    (0..n).map(move |j| (bytes - j * PIECE_BYTES).min(PIECE_BYTES))
+}
+
+/// A recorded size times `scale`, as the replay sends it: 0 stays 0, anything else at least 1
+/// byte; None beyond what [`pieces`] can carry (`PIECE_BYTES × MAX_PIECES`).
+pub fn scaled_bytes(bytes: u64, scale: f64) -> Option<u64> {
+    if bytes == 0 {
+        return Some(0);
+    }
+    let b = (bytes as f64 * scale).round().max(1.0);
+    (b <= (PIECE_BYTES * MAX_PIECES) as f64).then_some(b as u64)
+}
+
+/// Writes rank `rank`'s TI trace of `events` (already cut to what is replayed). Every size
+/// must have passed [`scaled_bytes`] (the caller checks the recording first).
 pub fn ti_trace(rank: usize, events: &[&CommRow], compute: Compute, scale: f64) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{rank} init");
     if let Compute::PerStep(sec) = compute {
         let _ = writeln!(s, "{rank} compute {}", (sec * HOST_FLOPS).round());
     }
-    let size = |b: u64| -> u64 {
-        if b == 0 {
-            0
-        } else {
-            ((b as f64 * scale).round() as u64).max(1)
-        }
-    };
+    let size = |b: u64| scaled_bytes(b, scale).unwrap_or(PIECE_BYTES * MAX_PIECES);
     let mut i = 0;
     while i < events.len() {
         let call = events[i].call;
@@ -211,41 +236,62 @@ pub fn ti_trace(rank: usize, events: &[&CommRow], compute: Compute, scale: f64) 
         while j < events.len() && events[j].call == call {
             j += 1;
         }
-        let group = &events[i..j];
-        // One call: the sends posted, the receives posted, the receives completed in order,
-        // then the sends.
-        for e in group {
-            match e.kind {
-                EventKind::Compute => {
-                    if compute == Compute::Recorded {
-                        let flops = ((e.end_s - e.start_s).max(0.0) * HOST_FLOPS).round();
-                        if flops >= 1.0 {
-                            let _ = writeln!(s, "{rank} compute {flops}");
-                        }
-                    }
-                }
-                EventKind::Allreduce => {
-                    let _ = writeln!(s, "{rank} allreduce {} 0", size(e.bytes));
-                }
-                EventKind::Send => {
-                    let _ = writeln!(s, "{rank} isend {} {} {}", e.peer, ti_tag(e), size(e.bytes));
-                }
-                EventKind::Recv => {}
-            }
-        }
-        for e in group.iter().filter(|e| e.kind == EventKind::Recv) {
-            let _ = writeln!(s, "{rank} irecv {} {} {}", e.peer, ti_tag(e), size(e.bytes));
-        }
-        for e in group.iter().filter(|e| e.kind == EventKind::Recv) {
-            let _ = writeln!(s, "{rank} wait {} {rank} {}", e.peer, ti_tag(e));
-        }
-        for e in group.iter().filter(|e| e.kind == EventKind::Send) {
-            let _ = writeln!(s, "{rank} wait {rank} {} {}", e.peer, ti_tag(e));
-        }
+        ti_call(&mut s, rank, &events[i..j], compute, &size);
         i = j;
     }
     let _ = writeln!(s, "{rank} finalize");
     s
+}
+
+/// One call: the sends posted, the receives posted, the receives completed in order, then the
+/// sends; each message as its pieces.
+fn ti_call(
+    s: &mut String,
+    rank: usize,
+    group: &[&CommRow],
+    compute: Compute,
+    size: &dyn Fn(u64) -> u64,
+) {
+    for e in group {
+        match e.kind {
+            EventKind::Compute => {
+                if compute == Compute::Recorded {
+                    let flops = ((e.end_s - e.start_s).max(0.0) * HOST_FLOPS).round();
+                    if flops >= 1.0 {
+                        let _ = writeln!(s, "{rank} compute {flops}");
+                    }
+                }
+            }
+            EventKind::Allreduce => {
+                // Pieces one after another: each is a whole allreduce of its part.
+                for b in pieces(size(e.bytes)) {
+                    let _ = writeln!(s, "{rank} allreduce {b} 0");
+                }
+            }
+            EventKind::Send => {
+                for (k, b) in pieces(size(e.bytes)).enumerate() {
+                    let _ = writeln!(s, "{rank} isend {} {} {b}", e.peer, ti_tag(e, k as u64));
+                }
+            }
+            EventKind::Recv => {}
+        }
+    }
+    let recvs = || group.iter().filter(|e| e.kind == EventKind::Recv);
+    for e in recvs() {
+        for (k, b) in pieces(size(e.bytes)).enumerate() {
+            let _ = writeln!(s, "{rank} irecv {} {} {b}", e.peer, ti_tag(e, k as u64));
+        }
+    }
+    for e in recvs() {
+        for k in 0..pieces(size(e.bytes)).count() as u64 {
+            let _ = writeln!(s, "{rank} wait {} {rank} {}", e.peer, ti_tag(e, k));
+        }
+    }
+    for e in group.iter().filter(|e| e.kind == EventKind::Send) {
+        for k in 0..pieces(size(e.bytes)).count() as u64 {
+            let _ = writeln!(s, "{rank} wait {rank} {} {}", e.peer, ti_tag(e, k));
+        }
+    }
 }
 
 /// Whether every send among `ranks`' events has its receive among them and the other way
@@ -378,8 +424,8 @@ impl Smpi {
         let plat = write("platform.xml", &platform.xml())?;
         let hosts = write("hostfile", &platform.hostfile(p))?;
         let ti = write("traces.txt", &list)?;
-        let out = Command::new(&self.smpirun)
-            .arg("-np")
+        let mut cmd = Command::new(&self.smpirun);
+        cmd.arg("-np")
             .arg(p.to_string())
             .arg("-platform")
             .arg(&plat)
@@ -394,8 +440,9 @@ impl Smpi {
                 "--log=smpi_replay.thres:info",
             ])
             .arg(&self.replaymain)
-            .current_dir(dir)
-            .output()
+            .current_dir(dir);
+        // In a process group of its own, ended with the replay's files on a signal.
+        let out = gradkit_core::paths::output_in_group(&mut cmd)
             .with_context(|| format!("cannot run {}", self.smpirun.display()))?;
         let text = format!(
             "{}{}",

@@ -18,6 +18,11 @@ use gradkit_core::{read_table, CommRow, EventKind, Input, Meta, MetricRow, Outpu
 
 use crate::simgrid::{self, Compute, Platform, Smpi, Topology};
 
+/// The most nodes (and ranks per node) a replay's platform may have: SimGrid builds every
+/// host and route before the first event (10^6 flat nodes: 97 s and 4 GB for an empty
+/// platform), and a recording has at most this many ranks to place.
+pub const MAX_NODES: usize = 1 << 16;
+
 #[derive(Args, Clone, Debug)]
 pub struct SimulateArgs {
     /// A commtrace/1 recording (gradallreduce, bench or gradtrain `--comm-trace`)
@@ -118,6 +123,59 @@ pub fn parse_rate(s: &str, flag: &str) -> Result<f64> {
     Ok(v * mult)
 }
 
+/// SMPI's piecewise values: `SIZE:V;SIZE:V…` (`smpi/bw-factor`, `smpi/lat-factor`: one
+/// factor > 0 per piece) or `SIZE:BASE:PER_BYTE;…` (`smpi/os`, `smpi/or`, `smpi/ois`: two
+/// values ≥ 0). SIZE is a whole number of bytes. Checked here, since SimGrid aborts on a
+/// malformed one with a backtrace of its own.
+pub fn check_piecewise(value: &str, flag: &str, overheads: bool) -> Result<()> {
+    let (n, want) = if overheads {
+        (3, "SIZE:BASE:PER_BYTE;… with BASE and PER_BYTE numbers ≥ 0")
+    } else {
+        (2, "SIZE:FACTOR;… with each FACTOR a number > 0")
+    };
+    let bad = || {
+        anyhow::anyhow!(
+            "`{value}` is not {want}, e.g. {} (flag {flag})",
+            if overheads {
+                "0:1e-6:0"
+            } else {
+                "65472:0.94;0:0.8"
+            }
+        )
+    };
+    for piece in value.split(';') {
+        let parts: Vec<&str> = piece.split(':').map(str::trim).collect();
+        if parts.len() != n || parts[0].parse::<u64>().is_err() {
+            return Err(bad());
+        }
+        for v in &parts[1..] {
+            match v.parse::<f64>() {
+                Ok(x) if x.is_finite() && (x > 0.0 || (overheads && x == 0.0)) => {}
+                _ => return Err(bad()),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A `--smpi-cfg KEY:VALUE`: a key of letters, digits, `/`, `-`, `_` and `.`, a value, and
+/// SMPI's piecewise keys' values in their form ([`check_piecewise`]).
+pub fn check_smpi_cfg(c: &str) -> Result<()> {
+    let key_ok = |k: &str| {
+        !k.is_empty()
+            && k.chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || "/-_.".contains(ch))
+    };
+    match c.split_once(':') {
+        Some((k, v)) if key_ok(k) && !v.trim().is_empty() => match k {
+            "smpi/bw-factor" | "smpi/lat-factor" => check_piecewise(v, "--smpi-cfg", false),
+            "smpi/os" | "smpi/or" | "smpi/ois" => check_piecewise(v, "--smpi-cfg", true),
+            _ => Ok(()),
+        },
+        _ => bail!("`{c}` is not KEY:VALUE, e.g. network/crosstraffic:1 (flag --smpi-cfg)"),
+    }
+}
+
 /// A time: `<number><unit>` with unit s, ms, us, ns; seconds.
 pub fn parse_time(s: &str, flag: &str) -> Result<f64> {
     let t = s.trim();
@@ -150,14 +208,29 @@ impl SimulateArgs {
         if self.hosts_per_node == 0 {
             bail!("--hosts-per-node must be at least 1 (flag --hosts-per-node)");
         }
-        if self.nodes == Some(0) {
-            bail!("--nodes must be at least 1 (flag --nodes)");
+        if self.hosts_per_node > MAX_NODES {
+            bail!(
+                "--hosts-per-node {} is more than the {MAX_NODES} ranks a node may have (flag --hosts-per-node)",
+                self.hosts_per_node
+            );
+        }
+        match self.nodes {
+            Some(0) => bail!("--nodes must be at least 1 (flag --nodes)"),
+            Some(n) if n > MAX_NODES => bail!(
+                "--nodes {n} is more than the {MAX_NODES} nodes a replay may have (SimGrid builds every host and route of the platform: 10^6 nodes took 97 s and 4 GB before the first event) (flag --nodes)"
+            ),
+            _ => {}
         }
         if !(self.scale_bytes.is_finite() && self.scale_bytes > 0.0) {
             bail!(
                 "--scale-bytes must be a number > 0, got {} (flag --scale-bytes)",
                 self.scale_bytes
             );
+        }
+        check_piecewise(&self.bw_factor, "--bw-factor", false)?;
+        check_piecewise(&self.lat_factor, "--lat-factor", false)?;
+        for c in &self.smpi_cfg {
+            check_smpi_cfg(c)?;
         }
         let compute = match self.compute.as_str() {
             "recorded" => Compute::Recorded,
@@ -180,6 +253,19 @@ impl SimulateArgs {
         }
         if self.dragonfly.is_some() && !matches!(topology, Topology::Dragonfly(_)) {
             bail!("--dragonfly applies to --topology dragonfly only (flag --dragonfly)");
+        }
+        let given = [
+            self.fat_tree.clone().map(Topology::FatTree),
+            self.dragonfly.clone().map(Topology::Dragonfly),
+        ];
+        for t in given.into_iter().flatten() {
+            let flag = format!("--{}", t.name());
+            match simgrid::topology_hosts(&t)? {
+                Some(h) if h > MAX_NODES => bail!(
+                    "{flag} describes {h} nodes, more than the {MAX_NODES} nodes a replay may have (flag {flag})"
+                ),
+                _ => {}
+            }
         }
         Ok((
             Platform {
@@ -297,7 +383,7 @@ pub fn simulate(args: &SimulateArgs) -> Result<(Vec<Line>, Meta, usize)> {
             tmp.0.clone()
         }
     };
-    let steps = by_step(args, &rows, ranks)?;
+    let steps = by_step(args, &rows)?;
     let sim = Sim {
         args,
         smpi: &smpi,
@@ -307,17 +393,20 @@ pub fn simulate(args: &SimulateArgs) -> Result<(Vec<Line>, Meta, usize)> {
         ranks,
     };
     let mut lines = Vec::new();
-    for (step, mut per_rank) in steps {
-        for evs in &mut per_rank {
-            evs.sort_by_key(|e| e.event);
-        }
-        sim.step(step, &per_rank, &mut lines)?;
+    for (step, events) in steps {
+        sim.step(step, &per_rank(&events, ranks), &mut lines)?;
     }
     Ok((lines, meta, ranks))
 }
 
+/// The most ranks a recording's world may have (metadata `gradkit.world_size`): what the
+/// largest platform holds, [`MAX_NODES`] nodes of [`MAX_NODES`] ranks, is far beyond any
+/// replay's time; this bounds what the metadata alone can make the replay allocate.
+pub const MAX_RANKS: usize = 1 << 20;
+
 /// The recording's rows, metadata and world size, checked: events there, ranks and peers in
-/// the world, the format version this gradkit replays.
+/// the world, the format version this gradkit replays, and every row one the replay can run
+/// ([`check_rows`]).
 fn load_recording(args: &SimulateArgs) -> Result<(Vec<CommRow>, Meta, usize)> {
     let input = Input::Path(args.recording.clone());
     let loaded = read_table::<CommRow>(&input, ReadOptions::default()).map_err(|e| {
@@ -329,43 +418,120 @@ fn load_recording(args: &SimulateArgs) -> Result<(Vec<CommRow>, Meta, usize)> {
         }
     })?;
     let rows = loaded.rows;
-    let ranks = match loaded.meta.get("world_size").map(str::parse::<usize>) {
-        Some(Ok(p)) => p,
-        _ => rows.iter().map(|r| r.rank as usize + 1).max().unwrap_or(0),
+    let name = args.recording.display();
+    let seen = rows
+        .iter()
+        .map(|r| r.rank.max(r.peer) as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let ranks = match loaded.meta.get("world_size") {
+        None => seen,
+        Some(v) => match v.parse::<usize>() {
+            Ok(p) if (1..=MAX_RANKS).contains(&p) => p,
+            _ => bail!(
+                "recording {name}: metadata gradkit.world_size = `{v}` is not a world of 1 to {MAX_RANKS} ranks"
+            ),
+        },
     };
     if rows.is_empty() || ranks == 0 {
-        bail!("recording {} holds no events", args.recording.display());
+        bail!("recording {name} holds no events");
     }
-    if let Some(r) = rows
+    if let Some((i, r)) = rows
         .iter()
-        .find(|r| r.rank as usize >= ranks || r.peer as usize >= ranks)
+        .enumerate()
+        .find(|(_, r)| r.rank as usize >= ranks || r.peer as usize >= ranks)
     {
         bail!(
-            "recording {}: rank {} / peer {} outside its world of {ranks} ranks (metadata gradkit.world_size)",
-            args.recording.display(),
+            "recording {name}: row {i}: rank {} / peer {} outside its world of {ranks} ranks (metadata gradkit.world_size)",
             r.rank,
             r.peer
         );
     }
+    check_rows(&rows, args.scale_bytes).with_context(|| format!("recording {name}"))?;
     Ok((rows, loaded.meta, ranks))
 }
 
-/// Step → per rank, its events (the steps `--steps` asks for).
-#[allow(clippy::type_complexity)]
+/// Every row one the replay can run: times finite, no call ending before it starts, message
+/// sizes (× `scale`) within what [`simgrid::pieces`] carries, and every send received once,
+/// in its step, with its size (and every receive sent). The error names the row (file order,
+/// from 0) and the column.
+pub fn check_rows(rows: &[CommRow], scale: f64) -> Result<()> {
+    for (i, r) in rows.iter().enumerate() {
+        for (col, v) in [("start_s", r.start_s), ("end_s", r.end_s)] {
+            if !v.is_finite() {
+                bail!("column `{col}`, row {i}: {v} is not a time");
+            }
+        }
+        if r.end_s < r.start_s {
+            bail!(
+                "column `end_s`, row {i}: the call ends at {} s, before it starts ({} s, column `start_s`)",
+                r.end_s,
+                r.start_s
+            );
+        }
+        if simgrid::scaled_bytes(r.bytes, scale).is_none() {
+            bail!(
+                "column `bytes`, row {i}: a message of {} bytes × --scale-bytes {scale} is more than the replay can send (at most {} bytes: SimGrid's TI actions carry less than 2^31 bytes, and a message is cut into at most {} pieces)",
+                r.bytes,
+                simgrid::PIECE_BYTES * simgrid::MAX_PIECES,
+                simgrid::MAX_PIECES
+            );
+        }
+    }
+    // (step, from, to, tag, seq) → (row, bytes) of the send, taken off by its receive.
+    let mut sends = std::collections::HashMap::new();
+    for (i, r) in rows.iter().enumerate() {
+        if r.kind == EventKind::Send {
+            if let Some((j, _)) = sends.insert((r.step, r.rank, r.peer, r.tag, r.seq), (i, r.bytes))
+            {
+                bail!(
+                    "column `seq`, row {i}: rank {} sends to rank {} with tag {} and sequence number {} twice (also row {j})",
+                    r.rank, r.peer, r.tag, r.seq
+                );
+            }
+        }
+    }
+    for (i, r) in rows.iter().enumerate() {
+        if r.kind != EventKind::Recv {
+            continue;
+        }
+        match sends.remove(&(r.step, r.peer, r.rank, r.tag, r.seq)) {
+            None => bail!(
+                "column `seq`, row {i}: rank {} receives from rank {} (tag {}, sequence number {}, step {}) a message that no row sends",
+                r.rank, r.peer, r.tag, r.seq, r.step
+            ),
+            Some((j, b)) if b != r.bytes => bail!(
+                "column `bytes`, row {i}: rank {} receives {} bytes from rank {}, which sends {b} (row {j})",
+                r.rank, r.bytes, r.peer
+            ),
+            Some(_) => {}
+        }
+    }
+    if let Some((i, r)) = sends
+        .values()
+        .map(|&(i, _)| (i, &rows[i]))
+        .min_by_key(|(i, _)| *i)
+    {
+        bail!(
+            "column `seq`, row {i}: rank {} sends to rank {} (tag {}, sequence number {}, step {}) a message that no row receives",
+            r.rank, r.peer, r.tag, r.seq, r.step
+        );
+    }
+    Ok(())
+}
+
+/// Step → its events (the steps `--steps` asks for), in file order; a step is spread over its
+/// ranks only when it is replayed ([`per_rank`]), so memory is the rows plus one step.
 fn by_step<'a>(
     args: &SimulateArgs,
     rows: &'a [CommRow],
-    ranks: usize,
-) -> Result<BTreeMap<u32, Vec<Vec<&'a CommRow>>>> {
-    let mut steps: BTreeMap<u32, Vec<Vec<&CommRow>>> = BTreeMap::new();
+) -> Result<BTreeMap<u32, Vec<&'a CommRow>>> {
+    let mut steps: BTreeMap<u32, Vec<&CommRow>> = BTreeMap::new();
     for r in rows {
         if args.steps.as_ref().is_some_and(|s| !s.contains(&r.step)) {
             continue;
         }
-        steps
-            .entry(r.step)
-            .or_insert_with(|| vec![Vec::new(); ranks])[r.rank as usize]
-            .push(r);
+        steps.entry(r.step).or_default().push(r);
     }
     if steps.is_empty() {
         bail!(
@@ -374,6 +540,18 @@ fn by_step<'a>(
         );
     }
     Ok(steps)
+}
+
+/// One step's events per rank (0..ranks), each rank's in event order.
+fn per_rank<'a>(events: &[&'a CommRow], ranks: usize) -> Vec<Vec<&'a CommRow>> {
+    let mut out = vec![Vec::new(); ranks];
+    for e in events {
+        out[e.rank as usize].push(*e);
+    }
+    for evs in &mut out {
+        evs.sort_by_key(|e| e.event);
+    }
+    out
 }
 
 /// What replaying a step needs.
@@ -483,6 +661,7 @@ struct TempDir(PathBuf);
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+        gradkit_core::paths::unregister_temp_dir(&self.0);
     }
 }
 
@@ -490,9 +669,12 @@ fn tempfile_dir() -> Result<TempDir> {
     let base = std::env::temp_dir();
     for i in 0..1000u32 {
         let d = base.join(format!("gradreport-simulate-{}-{i}", std::process::id()));
+        // Registered first: a signal from here on removes it (and ends the smpirun run in it).
+        gradkit_core::paths::register_temp_dir(&d);
         if std::fs::create_dir(&d).is_ok() {
             return Ok(TempDir(d));
         }
+        gradkit_core::paths::unregister_temp_dir(&d);
     }
     bail!("cannot create a temporary directory in {}", base.display())
 }
@@ -559,6 +741,11 @@ pub fn metric_rows(lines: &[Line], algo: &str, ranks: usize) -> Vec<MetricRow> {
 
 /// `gradreport simulate`.
 pub fn run(args: &SimulateArgs) -> Result<()> {
+    // Before anything is read: -o must not replace the recording (through any name).
+    gradkit_core::paths::check_distinct(
+        &[("RECORDING", Some(args.recording.as_path()))],
+        &[("-o", args.output.as_deref())],
+    )?;
     let output = match &args.output {
         Some(p) if p.as_os_str() == "-" => {
             bail!("-o takes a file (the table is on stdout already) (flag -o)")

@@ -661,3 +661,180 @@ fn table_per_file_is_the_median_over_repeats_of_each_repeats_statistic() {
     let e = fails(&["table", s(&files[0]), "--per-file"]);
     assert!(e.contains("--per-file") && e.lines().count() == 1, "{e}");
 }
+
+/// `path` with its footer rewritten by the parquet crate's metadata writer: row group 0 claims
+/// `rows` rows (the data pages untouched).
+fn claim_rows(path: &Path, rows: i64) {
+    use parquet::file::metadata::{ParquetMetaDataReader, ParquetMetaDataWriter};
+    let bytes = std::fs::read(path).unwrap();
+    let n = bytes.len();
+    let footer_len = u32::from_le_bytes(bytes[n - 8..n - 4].try_into().unwrap()) as usize;
+    let start = n - 8 - footer_len;
+    let meta = ParquetMetaDataReader::decode_metadata(&bytes[start..n - 8]).unwrap();
+    let mut groups = meta.row_groups().to_vec();
+    groups[0] = groups[0]
+        .clone()
+        .into_builder()
+        .set_num_rows(rows)
+        .build()
+        .unwrap();
+    let meta = meta.into_builder().set_row_groups(groups).build();
+    let mut out = bytes[..start].to_vec();
+    ParquetMetaDataWriter::new(&mut out, &meta)
+        .finish()
+        .unwrap();
+    std::fs::write(path, out).unwrap();
+}
+
+/// A commtrace/1 recording of one 2-rank exchange of `bytes` each way, world `world`.
+fn recording(path: &Path, world: usize, bytes: u64) {
+    use gradkit_core::{CommRow, EventKind};
+    let ev = |rank: u32, event: u64, kind: EventKind| CommRow {
+        step: 0,
+        rank,
+        event,
+        call: 0,
+        kind,
+        peer: 1 - rank,
+        tag: 0,
+        seq: 0,
+        bytes,
+        phase: "p".into(),
+        label: "x".into(),
+        start_s: 0.0,
+        end_s: 1e-3,
+    };
+    let rows = vec![
+        ev(0, 0, EventKind::Send),
+        ev(0, 1, EventKind::Recv),
+        ev(1, 0, EventKind::Send),
+        ev(1, 1, EventKind::Recv),
+    ];
+    gradkit_core::write_comm_trace(path, Meta::default(), world, &rows).unwrap();
+}
+
+#[test]
+fn a_footer_claiming_more_rows_than_the_file_holds_is_one_line() {
+    let d = tempfile::tempdir().unwrap();
+    let f = write_metrics(d.path(), "m.parquet", &comm_rows());
+    let rec = d.path().join("rec.parquet");
+    recording(&rec, 2, 64);
+    let svg = d.path().join("fig.svg");
+    // 10^12 rows: more than the file's bytes can encode; one more than there is: found when
+    // the rows are read. Either names the file and the footer field.
+    for claim in [1_000_000_000_000i64, comm_rows().len() as i64 + 1] {
+        claim_rows(&f, claim);
+        for args in [
+            vec!["table", s(&f)],
+            vec!["plot", "breakdown", s(&f), "-o", s(&svg)],
+        ] {
+            let e = fails(&args);
+            assert!(e.contains("m.parquet") && e.contains("num_rows"), "{e}");
+        }
+        assert!(!svg.exists());
+    }
+    claim_rows(&rec, 1_000_000_000_000);
+    let o = run(&["simulate", s(&rec)]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("rec.parquet") && err.contains("num_rows"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_world_of_10_12_ranks_is_one_line_and_leaves_no_temporary_directory() {
+    let d = tempfile::tempdir().unwrap();
+    let rec = d.path().join("rec.parquet");
+    recording(&rec, 1_000_000_000_000, 64);
+    let tmp = d.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_gradreport"))
+        .args(["simulate", s(&rec)])
+        .env("TMPDIR", &tmp)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("rec.parquet") && err.contains("gradkit.world_size"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 0);
+}
+
+#[test]
+fn table_by_step_groups_every_step_as_a_brute_force_grouping() {
+    let d = tempfile::tempdir().unwrap();
+    // 3,000 steps × 3 ranks, values from a fixed pseudo-random sequence.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rows = Vec::new();
+    for step in (0..3000u32).rev() {
+        for rank in 0..3 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let v = (x % 1000) as f64;
+            rows.push(m("r", "ring", 3, step, rank, "time_comm_s", v));
+        }
+    }
+    let f = write_metrics(d.path(), "m.parquet", &rows);
+    let out = ok(&["table", s(&f), "--by", "step", "--format", "csv"]);
+    // The reference: every step's three samples found by a scan of all rows, sorted by hand.
+    let mut want = String::from("step,time_comm_s,time_comm_s_min,time_comm_s_max\n");
+    for step in 0..3000u32 {
+        let mut v: Vec<f64> = rows
+            .iter()
+            .filter(|r| r.step == step)
+            .map(|r| r.value)
+            .collect();
+        v.sort_by(f64::total_cmp);
+        assert_eq!(v.len(), 3);
+        want.push_str(&format!("{step},{},{},{}\n", v[1], v[0], v[2]));
+    }
+    assert_eq!(out, want);
+    // Markdown holds the same numbers, one line per step.
+    let md = ok(&["table", s(&f), "--by", "step"]);
+    assert_eq!(md.lines().count(), 3002);
+    // The rows need more memory than a limit of 1 MiB: refused, naming the limit.
+    let o = Command::new(env!("CARGO_BIN_EXE_gradreport"))
+        .args(["table", s(&f), "--by", "step"])
+        .env("GRADKIT_MAX_MEMORY", "1M")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("GRADKIT_MAX_MEMORY") && err.contains("m.parquet"),
+        "{err}"
+    );
+}
+
+#[test]
+fn plot_with_an_unwritable_csv_writes_no_figure() {
+    let d = tempfile::tempdir().unwrap();
+    let f = write_metrics(d.path(), "train.parquet", &train_rows());
+    let svg = d.path().join("loss.svg");
+    let csv = d.path().join("absent").join("loss.csv");
+    let e = fails(&[
+        "plot",
+        "loss",
+        s(&f),
+        "-o",
+        s(&svg),
+        "--also",
+        "png",
+        "--csv",
+        s(&csv),
+    ]);
+    assert!(e.contains("--csv") && e.contains("absent"), "{e}");
+    let names: Vec<String> = std::fs::read_dir(d.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["train.parquet"]);
+}

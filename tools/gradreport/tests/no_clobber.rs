@@ -1,5 +1,5 @@
 //! Never destroy data: `gradreport plot -o` refuses to write its SVG over one of the metrics
-//! files it reads (docs/RELIABILITY.md).
+//! files it reads, and `simulate -o` its table over the recording (docs/RELIABILITY.md).
 
 use std::path::Path;
 use std::process::Command;
@@ -65,5 +65,60 @@ fn a_figure_never_overwrites_its_metrics() {
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A 2-rank recording (commtrace/1) of one exchange, at `path`.
+fn recording(path: &Path) {
+    use gradkit_core::{CommRow, EventKind};
+    let ev = |rank: u32, event: u64, kind: EventKind| CommRow {
+        step: 0,
+        rank,
+        event,
+        call: 0,
+        kind,
+        peer: 1 - rank,
+        tag: 0,
+        seq: 0,
+        bytes: 64,
+        phase: "p".into(),
+        label: "x".into(),
+        start_s: 0.0,
+        end_s: 1e-3,
+    };
+    let rows = [
+        ev(0, 0, EventKind::Send),
+        ev(0, 1, EventKind::Recv),
+        ev(1, 0, EventKind::Send),
+        ev(1, 1, EventKind::Recv),
+    ];
+    gradkit_core::write_comm_trace(path, Meta::default(), 2, &rows).unwrap();
+}
+
+#[test]
+fn a_replay_never_overwrites_its_recording() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    recording(&p.join("rv.parquet"));
+    std::os::unix::fs::symlink("rv.parquet", p.join("link.parquet")).unwrap();
+    for out in ["rv.parquet", "./rv.parquet", "link.parquet"] {
+        refused(
+            p,
+            &["simulate", "rv.parquet", "--compute", "none", "-o", out],
+            &["-o", "RECORDING", "rv.parquet"],
+        );
+    }
+    // The recording named through the symlink.
+    refused(
+        p,
+        &[
+            "simulate",
+            "link.parquet",
+            "--compute",
+            "none",
+            "-o",
+            "rv.parquet",
+        ],
+        &["-o", "RECORDING"],
     );
 }

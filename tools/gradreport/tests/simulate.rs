@@ -1,7 +1,9 @@
 //! `gradreport simulate`: a real recording (gradkit's ring allreduce, in-process) replayed on
 //! SimGrid matches the ring's α-β formula on a flat cluster, its phases add up to the step,
 //! and bad input stops with one line: a recording of another version, a platform too small
-//! for the ranks, no smpirun.
+//! for the ranks, no smpirun, a row the replay cannot run. Messages of 2^31 bytes and more
+//! (beyond SimGrid's TI actions) replay at the α-β formula's time; a signal ends smpirun and
+//! removes the replay's files.
 
 use std::path::{Path, PathBuf};
 
@@ -224,8 +226,183 @@ fn bad_input_stops_with_one_line() {
         ("--topology", "torus"),
         ("--scale-bytes", "0"),
         ("--compute", "-1"),
+        ("--bw-factor", "fast"),
+        ("--bw-factor", "0:1;65536"),
+        ("--lat-factor", "0:-1"),
+        ("--smpi-cfg", "network/crosstraffic"),
+        ("--smpi-cfg", "smpi/os:0:x:0"),
+        ("--nodes", "1000000000"),
+        ("--fat-tree", "2;100000,100000;1,1;1,1"),
     ] {
         let (code, _, err) = simulate(&[r, &format!("{flag}={value}")]);
         one_error_line(code, &err, 2, flag);
+    }
+}
+
+/// `rec` with `edit` applied to its rows, written to `out`.
+fn edited(rec: &Path, out: &Path, edit: impl Fn(&mut Vec<gradkit_core::CommRow>)) {
+    let mut t =
+        read_table::<gradkit_core::CommRow>(&Input::Path(rec.into()), ReadOptions::default())
+            .unwrap();
+    edit(&mut t.rows);
+    let world = t.meta.get("world_size").unwrap().parse().unwrap();
+    gradkit_core::write_comm_trace(out, Meta::default(), world, &t.rows).unwrap();
+}
+
+#[test]
+fn rows_the_replay_cannot_run_are_named_with_their_column() {
+    use gradkit_core::EventKind;
+    let d = gradkit_testkit::tempdir("gradreport-simulate-rows");
+    let rec = d.path().join("rec.parquet");
+    record(&rec, Algo::Ring, 2, 64);
+    let bad = d.path().join("bad.parquet");
+    let first = |rows: &[gradkit_core::CommRow], k: EventKind| {
+        rows.iter().position(|r| r.kind == k).unwrap()
+    };
+    type Edit = Box<dyn Fn(&mut Vec<gradkit_core::CommRow>)>;
+    let cases: Vec<(Edit, &str)> = vec![
+        (Box::new(|r| r[0].start_s = f64::NAN), "`start_s`, row 0"),
+        (
+            Box::new(|r| r[0].end_s = r[0].start_s - 1.0),
+            "`end_s`, row 0",
+        ),
+        (
+            Box::new(move |r| {
+                let i = first(r, EventKind::Recv);
+                r.remove(i);
+            }),
+            "no row receives",
+        ),
+        (
+            Box::new(move |r| {
+                let i = first(r, EventKind::Send);
+                r.remove(i);
+            }),
+            "no row sends",
+        ),
+        (
+            Box::new(move |r| {
+                let i = first(r, EventKind::Send);
+                r[i].bytes = 1 << 63;
+            }),
+            "column `bytes`",
+        ),
+    ];
+    for (edit, needle) in cases {
+        edited(&rec, &bad, edit);
+        let (code, _, err) = simulate(&[bad.to_str().unwrap(), "--compute", "none"]);
+        one_error_line(code, &err, 1, needle);
+        assert!(err.contains("bad.parquet"), "{err}");
+    }
+}
+
+#[test]
+fn messages_of_2_31_bytes_and_more_replay_at_the_alpha_beta_time() {
+    smpirun_here();
+    let d = gradkit_testkit::tempdir("gradreport-simulate-big");
+    let rec = d.path().join("ring.parquet");
+    // The ring on 2 ranks: two messages of 2n bytes one after the other.
+    let n = 1024usize;
+    record(&rec, Algo::Ring, 2, n);
+    // Below 2^31 bytes, just above, and 2^31 · 9.5 (ten pieces).
+    for scale in [1_048_000.0, 1_049_000.0, 10_000_000.0] {
+        let m = (2 * n) as f64 * scale;
+        let (code, out, err) = simulate(&[
+            rec.to_str().unwrap(),
+            "--link-rate",
+            "10Gbps",
+            "--latency",
+            "5us",
+            "--compute",
+            "none",
+            "--no-phases",
+            "--format",
+            "csv",
+            "--scale-bytes",
+            &scale.to_string(),
+        ]);
+        assert_eq!(code, 0, "{err}");
+        let ms: f64 = out
+            .lines()
+            .nth(1)
+            .unwrap()
+            .split(',')
+            .nth(3)
+            .unwrap()
+            .parse()
+            .unwrap();
+        let formula = 2.0 * (2.0 * 5e-6 + m / 1.25e9);
+        assert!(
+            (ms * 1e-3 / formula - 1.0).abs() < 0.05,
+            "--scale-bytes {scale}: simulated {ms} ms vs the formula's {formula} s"
+        );
+    }
+}
+
+#[test]
+fn a_signal_ends_smpirun_and_removes_the_replay_files() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = gradkit_testkit::tempdir("gradreport-simulate-signal");
+    let rec = d.path().join("rec.parquet");
+    record(&rec, Algo::Ring, 2, 64);
+    let (tmp, pidfile) = (d.path().join("tmp"), d.path().join("child.pid"));
+    std::fs::create_dir(&tmp).unwrap();
+    // A stand-in smpirun that starts a child of its own and waits for it.
+    let fake = d.path().join("smpirun");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\nsleep 1000 &\necho $! > {}\nwait\n",
+            pidfile.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for (name, sig) in [("TERM", 15), ("INT", 2), ("HUP", 1)] {
+        let _ = std::fs::remove_file(&pidfile);
+        let mut child = std::process::Command::new(BIN)
+            .args(["simulate", rec.to_str().unwrap(), "--compute", "none"])
+            .env("TMPDIR", &tmp)
+            .env("GRADKIT_SMPIRUN", &fake)
+            .env("GRADKIT_SMPIREPLAYMAIN", &fake)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Wait until the stand-in's child runs (or the tool has stopped on its own).
+        let pid = loop {
+            if let Some(p) = std::fs::read_to_string(&pidfile)
+                .ok()
+                .and_then(|s| s.trim().parse::<i32>().ok())
+            {
+                break p;
+            }
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "gradreport ended first"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 1);
+        let kill = std::process::Command::new("kill")
+            .args([format!("-{name}"), child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(128 + sig));
+        assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 0, "signal {sig}");
+        // The grandchild was sent the signal before the tool exited: it is gone, or a zombie
+        // waiting for init to reap it, once the signal is delivered (polled, not timed).
+        let alive = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| !s.rsplit(')').next().unwrap().trim_start().starts_with('Z'))
+        };
+        let mut polls = 0;
+        while alive() && polls < 3000 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            polls += 1;
+        }
+        assert!(!alive(), "SIG{name}: smpirun's child {pid} still runs");
     }
 }

@@ -236,7 +236,60 @@ pub(super) fn checked_metadata<T: Table>(
         _ => {}
     }
     crate::tables::check_schema(&T::schema(), metadata.schema())?;
+    claimed_rows(&metadata, source.chunk_reader()?.len())?;
     Ok((metadata, meta))
+}
+
+/// The rows the footer's row groups claim (field `num_rows`), checked against the values of
+/// their columns that are not lists (as many as rows) and against what a file of `file_len`
+/// bytes can encode: a data page holds at most 2^31 − 1 values and takes more than 8 bytes
+/// (its header), so such a file has fewer than (file_len / 8 + 1) · (2^31 − 1) rows.
+/// A claim beyond that (a damaged or forged footer) is refused before anything is allocated
+/// for it; a smaller false claim is found when the rows are read ([`read_table_inner`]).
+pub(super) fn claimed_rows(metadata: &ArrowReaderMetadata, file_len: u64) -> Result<u64> {
+    let mut total: u64 = 0;
+    for (g, group) in metadata.metadata().row_groups().iter().enumerate() {
+        let n = u64::try_from(group.num_rows()).map_err(|_| {
+            anyhow!(
+                "footer field `num_rows` of row group {g} is {}: a damaged footer",
+                group.num_rows()
+            )
+        })?;
+        // A column that is not a list has one value per row in every row group.
+        if let Some(c) = group.columns().iter().find(|c| {
+            c.column_descr().max_rep_level() == 0 && u64::try_from(c.num_values()) != Ok(n)
+        }) {
+            bail!(
+                "footer field `num_rows` of row group {g} is {n}, but its column `{}` holds {} values (field `num_values`): a damaged footer",
+                c.column_path(),
+                c.num_values()
+            );
+        }
+        total = total.saturating_add(n);
+    }
+    let most = (file_len / 8 + 1).saturating_mul(i32::MAX as u64);
+    if total > most {
+        bail!(
+            "footer field `num_rows` claims {total} rows, more than a file of {file_len} bytes can encode (at most {most}): a damaged footer"
+        );
+    }
+    Ok(total)
+}
+
+/// What `rows` rows of `T` take in memory, about: the struct and one heap block per text
+/// column (a `String`'s allocation is 32 bytes or more), checked against the memory budget
+/// (`GRADKIT_MAX_MEMORY`, lib/core/src/budget.rs) before any is read.
+fn check_row_memory<T: Table>(rows: u64) -> Result<()> {
+    let texts = T::schema()
+        .fields()
+        .iter()
+        .filter(|f| matches!(f.data_type(), arrow_schema::DataType::Utf8))
+        .count();
+    let per_row = std::mem::size_of::<T>() + 32 * texts;
+    crate::budget::check(
+        &format!("its {rows} rows of `{}`", T::KIND.name()),
+        crate::budget::product(&[rows as u128, per_row as u128]),
+    )
 }
 
 /// Rows per record batch: about 8 MiB decoded, i.e. one row of a big dense layer per batch,
@@ -251,8 +304,12 @@ pub(super) const KEY_BATCH: usize = 1 << 16;
 
 pub(super) fn batch_rows_of(metadata: &ArrowReaderMetadata, target: i64) -> usize {
     let groups = metadata.metadata().row_groups();
+    // Saturating: a damaged footer's numbers must not overflow.
     let (nrows, bytes) = groups.iter().fold((0i64, 0i64), |(n, b), g| {
-        (n + g.num_rows(), b + g.total_byte_size())
+        (
+            n.saturating_add(g.num_rows().max(0)),
+            b.saturating_add(g.total_byte_size().max(0)),
+        )
     });
     target
         .checked_div(bytes / nrows.max(1))
@@ -266,9 +323,10 @@ pub(super) fn read_table_inner<T: Table>(input: &Input) -> Result<Loaded<T>> {
         Input::Stdin => Source::Memory(input.bytes()?),
     };
     let (metadata, meta) = checked_metadata::<T>(&source, &input.name())?;
+    let nrows = claimed_rows(&metadata, source.chunk_reader()?.len())?;
+    check_row_memory::<T>(nrows)?;
     let batch = batch_rows(&metadata);
     let groups = metadata.metadata().row_groups();
-    let nrows: i64 = groups.iter().map(|g| g.num_rows()).sum();
     // Row groups are decoded on up to one thread per core, each a contiguous range, and the
     // rows concatenated in file order.
     let threads = std::thread::available_parallelism()
@@ -301,9 +359,17 @@ pub(super) fn read_table_inner<T: Table>(input: &Input) -> Result<Loaded<T>> {
                 .collect()
         })
     };
-    let mut rows = Vec::with_capacity(nrows.max(0) as usize);
+    let parts = parts.into_iter().collect::<Result<Vec<_>>>()?;
+    // Allocated for the rows read, never for the footer's claim alone.
+    let got: usize = parts.iter().map(Vec::len).sum();
+    if got as u64 != nrows {
+        bail!(
+            "footer field `num_rows` claims {nrows} rows, but the file's pages hold {got}: a damaged footer"
+        );
+    }
+    let mut rows = Vec::with_capacity(got);
     for p in parts {
-        rows.extend(p?);
+        rows.extend(p);
     }
     Ok(Loaded {
         rows,
