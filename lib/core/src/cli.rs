@@ -663,6 +663,20 @@ pub fn stdout_if_absent(arg: Option<&std::path::Path>) -> Option<&std::path::Pat
     Some(arg.unwrap_or(std::path::Path::new("-")))
 }
 
+/// The `--version` of the tool that expands it: its package version, and ` (cuda)` when that
+/// tool was built with its `cuda` feature (so a user, and the device tests, can tell the two
+/// builds apart: `gradkit_testkit::variant_bin`).
+#[macro_export]
+macro_rules! tool_version {
+    () => {
+        if cfg!(feature = "cuda") {
+            concat!(env!("CARGO_PKG_VERSION"), " (cuda)")
+        } else {
+            env!("CARGO_PKG_VERSION")
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::{chain_text, cluster_rate_gbps};
@@ -699,18 +713,4 @@ mod tests {
         let e = anyhow::anyhow!("a").context("b").context("a");
         assert_eq!(chain_text(&e), "a: b: a");
     }
-}
-
-/// The `--version` of the tool that expands it: its package version, and ` (cuda)` when that
-/// tool was built with its `cuda` feature (so a user, and the device tests, can tell the two
-/// builds apart: `gradkit_testkit::variant_bin`).
-#[macro_export]
-macro_rules! tool_version {
-    () => {
-        if cfg!(feature = "cuda") {
-            concat!(env!("CARGO_PKG_VERSION"), " (cuda)")
-        } else {
-            env!("CARGO_PKG_VERSION")
-        }
-    };
 }

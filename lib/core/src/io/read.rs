@@ -236,7 +236,7 @@ pub(super) fn checked_metadata<T: Table>(
         _ => {}
     }
     crate::tables::check_schema(&T::schema(), metadata.schema())?;
-    claimed_rows(&metadata, source.chunk_reader()?.len())?;
+    claimed_rows(&metadata, source.chunk_reader(&metadata)?.len())?;
     Ok((metadata, meta))
 }
 
@@ -323,7 +323,7 @@ pub(super) fn read_table_inner<T: Table>(input: &Input) -> Result<Loaded<T>> {
         Input::Stdin => Source::Memory(input.bytes()?),
     };
     let (metadata, meta) = checked_metadata::<T>(&source, &input.name())?;
-    let nrows = claimed_rows(&metadata, source.chunk_reader()?.len())?;
+    let nrows = claimed_rows(&metadata, source.chunk_reader(&metadata)?.len())?;
     check_row_memory::<T>(nrows)?;
     let batch = batch_rows(&metadata);
     let groups = metadata.metadata().row_groups();

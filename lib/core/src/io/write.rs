@@ -398,12 +398,9 @@ pub(super) fn encode_row_group(
     Ok(out)
 }
 
-/// Where a table's bytes go: stdout; a device, FIFO or `/dev/stdout` in place (renaming a
-/// temporary file over it would replace the device node); or a temporary file beside the path,
-/// renamed when the table is complete.
-#[allow(clippy::type_complexity)]
-/// The sink of `out`, hashing what passes ([`super::checksum::CrcSink`]), its running CRC,
-/// and the temporary file it writes when `out` is a path.
+/// The sink of `out` ([`open_raw_sink`]) keeping a copy of what passes for the chunks'
+/// checksums ([`super::checksum::CrcSink`]), that copy, and the temporary file it writes when
+/// `out` is a path.
 #[allow(clippy::type_complexity)]
 fn open_sink(
     out: &Output,
@@ -421,6 +418,9 @@ fn open_sink(
     Ok((Box::new(sink), tee, tmp))
 }
 
+/// Where a table's bytes go: stdout; a device, FIFO or `/dev/stdout` in place (renaming a
+/// temporary file over it would replace the device node); or a temporary file beside the path,
+/// renamed when the table is complete.
 fn open_raw_sink(out: &Output) -> Result<(Box<dyn Write + Send>, Option<crate::paths::TempFile>)> {
     Ok(match out {
         Output::Stdout => (Box::new(std::io::stdout()), None),

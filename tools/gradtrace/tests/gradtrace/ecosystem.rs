@@ -269,7 +269,7 @@ fn codecs_other_writers_use_read() {
     }
     // LZ4, gzip and Brotli were really exercised. pyarrow 26 and polars write LZ4 as LZ4_RAW
     // whether asked for `lz4` or `lz4_raw`; the older Hadoop-framed LZ4 (Compression::LZ4) is
-    // read in lib/core/tests/ecosystem.rs from a file arrow-rs writes.
+    // read in lib/core/tests/core_tests/ecosystem.rs from a file arrow-rs writes.
     assert!(seen.contains(&Compression::LZ4_RAW), "{seen:?}");
     assert!(
         seen.iter().any(|c| matches!(c, Compression::GZIP(_))),

@@ -6,7 +6,7 @@
 //! fit are refused naming the column and the row. (tools/gradtrace/tests/gradtrace/ecosystem.rs reads
 //! files written by pandas, polars and pyarrow themselves.)
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -7,7 +7,7 @@
 //! for bit (NaN payloads, −0.0, infinities); null lists and null items must be refused with the
 //! messages the arrow path gives.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

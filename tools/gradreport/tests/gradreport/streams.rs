@@ -2,7 +2,7 @@
 //! are an error line or quiet success, never a panic, and a figure given with `-o` is
 //! written whole (docs/RELIABILITY.md).
 
-#[path = "../../gradtrace/tests/streams/harness.rs"]
+#[path = "../../../gradtrace/tests/streams/harness.rs"]
 mod harness;
 
 use harness::*;

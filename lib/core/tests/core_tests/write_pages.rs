@@ -7,7 +7,7 @@
 //! sparse rows, one row bigger than a page and than a row group, many small rows sharing
 //! pages across write calls, and changes of step.
 
-mod common;
+use crate::common;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

@@ -6,7 +6,7 @@
 //! them (counted here from the sizes); the file is byte for byte the one `write_table` of the
 //! hand-built rows gives; a misuse fails and leaves no file.
 
-mod common;
+use crate::common;
 
 use std::fs::File;
 use std::path::Path;

@@ -1,7 +1,7 @@
 //! Every schema survives a write and a read unchanged: rows (dense and sparse, null and
 //! present shapes, empty rows), metadata, and many record batches.
 
-mod common;
+use crate::common;
 
 use gradkit_core::io::{
     read_table, read_tensor, write_table, Input, Meta, Output, ReadOptions, TableWriter,

@@ -1,7 +1,7 @@
 //! Every validation error of the reader names the file and the problem; --allow-nonfinite
 //! accepts NaN/Inf and nothing else.
 
-mod common;
+use crate::common;
 
 use gradkit_core::io::{read_tensor, Input, ReadOptions};
 
