@@ -20,10 +20,25 @@ pub fn available() -> bool {
     ok
 }
 
+/// Gives one `mpirun` a session directory of its own (`OMPI_MCA_orte_tmpdir_base`, a fresh
+/// directory under the system's temporary directory): Open MPI 4 creates and removes
+/// `/tmp/ompi.HOST.UID` for every job, and two jobs started at once (tests run in parallel in
+/// one test binary) could fail with `mkdir … File exists` in `orte_session_dir` (seen under
+/// two CPU hogs). Every test that starts mpirun goes through this.
+pub fn isolate(c: &mut Command) -> &mut Command {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("gradkit-ompi-{}-{n}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    c.env("OMPI_MCA_orte_tmpdir_base", dir)
+}
+
 /// `mpirun -np NP --oversubscribe` allowed to run as root, stdin closed, stdout and stderr
-/// piped (a test may redirect them before spawning).
+/// piped (a test may redirect them before spawning), in a session directory of its own
+/// ([`isolate`]).
 pub fn command(np: usize) -> Command {
     let mut c = Command::new("mpirun");
+    isolate(&mut c);
     c.args(["-np", &np.to_string(), "--oversubscribe"])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

@@ -37,6 +37,7 @@ fn run(cmd: &mut Command) -> ProcOutput {
 
 fn mpirun(np: usize) -> Command {
     let mut c = Command::new("mpirun");
+    gradkit_testkit::mpi::isolate(&mut c);
     c.args(["-np", &np.to_string(), "--oversubscribe", BIN]);
     c
 }

@@ -31,6 +31,7 @@ fn run(cmd: &mut Command) -> ProcOutput {
 fn reduce(mpi: bool, p: usize, algo: &str, inp: &Path, out: &Path, state: &Path) -> ProcOutput {
     let mut c = if mpi {
         let mut c = Command::new("mpirun");
+        gradkit_testkit::mpi::isolate(&mut c);
         c.args(["-np", &p.to_string(), "--oversubscribe", BIN]);
         c
     } else {

@@ -159,7 +159,7 @@ fn local_and_mpirun_give_the_same_metrics() {
     a.extend(args);
     a.push(loc.to_str().unwrap());
     assert!(gradtrain(&a).status.success());
-    let out = Command::new("mpirun")
+    let out = gradkit_testkit::mpi::isolate(&mut Command::new("mpirun"))
         .args(["-np", "4", "--oversubscribe"])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
