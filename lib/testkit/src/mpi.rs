@@ -28,7 +28,20 @@ pub fn available() -> bool {
 pub fn isolate(c: &mut Command) -> &mut Command {
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("gradkit-ompi-{}-{n}", std::process::id()));
+    let tmp = std::env::temp_dir();
+    if n == 0 {
+        // The (empty) directories of test processes that have ended.
+        for e in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let pid = name
+                .strip_prefix("gradkit-ompi-")
+                .and_then(|r| r.split('-').next());
+            if pid.is_some_and(|p| !std::path::Path::new("/proc").join(p).exists()) {
+                let _ = std::fs::remove_dir(e.path());
+            }
+        }
+    }
+    let dir = tmp.join(format!("gradkit-ompi-{}-{n}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
     c.env("OMPI_MCA_orte_tmpdir_base", dir)
 }
