@@ -37,6 +37,14 @@ if not own:
 """
 
 
+def default_signals():
+    """In the child: SIGTERM and SIGHUP at their default action. A process started under
+    `nohup` (or by a runner that ignores SIGHUP) passes SIG_IGN on, and the Recorder rightly
+    leaves an ignored signal alone: the child would then sleep through the test's SIGHUP."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def grads(rng, step):
     return {
         "module.fc1.weight": rng.standard_normal((8, 5)),  # float64: rounded to float32
@@ -127,7 +135,7 @@ class RecorderTest(unittest.TestCase):
         package = os.path.dirname(os.path.dirname(gradkit.__file__))
         env["PYTHONPATH"] = os.pathsep.join([package, env.get("PYTHONPATH", "")])
         return subprocess.Popen([sys.executable, "-c", CHILD, path, mode], env=env,
-                                stdout=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, text=True, preexec_fn=default_signals)
 
     def test_a_signal_leaves_no_temporary_file(self):
         for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -136,13 +144,13 @@ class RecorderTest(unittest.TestCase):
             self.assertEqual(p.stdout.readline(), "ready\n")
             self.assertEqual(len(os.listdir(self.dir)), 1)  # the temporary file
             p.send_signal(sig)
-            p.wait()
+            p.wait(timeout=120)
             p.stdout.close()
             self.assertEqual(p.returncode, -sig, "the process ends as the signal says")
             self.assertEqual(os.listdir(self.dir), [], sig)
         # A program with its own handler keeps it.
         p = self.child(os.path.join(self.dir, "own.parquet"), "own")
-        self.assertEqual(p.communicate()[0], "kept\n")
+        self.assertEqual(p.communicate(timeout=120)[0], "kept\n")
 
     def test_a_damaged_data_page_is_refused_by_the_reader_and_the_tools(self):
         path = os.path.join(self.dir, "r.parquet")
