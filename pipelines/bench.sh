@@ -9,7 +9,9 @@ OUT=$ROOT/data/out/bench
 rm -rf "$OUT" && mkdir -p "$OUT"
 T0=$(date +%s)
 cd "$ROOT"
-ex() { run cargo run --release --locked -q -p "$1" --example "$2" -- "${@:3}"; }
+# The package ($1) only names where the example lives: `-p` would resolve its dependencies'
+# features anew and compile them a second time.
+ex() { run cargo run --release --locked -q --example "$2" -- "${@:3}"; }
 
 echo "== Parquet I/O: 1 GiB of f32 written and read, vs pyarrow (docs/results/io.md)" >&2
 ex gradtrace bench_io | tee "$OUT/io.md"

@@ -106,7 +106,7 @@ echo "worker's ideal DEFT share (n/P elements, k/P), heavy-tailed values in rand
 echo "values in ascending magnitude (the heap's worst case); Eq. 6 predicts the speedup n·log2 k /"
 echo "((n/P)·log2(k/P))."
 echo
-cargo build --release --locked -q -p gradkit-sparsify --example bench_topk_heap
+cargo build --release --locked -q --example bench_topk_heap   # no -p: it would rebuild the dependencies
 RAYON_NUM_THREADS=1 run "${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/bench_topk_heap" "$N" "$REPS"
 } > section.md
 section $NAME section.md

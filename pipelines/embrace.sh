@@ -80,7 +80,9 @@ echo "coalesced rows (backward); the measured table above has both."
 echo
 D=$(awk -v t=$((BATCH * $(echo "$MODEL" | sed 's/.*--seq-len \([0-9]*\).*/\1/'))) -v v=$V 'BEGIN{printf "%.6f", t/v}')
 DM=$(echo "$MODEL" | sed 's/.*--d-model \([0-9]*\).*/\1/')
-run cargo run --release -q -p gradkit-train --example embrace_cost -- $V $DM $D
+# No `-p`: selecting one package resolves its dependencies' features anew and compiled
+# parquet and everything above it a second time (minutes on a fresh clone).
+run cargo run --release --locked -q --example embrace_cost -- $V $DM $D
 echo
 
 echo "### Density sweep: where AlltoAll beats AllGather and dense (P = 4, V = $SWEEP_V)"
