@@ -17,7 +17,7 @@ FAST ?= 0
 export FAST
 
 .PHONY: all help deps deps-apt deps-rust deps-py deps-cuda-py deps-bench build demo test test-py test-cuda-feature gpu-bundle gpu-bundle-files bench stress-mpi lint fmt clean \
-        docs check-docs \
+        docs check-docs golden-record golden-check \
         repro repro-oktopk repro-deft repro-onebit-lamb repro-embrace
 
 all: build
@@ -39,6 +39,7 @@ help:
 	@echo "make gpu-bundle   target/gpu-bundle.tar.gz: stripped cuda binaries and tests for pipelines/gpu-check.sh on a GPU node"
 	@echo "make stress-mpi RUNS=200   every mpirun error path under load (docs/RELIABILITY.md)"
 	@echo "make docs    regenerate the numbers the docs quote from their tables    make check-docs   check them"
+	@echo "make golden-record | golden-check [GOLDEN=F]   a refactor's check: every tool's outputs recorded at the base, compared after"
 	@echo "make lint    rustfmt check and workspace clippy    make fmt   format    make clean"
 
 ## deps: what is missing, and only that (apt packages as root or with sudo; the Python venv
@@ -143,6 +144,17 @@ docs:
 check-docs:
 	python3 pipelines/docs_check.py
 	python3 pipelines/docs_check.py --selftest
+
+## golden-record, golden-check: the refactor check of docs/CONTRIBUTING.md §8, not part of
+## make test. golden-record runs pipelines/golden.py's cases (every tool, algorithm and flag
+## value, --help, the errors) with the binaries in $(BIN) and writes their outputs' digests to
+## $(GOLDEN); golden-check runs them again and prints every difference (exit 1) or "N cases, M
+## files, all identical". Record at the base commit, refactor, check.
+GOLDEN ?= target/golden.json
+golden-record: deps-py build
+	$(VENV)/bin/python pipelines/golden.py record --bin $(BIN) $(GOLDEN)
+golden-check: deps-py build
+	$(VENV)/bin/python pipelines/golden.py compare --bin $(BIN) $(GOLDEN)
 
 ## gpu-bundle: what pipelines/gpu-check.sh runs on a GPU node, where there is no Rust: the
 ## `cuda` build of gradallreduce, gradselect and gradtrace and the GPU test binaries, stripped
