@@ -16,7 +16,7 @@ BIN := target/release
 FAST ?= 0
 export FAST
 
-.PHONY: all help deps deps-apt deps-rust deps-py deps-cuda-py deps-bench build demo test test-py test-cuda-feature gpu-bundle gpu-bundle-files bench stress-mpi lint fmt clean \
+.PHONY: lint-cuda all help deps deps-apt deps-rust deps-py deps-cuda-py deps-bench build demo test test-py test-cuda-feature gpu-bundle gpu-bundle-files bench stress-mpi lint fmt clean \
         docs check-docs golden-record golden-check \
         repro repro-oktopk repro-deft repro-onebit-lamb repro-embrace
 
@@ -35,6 +35,7 @@ help:
 	@echo "make cluster-up HOSTS=4 RATE=1gbit | cluster-status | cluster-down   (docs/CLUSTER.md)"
 	@echo "make build   release binaries in target/release    make deps   what is missing (apt, rustup, venv)"
 	@echo "make test-cuda-feature   the cuda feature built, clippy-checked, its kernels compiled (NVRTC, ptxas) and its device tests run"
+	@echo "make lint-cuda   clippy with the cuda feature (target/clippy-cuda; make test runs it alongside the tests)"
 	@echo "make test-py   the Python package's tests (python/, docs/PYTORCH.md) against target/release"
 	@echo "make gpu-bundle   target/gpu-bundle.tar.gz: stripped cuda binaries and tests for pipelines/gpu-check.sh on a GPU node"
 	@echo "make stress-mpi RUNS=200   every mpirun error path under load (docs/RELIABILITY.md)"
@@ -97,14 +98,28 @@ demo: deps build
 ## with it, and its device tests run without any CUDA installed, and `--device cuda` shown to
 ## stop with one `error:` line. It leaves the default binaries in target/release, so it
 ## passes again in the same checkout, after make demo, make bench or any make repro-*.
+##
+## Time (a fresh clone after make demo is the slow case: nothing of the tests is compiled
+## yet): the `cuda` feature's clippy check compiles nothing the tests share, so it runs in the
+## background, in its own target directory (target/clippy-cuda), while the tests run, which
+## mostly wait on processes; its output is shown if it fails. The test binaries run their
+## tests on at least 4 threads ($(TEST_THREADS)), for the same reason.
+TEST_THREADS := $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -lt 4 ] && n=4; echo $$n)
 test: deps build
 	$(CARGO) fmt --all -- --check
 	python3 pipelines/check-shape.py
 	$(MAKE) --no-print-directory check-docs
-	$(CARGO) test $(CARGO_FLAGS) --workspace
-	$(MAKE) --no-print-directory test-py
-	$(MAKE) --no-print-directory FAST=1 repro
-	$(MAKE) --no-print-directory test-cuda-feature
+	$(CARGO) test $(CARGO_FLAGS) --workspace --no-run
+	@mkdir -p target; $(LINT_CUDA) > target/lint-cuda.log 2>&1 & lint=$$!; \
+	  trap 'kill $$lint 2>/dev/null' EXIT; \
+	  echo "make test: clippy with the cuda feature runs meanwhile (target/lint-cuda.log)"; \
+	  RUST_TEST_THREADS=$(TEST_THREADS) $(CARGO) test $(CARGO_FLAGS) --workspace \
+	  && $(MAKE) --no-print-directory test-py \
+	  && $(MAKE) --no-print-directory FAST=1 repro; rc=$$?; \
+	  [ $$rc = 0 ] || exit $$rc; \
+	  if ! wait $$lint; then cat target/lint-cuda.log; echo "error: clippy with the cuda feature (make lint-cuda) failed, above" >&2; exit 1; fi; \
+	  echo "make test: clippy with the cuda feature: clean"
+	$(MAKE) --no-print-directory test-cuda-feature LINTED=1
 
 ## test-py: the Python package's tests (python/tests; torch's only where it is installed),
 ## against the release binaries in $(BIN)
@@ -126,7 +141,7 @@ CUDA_FEATURES := --features cuda
 # running them here with `-p gradkit-cuda` recompiled gradkit-comm and below (2 minutes) once
 # the feature pulled in the NCCL backend.
 test-cuda-feature: deps-cuda-py
-	$(CARGO) clippy $(CARGO_FLAGS) --workspace --all-targets $(CUDA_FEATURES) -- -D warnings
+	@[ "$(LINTED)" = 1 ] || $(MAKE) --no-print-directory lint-cuda
 	GRADKIT_REQUIRE_NVRTC=1 $(CARGO) test $(CARGO_FLAGS) --workspace $(CUDA_FEATURES) --test probe --test device --test nvrtc
 	@err=$$($(BIN)/gradallreduce --device cuda 2>&1 >/dev/null); rc=$$?; \
 	  echo "cuda feature: gradallreduce --device cuda -> exit $$rc: $$err"; \
@@ -135,6 +150,12 @@ test-cuda-feature: deps-cuda-py
 	$(MAKE) --no-print-directory gpu-bundle-files
 	bash pipelines/gpu-check.sh --dry-run target/gpu-check-dry
 	$(CARGO) build $(CARGO_FLAGS) --workspace
+
+## lint-cuda: the workspace clippy-checked with the `cuda` feature, in a target directory of
+## its own (it shares no compiled code with the builds, so make test runs it alongside them)
+LINT_CUDA = $(CARGO) clippy $(CARGO_FLAGS) --workspace --all-targets $(CUDA_FEATURES) --target-dir target/clippy-cuda -- -D warnings
+lint-cuda:
+	$(LINT_CUDA)
 
 ## docs: rewrite every <!-- gen:NAME --> fragment in docs/ from the tables it quotes (the
 ## repro sections of docs/RESULTS.md, docs/results/); check-docs: fail where prose and tables

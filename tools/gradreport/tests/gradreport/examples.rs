@@ -606,6 +606,51 @@ fn sources() -> Vec<(String, Vec<Example>)> {
     v
 }
 
+/// What one source's examples gave: how many ran, the skipped ones, the failures, and the
+/// log lines (printed in the sources' order once all have run).
+#[derive(Default)]
+struct SourceRun {
+    ran: usize,
+    skipped: Vec<String>,
+    failures: Vec<String>,
+    log: Vec<String>,
+}
+
+/// Runs one source's examples in order, in a directory of their own with the fixtures.
+fn run_source(examples: &[Example]) -> SourceRun {
+    let dir = tempfile::Builder::new()
+        .prefix("gradkit-examples-")
+        .tempdir()
+        .expect("temp dir");
+    fixtures(dir.path());
+    let mut r = SourceRun::default();
+    for ex in examples {
+        if let Some(why) = skip_reason(&ex.shown) {
+            r.skipped.push(format!(
+                "{}: {} ({why})",
+                ex.source,
+                ex.shown.replace('\n', " ")
+            ));
+            continue;
+        }
+        let cmd = shrink(&ex.shown);
+        r.ran += 1;
+        match run_example(dir.path(), ex, &cmd) {
+            Ok(d) => r.log.push(format!(
+                "ok {:>6.2} s  {}: {}",
+                d.as_secs_f64(),
+                ex.source,
+                ex.shown.lines().next().unwrap_or("")
+            )),
+            Err(report) => {
+                r.log.push(format!("FAILED {report}"));
+                r.failures.push(report);
+            }
+        }
+    }
+    r
+}
+
 #[test]
 fn every_example_runs() {
     let bin = bin_dir();
@@ -621,40 +666,43 @@ fn every_example_runs() {
     );
     // Filter: GRADKIT_EXAMPLES=substring runs only the sources whose name contains it.
     let only = std::env::var("GRADKIT_EXAMPLES").ok();
-    let (mut ran, mut skipped, mut failures) = (0, Vec::new(), Vec::new());
+    let todo: Vec<(String, Vec<Example>)> = sources()
+        .into_iter()
+        .filter(|(name, _)| only.as_deref().is_none_or(|o| name.contains(o)))
+        .collect();
     let t0 = Instant::now();
-    for (name, examples) in sources() {
-        if only.as_deref().is_some_and(|o| !name.contains(o)) {
-            continue;
-        }
-        let dir = tempfile::Builder::new()
-            .prefix("gradkit-examples-")
-            .tempdir()
-            .expect("temp dir");
-        fixtures(dir.path());
-        for ex in &examples {
-            if let Some(why) = skip_reason(&ex.shown) {
-                skipped.push(format!(
-                    "{}: {} ({why})",
-                    ex.source,
-                    ex.shown.replace('\n', " ")
-                ));
-                continue;
-            }
-            let cmd = shrink(&ex.shown);
-            ran += 1;
-            match run_example(dir.path(), ex, &cmd) {
-                Ok(d) => eprintln!(
-                    "ok {:>6.2} s  {}: {}",
-                    d.as_secs_f64(),
-                    ex.source,
-                    ex.shown.lines().next().unwrap_or("")
-                ),
-                Err(report) => {
-                    eprintln!("FAILED {report}");
-                    failures.push(report);
-                }
-            }
+    // The sources are independent (each its own directory and fixtures; its examples in
+    // order): a few at a time, as most of an example's time is spent starting processes.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done: Vec<SourceRun> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..3)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some((_, examples)) = todo.get(i) else {
+                            break mine;
+                        };
+                        mine.push((i, run_source(examples)));
+                    }
+                })
+            })
+            .collect();
+        let mut all: Vec<(usize, SourceRun)> = workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("examples worker"))
+            .collect();
+        all.sort_by_key(|(i, _)| *i);
+        all.into_iter().map(|(_, r)| r).collect()
+    });
+    let (mut ran, mut skipped, mut failures) = (0, Vec::new(), Vec::new());
+    for r in done {
+        ran += r.ran;
+        skipped.extend(r.skipped);
+        failures.extend(r.failures);
+        for line in r.log {
+            eprintln!("{line}");
         }
     }
     eprintln!(
