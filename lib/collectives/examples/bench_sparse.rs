@@ -72,7 +72,8 @@ fn table1_words(algo: &str, p: usize, nf: f64, kf: f64) -> String {
             cost::oktopk_best(p, kf).words,
             cost::oktopk_worst(p, kf).words
         ),
-        a => cost::by_name(a, p, nf, kf).map_or("–".into(), |c| format!("{:.0}", c.words)),
+        a => gradkit_collectives::Algo::cost_by_name(a, p, nf, kf)
+            .map_or("–".into(), |c| format!("{:.0}", c.words)),
     }
 }
 

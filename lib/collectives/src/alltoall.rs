@@ -438,6 +438,19 @@ pub fn check_embedding_rows(rows: &[TensorRow]) -> Result<()> {
     Ok(())
 }
 
+/// `--algo embrace` (old spelling `alltoall`).
+pub const DESCRIPTOR: crate::algo::Descriptor = crate::algo::Descriptor {
+    name: "embrace",
+    aliases: &["alltoall"],
+    family: crate::algo::Family::Embedding,
+    paper: "EmbRace §3 (hybrid communication), Table 2",
+    description: "EmbRace's AlltoAll of row-sparse embedding gradients + ring",
+    reads: &[crate::algo::Knob::Op, crate::algo::Knob::Split],
+    ..crate::algo::Descriptor::base(|params| {
+        Ok(Box::new(AllToAllReducer::new(params.split, params.op)))
+    })
+};
+
 /// `--algo alltoall` (EmbRace hybrid communication) as a [`Reducer`]; see the module docs
 /// for how layers are classified. Reads `params.split` and `params.op`.
 pub struct AllToAllReducer {

@@ -6,6 +6,7 @@ use anyhow::{bail, Result};
 use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::Layout;
 
+use crate::algo::{CostFn, Descriptor, Family, Knob};
 use crate::{Flat, Op, Reducer, StepOutput};
 
 /// Start of chunk `i` when n elements are cut into p near-equal contiguous chunks.
@@ -563,6 +564,80 @@ fn finish_op(comm: &dyn Comm, op: Op, data: &mut [f32]) {
     if op == Op::Mean {
         let inv = 1.0 / comm.size() as f32;
         data.iter_mut().for_each(|v| *v *= inv);
+    }
+}
+
+/// A dense descriptor: `name` run by [`DenseReducer`], reading `--op` (and `reads`).
+const fn dense_algo(
+    name: &'static str,
+    description: &'static str,
+    reads: &'static [Knob],
+    cost: CostFn,
+    make: fn(&crate::Params) -> Result<Box<dyn Reducer>>,
+) -> Descriptor {
+    Descriptor {
+        name,
+        family: Family::Dense,
+        paper: "Ok-Topk Table 1, Dense; Thakur, Rabenseifner & Gropp 2005",
+        description,
+        reads,
+        cost: Some(cost),
+        ..Descriptor::base(make)
+    }
+}
+
+/// `--algo ring`.
+pub const RING: Descriptor = dense_algo(
+    "ring",
+    "reduce-scatter + allgather ring (bandwidth-optimal)",
+    &[Knob::Op, Knob::Wire],
+    |p, n, _| gradkit_cost::ring(p, n),
+    |params| Ok(Box::new(DenseReducer::new("ring", params.op)?)),
+);
+
+/// `--algo ring-fp16` (`ring --wire fp16`); its formula counts half-size words: the same
+/// messages carry 2-byte values.
+pub const RING_FP16: Descriptor = dense_algo(
+    "ring-fp16",
+    "the ring with an fp16 wire format (half the bytes; sums rounded to fp16)",
+    &[Knob::Op, Knob::Wire],
+    |p, n, _| gradkit_cost::ring(p, n / 2.0),
+    |params| Ok(Box::new(DenseReducer::new("ring-fp16", params.op)?)),
+);
+
+/// `--algo rabenseifner`.
+pub const RABENSEIFNER: Descriptor = dense_algo(
+    "rabenseifner",
+    "recursive halving reduce-scatter + doubling allgather, any P",
+    &[Knob::Op],
+    |p, n, _| gradkit_cost::dense(p, n),
+    |params| Ok(Box::new(DenseReducer::new("rabenseifner", params.op)?)),
+);
+
+/// `--algo tree`.
+pub const TREE: Descriptor = dense_algo(
+    "tree",
+    "binomial-tree reduce + broadcast",
+    &[Knob::Op],
+    |p, n, _| gradkit_cost::tree(p, n),
+    |params| Ok(Box::new(DenseReducer::new("tree", params.op)?)),
+);
+
+/// `--algo native`.
+pub const NATIVE: Descriptor = dense_algo(
+    "native",
+    "the backend's own allreduce (MPI_Allreduce under mpirun)",
+    &[Knob::Op],
+    |p, n, _| gradkit_cost::dense(p, n),
+    |params| Ok(Box::new(DenseReducer::new("native", params.op)?)),
+);
+
+/// `ring` with `--wire fp16` is `ring-fp16`; any other algorithm is itself.
+pub fn with_fp16_wire(algo: crate::Algo) -> crate::Algo {
+    if algo.name() == RING.name {
+        crate::Algo(&RING_FP16)
+    } else {
+        algo
     }
 }
 

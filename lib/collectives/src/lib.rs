@@ -4,8 +4,10 @@
 //! Dense: [`dense`] (ring, Rabenseifner, binomial tree, the backend's native one).
 //! Sparse (Ok-Topk Table 1): TopkA, TopkDSA, gTopk, Gaussiank, Ok-Topk, DEFT's exchange.
 //! Compressed: DeepSpeed's 1-bit allreduce. Embedding: EmbRace's AlltoAll exchange.
-//! [`cost`] holds the formulas and the one list of algorithms, [`Algo`] (it is the
-//! gradkit-cost crate, re-exported). Each algorithm is a [`Reducer`]: state that lives across
+//! Each algorithm's module declares its [`algo::Descriptor`] (name, family, paper section,
+//! the options it reads, its formula from [`cost`], its constructor), and
+//! [`registry::ALL`] lists them: an [`Algo`] is a handle to one. Each algorithm is a
+//! [`Reducer`]: state that lives across
 //! the steps of a run (residuals, thresholds, error buffers) and reduces one step at a time;
 //! that state goes in and out as values ([`Reducer::state`], [`Reducer::load_state`]).
 //!
@@ -13,6 +15,7 @@
 //! their value lists from [`Algo::ALL`], [`Op::ALL`], …), choosing ranks (see gradkit-comm),
 //! training (gradkit-train).
 
+pub mod algo;
 pub mod alltoall;
 pub mod dense;
 pub mod onebit;
@@ -24,9 +27,9 @@ use anyhow::Result;
 use gradkit_comm::Comm;
 use gradkit_core::trace::{Layout, Sparse};
 
-/// The α-β cost model and the algorithm list (crate gradkit-cost, which links no MPI).
+pub use algo::{Algo, Descriptor, Family, Knob};
+/// The α-β formulas (crate gradkit-cost) the descriptors name.
 pub use gradkit_cost as cost;
-pub use gradkit_cost::{Algo, Family};
 /// The `plan/1` validator every plan consumer shares (gradkit-partition's), for the callers
 /// that hand a plan to [`Params::plan`].
 pub use gradkit_partition::plan;

@@ -393,6 +393,59 @@ pub const WORKER_ERROR: &str = "worker_error";
 /// The name of this rank's server error in [`Reducer::state`] (`padded/P`, or empty).
 pub const SERVER_ERROR: &str = "server_error";
 
+/// The 1-bit descriptors: compressed, reading `--state` (never `--op`: they average).
+const fn onebit_algo(
+    name: &'static str,
+    description: &'static str,
+    cost: Option<crate::algo::CostFn>,
+    make: fn(&crate::Params) -> Result<Box<dyn Reducer>>,
+) -> crate::algo::Descriptor {
+    crate::algo::Descriptor {
+        name,
+        family: crate::algo::Family::Compressed,
+        paper: "1-bit LAMB §3 and DeepSpeed's compressed allreduce (onebit-lamb.md §2)",
+        description,
+        reads: &[crate::algo::Knob::State],
+        cost,
+        ..crate::algo::Descriptor::base(make)
+    }
+}
+
+fn make_onebit(variant: Variant, params: &crate::Params) -> Result<Box<dyn Reducer>> {
+    Ok(Box::new(
+        OneBitReducer::new(variant)
+            .with_kernels(params.kernels)
+            .with_resident(params.resident),
+    ))
+}
+
+/// `--algo onebit`.
+pub const ONEBIT: crate::algo::Descriptor = onebit_algo(
+    "onebit",
+    "DeepSpeed's error-compensated 1-bit allreduce (average)",
+    Some(|p, n, _| gradkit_cost::onebit(p, n as usize)),
+    |params| make_onebit(Variant::Server, params),
+);
+
+/// `--algo onebit-naive`.
+pub const ONEBIT_NAIVE: crate::algo::Descriptor = onebit_algo(
+    "onebit-naive",
+    "allgather of every rank's signs and scale (baseline)",
+    None,
+    |params| make_onebit(Variant::Naive, params),
+);
+
+/// The 1-bit variant of `algo`, `None` for an algorithm that is not a 1-bit one.
+pub fn variant_of(algo: crate::Algo) -> Option<Variant> {
+    if algo.name() == ONEBIT.name {
+        Some(Variant::Server)
+    } else if algo.name() == ONEBIT_NAIVE.name {
+        Some(Variant::Naive)
+    } else {
+        None
+    }
+}
+
 /// `--algo onebit` / `onebit-naive` as a [`Reducer`]: dense input (sparse is densified),
 /// dense output = the compressed average. Its state is this rank's worker and server error.
 pub struct OneBitReducer {

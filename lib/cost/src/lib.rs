@@ -15,14 +15,9 @@
 //! A [`Cost`] is `latency·α + words·β` with α in seconds per message and β in seconds per
 //! word. `log P` is ⌈log2 P⌉ (Table 1 assumes P a power of two).
 //!
-//! This crate also holds the one list of algorithms, [`Algo`] (names, descriptions,
-//! families). It depends on nothing, so a tool that only predicts or reports costs
-//! (gradreport) does not link the communication layer (MPI); gradkit-collectives re-exports
-//! it as `gradkit_collectives::cost`.
-
-mod algo;
-
-pub use algo::{Algo, Family, UnknownAlgo};
+//! Pure math, depending on nothing. Which formula belongs to which algorithm is said by the
+//! algorithm's descriptor (`gradkit_collectives::algo::Descriptor::cost`), next to its code;
+//! gradkit-collectives re-exports this crate as `gradkit_collectives::cost`.
 
 /// Predicted cost of one allreduce on one rank.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -228,34 +223,6 @@ pub fn embrace_allgather(p: usize, m_words: f64, density: f64) -> Cost {
         latency: pf(p) - 1.0,
         words: (pf(p) - 1.0) * density * m_words,
     }
-}
-
-/// The Table 1 row for `algo` (best case where Table 1 gives an interval; Ok-Topk's worst
-/// case), or `None` where the model has no formula (deft, onebit-naive, alltoall).
-pub fn by_algo(algo: Algo, p: usize, n: f64, k: f64) -> Option<Cost> {
-    Some(match algo {
-        Algo::Ring => ring(p, n),
-        // Half-size words: the same messages carry 2-byte values.
-        Algo::RingFp16 => ring(p, n / 2.0),
-        Algo::Rabenseifner | Algo::Native => dense(p, n),
-        Algo::Tree => tree(p, n),
-        Algo::TopkA => topka(p, k),
-        Algo::TopkDsa => topkdsa_best(p, k),
-        Algo::GTopk => gtopk(p, k),
-        Algo::GaussianK => gaussiank(p, k),
-        Algo::OkTopk => oktopk_worst(p, k),
-        Algo::CltK => cltk(p, k),
-        // Best case: the ranks' top-k coincide (union of k); the worst is min(Pk, n).
-        Algo::TopkUnion => topk_union(p, k, k),
-        Algo::OneBit => onebit(p, n as usize),
-        Algo::Deft | Algo::OneBitNaive | Algo::AllToAll => return None,
-    })
-}
-
-/// [`by_algo`] for an `--algo` name (as metrics/1 files record it); `None` for a name that
-/// is no [`Algo`] or has no formula.
-pub fn by_name(name: &str, p: usize, n: f64, k: f64) -> Option<Cost> {
-    by_algo(name.parse().ok()?, p, n, k)
 }
 
 /// Exact bytes rank `r` sends in gradkit's ring allreduce (`collectives::dense::ring`) of `n`

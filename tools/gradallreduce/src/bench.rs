@@ -284,7 +284,10 @@ const SUPPORTED: &str =
 
 /// The kind of `algo`; an error naming the flag for the rest.
 fn kind(algo: &str) -> Result<Kind> {
-    if matches!(algo, "onebit" | "onebit-naive") {
+    if algo
+        .parse::<Algo>()
+        .is_ok_and(|a| a.family() == Family::Compressed)
+    {
         return Ok(Kind::OneBit);
     }
     if dense::by_name(algo).is_some() {
@@ -299,10 +302,9 @@ fn kind(algo: &str) -> Result<Kind> {
 /// Whether the sparse `algo` takes a selection as input (DEFT, CLT-k and the top-k union
 /// select for themselves from dense input).
 fn takes_selection(algo: &str) -> bool {
-    !matches!(
-        algo.parse::<Algo>(),
-        Ok(Algo::Deft | Algo::CltK | Algo::TopkUnion)
-    )
+    !algo
+        .parse::<Algo>()
+        .is_ok_and(|a| a.descriptor().dense_input_only)
 }
 
 /// The sparse algorithms' parameters: `--density`, error feedback on (as gradselect and
@@ -770,8 +772,8 @@ fn report(
             Some(_) => sparse_params(args).k_for(pt.count as u64) as f64,
             None => 0.0,
         };
-        let model =
-            cost::by_name(&pt.algo, p, pt.count as f64, k).map(|c| c.latency * al + c.bytes() * be);
+        let model = Algo::cost_by_name(&pt.algo, p, pt.count as f64, k)
+            .map(|c| c.latency * al + c.bytes() * be);
         table.push([
             pt.bytes.to_string(),
             pt.count.to_string(),

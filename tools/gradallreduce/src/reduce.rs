@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::Args;
 use gradkit_collectives::registry::{Adjust, Balance, ReevalStepD, Split};
-use gradkit_collectives::{cost, reducer_for, Algo, Flat, Op, Params, Reducer};
+use gradkit_collectives::{reducer_for, Algo, Family, Flat, Knob, Op, Params, Reducer};
 use gradkit_comm::dist::{self, Piece, Round};
 use gradkit_comm::{Comm, PhaseCounts, World};
 use gradkit_core::cli::IoArgs;
@@ -23,7 +23,7 @@ pub struct ReduceArgs {
     #[command(flatten)]
     pub io: IoArgs,
     /// Allreduce algorithm (see the list below)
-    #[arg(long, default_value_t = Algo::Ring, value_parser = AlgoParser)]
+    #[arg(long, default_value_t = Algo::ALL[0], value_parser = AlgoParser)]
     pub algo: Algo,
     /// Wire format of the dense ring: fp16 halves the bytes (`--algo ring --wire fp16` is
     /// `ring-fp16`, gradtrain's spelling of it)
@@ -155,18 +155,6 @@ where
     .try_map(|s| s.parse::<T>())
 }
 
-/// The algorithms that read each algorithm-specific flag (anything else would ignore it).
-const FLAG_ALGOS: &[(&str, &str, &[Algo])] = &[
-    ("state", "--state", &[Algo::OneBit, Algo::OneBitNaive]),
-    ("plan", "--plan", &[Algo::Deft, Algo::OkTopk]),
-    ("period", "--period", &[Algo::OkTopk]),
-    ("reeval", "--reeval", &[Algo::OkTopk]),
-    ("adjust", "--adjust", &[Algo::OkTopk]),
-    ("balance", "--balance", &[Algo::OkTopk]),
-    ("reeval_step_d", "--reeval-step-d", &[Algo::OkTopk]),
-    ("split", "--split", &[Algo::AllToAll]),
-];
-
 impl ReduceArgs {
     /// Checks made on the command line alone, before any rank starts: ranges, and flags given
     /// for an algorithm that does not read them (refused rather than silently ignored).
@@ -188,19 +176,20 @@ impl ReduceArgs {
             bail!("--period and --reeval must be at least 1");
         }
         let algo = self.algo;
-        for (id, flag, algos) in FLAG_ALGOS {
-            if gradkit_core::cli::given(m, id) && !algos.contains(&algo) {
-                let names: Vec<&str> = algos.iter().map(|a| a.name()).collect();
+        // A flag the algorithm does not read would be ignored: refused, from its descriptor.
+        for knob in Knob::REFUSED {
+            if gradkit_core::cli::given(m, knob.id()) && !algo.reads(*knob) {
                 bail!(
-                    "{flag} applies to --algo {} only, not --algo {algo} (it would be ignored)",
-                    names.join(" or ")
+                    "{} applies to --algo {} only, not --algo {algo} (it would be ignored)",
+                    knob.flag(),
+                    knob.readers().join(" or ")
                 );
             }
         }
-        if self.wire == "fp16" && !matches!(algo, Algo::Ring | Algo::RingFp16) {
+        if self.wire == "fp16" && !algo.reads(Knob::Wire) {
             bail!("--wire fp16 applies to --algo ring only, not --algo {algo} (flag --wire)");
         }
-        if gradkit_core::cli::given(m, "op") && matches!(algo, Algo::OneBit | Algo::OneBitNaive) {
+        if gradkit_core::cli::given(m, "op") && !algo.reads(Knob::Op) {
             bail!("--op does not apply to --algo {algo}: the 1-bit allreduce always averages (its result is the mean)");
         }
         Ok(())
@@ -218,8 +207,8 @@ impl ReduceArgs {
 
     /// The algorithm `--algo` and `--wire` name together (`ring` + `fp16` is `ring-fp16`).
     pub fn resolve_wire(&mut self) {
-        if self.wire == "fp16" && self.algo == Algo::Ring {
-            self.algo = Algo::RingFp16;
+        if self.wire == "fp16" {
+            self.algo = gradkit_collectives::dense::with_fp16_wire(self.algo);
         }
     }
 
@@ -320,7 +309,7 @@ impl StepCheck {
         let p = self.held.len();
         let d = run.first().map_or(0, |r| r.rank as usize % p);
         self.keys.extend(run.iter().map(TensorRow::key));
-        if algo == Algo::AllToAll && self.embedding.is_none() {
+        if algo.family() == Family::Embedding && self.embedding.is_none() {
             self.embedding = gradkit_collectives::alltoall::check_embedding_rows(&run).err();
         }
         let bytes: usize = run
@@ -607,11 +596,9 @@ fn check_plan(
     world: usize,
     first_step: u32,
 ) -> Result<()> {
-    use gradkit_collectives::plan::{check, PlanKind};
-    let kind = match algo {
-        Algo::Deft => PlanKind::Deft,
-        Algo::OkTopk => PlanKind::Oktopk,
-        _ => return Ok(()), // refused by check_flags
+    use gradkit_collectives::plan::check;
+    let Some(kind) = algo.plan_kind() else {
+        return Ok(()); // refused by check_flags
     };
     let loaded = read_table::<PlanRow>(&Input::Path(path.to_path_buf()), Default::default())?;
     check(
@@ -1018,7 +1005,7 @@ impl StepCtx<'_> {
             .context("internal: a step without rows for this rank")?;
         // EmbRace's exchange takes sparse embedding rows beside dense layers: the layers given
         // sparse are the embedding tables (their 2-D shape stays in the layout the reducer sees).
-        let hybrid = self.args.algo == Algo::AllToAll;
+        let hybrid = self.args.algo.family() == Family::Embedding;
         let scan = io.as_ref().map(|io| &io.trace.scan);
         let (layout, reducer_layout) = self
             .layouts
@@ -1046,7 +1033,7 @@ impl StepCtx<'_> {
         sink.push(step, rank, "nnz", nnz as f64);
         // The paper's formula beside the measurement (Ok-Topk Table 1: TopkDSA's best case,
         // Ok-Topk's worst case; k = the target for dense input, the input's nnz for sparse).
-        if let Some(c) = cost::by_algo(self.args.algo, comm.size(), n as f64, k_in as f64) {
+        if let Some(c) = self.args.algo.cost(comm.size(), n as f64, k_in as f64) {
             sink.push(step, rank, "model_bytes_sent", c.bytes());
         }
         if let Some(io) = io {

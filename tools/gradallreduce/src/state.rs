@@ -13,7 +13,6 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use gradkit_collectives::onebit::{OneBitState, Variant, SERVER_ERROR, WORKER_ERROR};
-use gradkit_collectives::Algo;
 use gradkit_comm::{dist, Buf, Comm, CommExt, Kind};
 use gradkit_core::paths::TempFile;
 use gradkit_core::TensorRow;
@@ -40,13 +39,7 @@ const HEADER: usize = 44;
 pub type Errors = (Vec<f32>, Vec<f32>);
 
 /// The 1-bit variant of `algo`, `None` for an algorithm without `--state`.
-pub fn variant_of(algo: Algo) -> Option<Variant> {
-    match algo {
-        Algo::OneBit => Some(Variant::Server),
-        Algo::OneBitNaive => Some(Variant::Naive),
-        _ => None,
-    }
-}
+pub use gradkit_collectives::onebit::variant_of;
 
 impl StateFile {
     /// Writes every rank's errors (`ranks`, rank order) for `variant` on `ranks.len()` ranks

@@ -56,7 +56,7 @@ impl ModelParams {
 
     /// The model's cost of `algo` at `p` ranks, if the model knows the algorithm.
     pub fn cost(&self, algo: &str, p: u32) -> Option<cost::Cost> {
-        cost::by_name(algo, p as usize, self.n, self.k)
+        gradkit_collectives::Algo::cost_by_name(algo, p as usize, self.n, self.k)
     }
 }
 

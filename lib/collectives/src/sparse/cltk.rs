@@ -71,6 +71,21 @@ fn exchange_acc(
     super::allreduce_at_acc(comm, "cltk", &what, acc, indices)
 }
 
+/// `--algo cltk`.
+pub const DESCRIPTOR: crate::algo::Descriptor = {
+    use crate::algo::{Descriptor, Family, Knob};
+    Descriptor {
+        name: "cltk",
+        family: Family::Sparse,
+        paper: "DEFT §1, §3.1 (CLT-k: Chen et al. 2020)",
+        description: "CLT-k: the cyclic leader's top-k indices broadcast, every rank's values there allreduced",
+        reads: &[Knob::Op],
+        dense_input_only: true,
+        cost: Some(|p, _, k| gradkit_cost::cltk(p, k)),
+        ..Descriptor::base(|params| Ok(Box::new(CltK::new(params)?)))
+    }
+};
+
 /// `--algo cltk`. Reads `k`/`density`, `residual`, `kernels`, `op`.
 pub struct CltK {
     params: Params,

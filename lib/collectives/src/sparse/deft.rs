@@ -75,6 +75,22 @@ fn exchange_acc(comm: &dyn Comm, acc: &Acc, sel: Vec<u32>) -> Result<Sparse> {
     }
 }
 
+/// `--algo deft`.
+pub const DESCRIPTOR: crate::algo::Descriptor = {
+    use crate::algo::{Descriptor, Family, Knob};
+    Descriptor {
+        name: "deft",
+        family: Family::Sparse,
+        paper: "DEFT §3 (Algorithm 1, the exchange of disjoint selections)",
+        description: "DEFT's exchange of disjoint per-worker selections",
+        reads: &[Knob::Op, Knob::Plan],
+        dense_input_only: true,
+        plan: Some(crate::plan::PlanKind::Deft),
+        cost: None,
+        ..Descriptor::base(|params| Ok(Box::new(Deft::new(params)?)))
+    }
+};
+
 /// `--algo deft`. Reads `k`/`density`, `plan`, `residual`.
 pub struct Deft {
     params: Params,

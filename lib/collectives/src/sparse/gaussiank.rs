@@ -16,6 +16,21 @@ use super::Feedback;
 use crate::{Flat, Params, Reducer, StepOutput};
 
 /// `--algo gaussiank`.
+pub const DESCRIPTOR: crate::algo::Descriptor = {
+    use crate::algo::{Descriptor, Family, Knob};
+    Descriptor {
+        name: "gaussiank",
+        family: Family::Sparse,
+        paper: "Ok-Topk Table 1 (Gaussiank: Shi et al. 2019)",
+        description: "Gaussian-threshold selection + TopkA communication",
+        reads: &[Knob::Op],
+        dense_input_only: false,
+        cost: Some(|p, _, k| gradkit_cost::gaussiank(p, k)),
+        ..Descriptor::base(|params| Ok(Box::new(GaussianK::new(params)?)))
+    }
+};
+
+/// `--algo gaussiank`.
 pub struct GaussianK {
     params: Params,
     fb: Feedback,

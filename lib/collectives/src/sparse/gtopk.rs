@@ -66,6 +66,21 @@ pub fn tree_allreduce(
     Ok(Sparse { indices, values })
 }
 
+/// `--algo gtopk`.
+pub const DESCRIPTOR: crate::algo::Descriptor = {
+    use crate::algo::{Descriptor, Family, Knob};
+    Descriptor {
+        name: "gtopk",
+        family: Family::Sparse,
+        paper: "Ok-Topk Table 1 (gTopk: Shi et al. 2019)",
+        description: "gTop-k reduction tree keeping top-k per level, then broadcast",
+        reads: &[Knob::Op],
+        dense_input_only: false,
+        cost: Some(|p, _, k| gradkit_cost::gtopk(p, k)),
+        ..Descriptor::base(|params| Ok(Box::new(GTopk::new(params)?)))
+    }
+};
+
 /// `--algo gtopk`. Dense input: exact local top-k with error feedback; the residual keeps
 /// every locally selected entry that the tree dropped.
 pub struct GTopk {

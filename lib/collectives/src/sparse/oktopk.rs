@@ -438,6 +438,32 @@ pub fn plan_bounds(layout: &Layout, rows: &[&PlanRow], p: usize, n: u64) -> Resu
         .collect())
 }
 
+/// `--algo oktopk`.
+/// The formula is the worst case with balanced regions (`gradkit_cost::oktopk_best` is the
+/// lower bound).
+pub const DESCRIPTOR: crate::algo::Descriptor = {
+    use crate::algo::{Descriptor, Family, Knob};
+    Descriptor {
+        name: "oktopk",
+        family: Family::Sparse,
+        paper: "Ok-Topk §3, Algorithms 1 and 2",
+        description: "Ok-Topk (split_and_reduce + balance_and_allgatherv), O(k) volume",
+        reads: &[
+            Knob::Op,
+            Knob::Plan,
+            Knob::Period,
+            Knob::Reeval,
+            Knob::Adjust,
+            Knob::Balance,
+            Knob::ReevalStepD,
+        ],
+        dense_input_only: false,
+        plan: Some(crate::plan::PlanKind::Oktopk),
+        cost: Some(|p, _, k| gradkit_cost::oktopk_worst(p, k)),
+        ..Descriptor::base(|params| Ok(Box::new(OkTopk::new(params)?)))
+    }
+};
+
 /// `--algo oktopk`: Algorithm 1 with its state across steps (boundaries, thresholds,
 /// residual). Reads `k`/`density`, `period` τ, `reeval` τ', `adjust`, `balance`,
 /// `reeval_step_d`, `plan`, `residual`.

@@ -54,6 +54,23 @@ fn exchange_acc(comm: &dyn Comm, acc: &Acc, sel: Vec<u32>) -> Result<Sparse> {
     allreduce_at_acc(comm, "topk-union", "the gathered indices", acc, union)
 }
 
+/// `--algo topk-union`.
+/// The formula is the best case: the ranks' top-k coincide (a union of k); the worst is
+/// min(Pk, n).
+pub const DESCRIPTOR: crate::algo::Descriptor = {
+    use crate::algo::{Descriptor, Family, Knob};
+    Descriptor {
+        name: "topk-union",
+        family: Family::Sparse,
+        paper: "DEFT Algorithm 1 with Top-k (deft.md §1.0)",
+        description: "Top-k (union): every rank's top-k indices allgathered, all ranks' values at the union allreduced",
+        reads: &[Knob::Op],
+        dense_input_only: true,
+        cost: Some(|p, _, k| gradkit_cost::topk_union(p, k, k)),
+        ..Descriptor::base(|params| Ok(Box::new(TopkUnion::new(params)?)))
+    }
+};
+
 /// `--algo topk-union`. Reads `k`/`density`, `residual`, `kernels`, `op`.
 pub struct TopkUnion {
     params: Params,

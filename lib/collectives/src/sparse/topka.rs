@@ -19,6 +19,21 @@ pub fn allgather_sum(comm: &dyn Comm, mine: Sparse) -> Result<Sparse> {
     Ok(sum_sparse(&all))
 }
 
+/// `--algo topka`.
+pub const DESCRIPTOR: crate::algo::Descriptor = {
+    use crate::algo::{Descriptor, Family, Knob};
+    Descriptor {
+        name: "topka",
+        family: Family::Sparse,
+        paper: "Ok-Topk §2, Table 1 (TopkA)",
+        description: "allgatherv of every rank's COO, then sum (TopkA)",
+        reads: &[Knob::Op],
+        dense_input_only: false,
+        cost: Some(|p, _, k| gradkit_cost::topka(p, k)),
+        ..Descriptor::base(|params| Ok(Box::new(TopkA::new(params)?)))
+    }
+};
+
 /// `--algo topka`. Dense input: exact local top-k (`params.k_for(n)`) with error feedback.
 pub struct TopkA {
     params: Params,

@@ -62,6 +62,22 @@ pub fn sparse_allreduce(comm: &dyn Comm, sel: &Sparse, n: u64) -> Result<(Sparse
     Ok((gather(&dense, nz), true))
 }
 
+/// `--algo topkdsa`.
+/// The formula is Table 1's best case (`gradkit_cost::topkdsa_worst` is the other end).
+pub const DESCRIPTOR: crate::algo::Descriptor = {
+    use crate::algo::{Descriptor, Family, Knob};
+    Descriptor {
+        name: "topkdsa",
+        family: Family::Sparse,
+        paper: "Ok-Topk Table 1 (TopkDSA: SparCML, Renggli et al. 2019)",
+        description: "SparCML's static regions, reduce, sparse/dense allgatherv (TopkDSA)",
+        reads: &[Knob::Op],
+        dense_input_only: false,
+        cost: Some(|p, _, k| gradkit_cost::topkdsa_best(p, k)),
+        ..Descriptor::base(|params| Ok(Box::new(TopkDsa::new(params)?)))
+    }
+};
+
 /// `--algo topkdsa`. Dense input: exact local top-k with error feedback.
 pub struct TopkDsa {
     params: Params,

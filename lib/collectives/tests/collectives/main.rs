@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod algo;
 mod alltoall;
 mod cltk;
 mod dense;

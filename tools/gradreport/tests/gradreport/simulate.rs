@@ -15,6 +15,11 @@ use gradkit_core::{read_table, Input, Meta, MetricRow, ReadOptions};
 const BIN: &str = env!("CARGO_BIN_EXE_gradreport");
 
 /// Records one step of `algo` on `p` in-process ranks, each with `n` f32, to `path`.
+/// The algorithm `--algo name` names.
+fn algo(name: &str) -> Algo {
+    name.parse().expect("an --algo name")
+}
+
 fn record(path: &Path, algo: Algo, p: usize, n: usize) {
     let world = World::local(p);
     world
@@ -77,7 +82,7 @@ fn ring_replays_at_the_ring_formula_on_a_flat_cluster() {
     let d = gradkit_testkit::tempdir("gradreport-simulate-ring");
     let (rec, out) = (d.path().join("ring.parquet"), d.path().join("sim.parquet"));
     let (p, n) = (4usize, 1usize << 20);
-    record(&rec, Algo::Ring, p, n);
+    record(&rec, algo("ring"), p, n);
     let (code, _, err) = simulate(&[
         rec.to_str().unwrap(),
         "--link-rate",
@@ -145,7 +150,7 @@ fn topologies_and_nodes_replay() {
     smpirun_here();
     let d = gradkit_testkit::tempdir("gradreport-simulate-topo");
     let rec = d.path().join("rec.parquet");
-    record(&rec, Algo::Rabenseifner, 8, 1 << 14);
+    record(&rec, algo("rabenseifner"), 8, 1 << 14);
     for extra in [
         &["--topology", "fat-tree"][..],
         &["--topology", "dragonfly"],
@@ -183,7 +188,7 @@ fn one_error_line(code: i32, err: &str, want_code: i32, needle: &str) {
 fn bad_input_stops_with_one_line() {
     let d = gradkit_testkit::tempdir("gradreport-simulate-errors");
     let rec = d.path().join("rec.parquet");
-    record(&rec, Algo::Ring, 4, 64);
+    record(&rec, algo("ring"), 4, 64);
     let r = rec.to_str().unwrap();
     // A recording of another version of the format.
     let mut bytes = std::fs::read(&rec).unwrap();
@@ -254,7 +259,7 @@ fn rows_the_replay_cannot_run_are_named_with_their_column() {
     use gradkit_core::EventKind;
     let d = gradkit_testkit::tempdir("gradreport-simulate-rows");
     let rec = d.path().join("rec.parquet");
-    record(&rec, Algo::Ring, 2, 64);
+    record(&rec, algo("ring"), 2, 64);
     let bad = d.path().join("bad.parquet");
     let first = |rows: &[gradkit_core::CommRow], k: EventKind| {
         rows.iter().position(|r| r.kind == k).unwrap()
@@ -303,7 +308,7 @@ fn messages_of_2_31_bytes_and_more_replay_at_the_alpha_beta_time() {
     let rec = d.path().join("ring.parquet");
     // The ring on 2 ranks: two messages of 2n bytes one after the other.
     let n = 1024usize;
-    record(&rec, Algo::Ring, 2, n);
+    record(&rec, algo("ring"), 2, n);
     // Below 2^31 bytes, just above, and 2^31 · 9.5 (ten pieces).
     for scale in [1_048_000.0, 1_049_000.0, 10_000_000.0] {
         let m = (2 * n) as f64 * scale;
@@ -344,7 +349,7 @@ fn a_signal_ends_smpirun_and_removes_the_replay_files() {
     use std::os::unix::fs::PermissionsExt;
     let d = gradkit_testkit::tempdir("gradreport-simulate-signal");
     let rec = d.path().join("rec.parquet");
-    record(&rec, Algo::Ring, 2, 64);
+    record(&rec, algo("ring"), 2, 64);
     let (tmp, pidfile) = (d.path().join("tmp"), d.path().join("child.pid"));
     std::fs::create_dir(&tmp).unwrap();
     // A stand-in smpirun that starts a child of its own and waits for it.

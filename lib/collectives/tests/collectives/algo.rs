@@ -1,8 +1,9 @@
-//! The algorithm list against an independent reference: the names, families and model
-//! coverage typed in from docs/gradallreduce.md and Ok-Topk's Table 1, not derived from the
-//! code under test.
+//! The algorithm list (the descriptors of `registry::ALL`) against an independent
+//! reference: the names, families, the options each reads and the model coverage typed in
+//! from docs/gradallreduce.md and Ok-Topk's Table 1, not derived from the code under test.
 
-use gradkit_cost::{by_algo, by_name, Algo, Family};
+use gradkit_collectives::plan::PlanKind;
+use gradkit_collectives::{Algo, Family, Knob};
 
 /// (`--algo` name, family) as docs/gradallreduce.md's table and `--help` list them.
 const EXPECTED: &[(&str, &str)] = &[
@@ -74,7 +75,7 @@ fn families_display_their_names() {
 /// tree n log P = 24000; 1-bit: n padded to 8·lcm(8,8) = 64 → 8000,
 /// 2(P−1)/P·8000/8 + 2(P−1)·4 = 1806 bytes.
 #[test]
-fn by_algo_picks_each_algorithms_formula() {
+fn each_descriptor_names_its_formula() {
     let (p, n, k) = (8usize, 8000.0, 80.0);
     let want: &[(&str, Option<(f64, f64)>)] = &[
         ("ring", Some((14.0, 14000.0))),
@@ -95,11 +96,12 @@ fn by_algo_picks_each_algorithms_formula() {
     ];
     for (name, w) in want {
         let a: Algo = name.parse().unwrap();
-        let got = by_algo(a, p, n, k).map(|c| (c.latency, c.words));
+        let got = a.cost(p, n, k).map(|c| (c.latency, c.words));
         assert_eq!(got, *w, "{name}");
-        assert_eq!(by_name(name, p, n, k).map(|c| (c.latency, c.words)), *w);
+        let by_name = Algo::cost_by_name(name, p, n, k).map(|c| (c.latency, c.words));
+        assert_eq!(by_name, *w);
     }
-    assert_eq!(by_name("nope", p, n, k), None);
+    assert_eq!(Algo::cost_by_name("nope", p, n, k), None);
 }
 
 /// Every algorithm appears in the `--algo` table of docs/gradallreduce.md, and the table
@@ -125,13 +127,64 @@ fn docs_table_lists_every_algorithm() {
     assert_eq!(named, want);
 }
 
-/// Ring bytes by hand for P = 3, n = 10: chunks ⌊i·10/3⌋ → [0,3) [3,6) [6,10), sizes 3, 3, 4.
-/// Rank r sends 2n − |c_{r+1}| − |c_{r+2}| elements: r0 20−3−4, r1 20−4−3, r2 20−3−3.
+/// Which algorithm reads which option, typed in from docs/gradallreduce.md's flag table:
+/// the refusals of a flag given to another algorithm are derived from the descriptors.
 #[test]
-fn ring_bytes_sent_by_hand() {
-    let got: Vec<u64> = (0..3)
-        .map(|r| gradkit_cost::ring_bytes_sent(3, 10, r))
+fn each_option_is_read_by_the_algorithms_the_docs_name() {
+    let want: &[(Knob, &[&str])] = &[
+        (Knob::State, &["onebit", "onebit-naive"]),
+        (Knob::Plan, &["deft", "oktopk"]),
+        (Knob::Period, &["oktopk"]),
+        (Knob::Reeval, &["oktopk"]),
+        (Knob::Adjust, &["oktopk"]),
+        (Knob::Balance, &["oktopk"]),
+        (Knob::ReevalStepD, &["oktopk"]),
+        (Knob::Split, &["embrace"]),
+        (Knob::Wire, &["ring", "ring-fp16"]),
+    ];
+    for (knob, names) in want {
+        assert_eq!(knob.readers(), *names, "{}", knob.flag());
+    }
+    // --op: every algorithm but the 1-bit ones, which always average.
+    let no_op: Vec<&str> = Algo::ALL
+        .iter()
+        .filter(|a| !a.reads(Knob::Op))
+        .map(|a| a.name())
         .collect();
-    assert_eq!(got, [4 * 13, 4 * 13, 4 * 14]);
-    assert_eq!(gradkit_cost::ring_bytes_sent(1, 10, 0), 0);
+    assert_eq!(no_op, ["onebit", "onebit-naive"]);
+    assert_eq!(
+        "deft".parse::<Algo>().unwrap().plan_kind(),
+        Some(PlanKind::Deft)
+    );
+    assert_eq!(
+        "oktopk".parse::<Algo>().unwrap().plan_kind(),
+        Some(PlanKind::Oktopk)
+    );
+    for a in Algo::ALL {
+        assert_eq!(a.plan_kind().is_some(), a.reads(Knob::Plan), "{a}");
+    }
+}
+
+/// The sparse algorithms that see every rank's dense values and so cannot take a
+/// selection (DEFT §3, CLT-k, Top-k (union)), as docs/gradallreduce.md says.
+#[test]
+fn the_dense_input_only_algorithms_are_the_three_of_the_docs() {
+    let got: Vec<&str> = Algo::ALL
+        .iter()
+        .filter(|a| a.descriptor().dense_input_only)
+        .map(|a| a.name())
+        .collect();
+    assert_eq!(got, ["deft", "cltk", "topk-union"]);
+}
+
+/// Every descriptor says which paper section it implements, and its constructor builds a
+/// reducer of its own name.
+#[test]
+fn every_descriptor_cites_its_paper_and_builds_its_reducer() {
+    let params = gradkit_collectives::Params::default();
+    for a in Algo::ALL {
+        assert!(!a.descriptor().paper.is_empty(), "{a}: no paper");
+        let r = gradkit_collectives::reducer_for(*a, &params).unwrap();
+        assert_eq!(r.name(), a.name());
+    }
 }
