@@ -36,7 +36,9 @@ impl Backend {
         self.in_process = yes;
         self
     }
-    /// Declares that the backend moves device-located buffers.
+    /// Declares that the backend moves device-located buffers. No backend declares it yet:
+    /// the NCCL one (gradkit-cuda) stages host `Buf`s through the GPU and refuses device
+    /// buffers as a host-only backend does (docs/GPU.md §7).
     pub const fn with_device_memory(mut self, yes: bool) -> Backend {
         self.device_memory = yes;
         self

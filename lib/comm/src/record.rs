@@ -107,9 +107,6 @@ impl Traffic {
             },
         ));
     }
-    pub fn is_recording(&self) -> bool {
-        self.rec.borrow().is_some()
-    }
     /// Opens step `step` (closing an open one): the calls until [`Traffic::end_step`] are
     /// recorded under it, with `label` saying what ran. Nothing when not recording.
     pub fn begin_step(&self, step: u32, label: &str) {

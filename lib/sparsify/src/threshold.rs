@@ -41,15 +41,6 @@ pub fn count_above(x: &[f32], th: f32) -> usize {
     x.par_chunks(CHUNK).map(count).sum()
 }
 
-/// Keeps the positions of `positions` (ascending) with |x| > th.
-pub fn refine(x: &[f32], positions: &[u32], th: f32) -> Vec<u32> {
-    positions
-        .iter()
-        .copied()
-        .filter(|&i| x[i as usize].abs() > th)
-        .collect()
-}
-
 /// Keeps the (index, value) pairs with |value| > th, in place and in order.
 pub(crate) fn refine_values(idx: &mut Vec<u32>, val: &mut Vec<f32>, th: f32) {
     let mut w = 0;

@@ -96,21 +96,6 @@ pub fn topk_among_values(pos: &[u32], vals: &[f32], k: usize) -> (Vec<u32>, Vec<
     (i, v, Some(f32::from_bits(th)))
 }
 
-/// Exact top-k among the given ascending `positions` of `x` (DGC's "exact top-k of the entries
-/// that passed"); returns ascending indices and the k-th largest |x| among them.
-pub fn topk_among(x: &[f32], positions: &[u32], k: usize) -> (Vec<u32>, Option<f32>) {
-    let k = k.min(positions.len());
-    if k == 0 {
-        return (Vec::new(), None);
-    }
-    let mut keys: Vec<u32> = positions.iter().map(|&i| key(x[i as usize])).collect();
-    let th = select_kth_largest(&mut keys, k);
-    (
-        take_top(x, positions.iter().copied(), th, k),
-        Some(f32::from_bits(th)),
-    )
-}
-
 /// Keeps, in order, the positions with key > th plus the first ties at th, k in all.
 fn take_top(
     x: &[f32],

@@ -611,9 +611,6 @@ impl Opt {
             }
         })
     }
-    pub fn is_onebit(&self) -> bool {
-        !matches!(self, Opt::Plain(_))
-    }
     /// Whether `step` runs the 1-bit compression stage.
     pub fn compressing(&self, step: u32) -> bool {
         match self {

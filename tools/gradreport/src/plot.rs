@@ -6,7 +6,6 @@
 //! needed to build, and any SVG viewer renders the text with its own sans-serif font).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 
 use anyhow::{anyhow, bail, Result};
 use gradkit_core::MetricRow;
@@ -181,11 +180,6 @@ fn draw_legend(area: &Area, entries: &[Entry]) -> Result<()> {
             .map_err(draw_err)?;
     }
     Ok(())
-}
-
-/// Writes `svg` to `path` atomically (see `gradkit_core::io::write_file_atomic`).
-pub fn write_svg(path: &Path, svg: &str) -> Result<()> {
-    gradkit_core::io::write_file_atomic(path, svg.as_bytes())
 }
 
 fn draw_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {

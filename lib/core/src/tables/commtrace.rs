@@ -10,7 +10,8 @@ use arrow_array::types::Float64Type;
 use arrow_array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt32Array, UInt64Array};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
-use super::{col, no_nulls, strings, u32s, u64s, SchemaKind, Table};
+use super::columns::{col, no_nulls, strings, u32s, u64s};
+use super::{SchemaKind, Table};
 
 /// What one row of `commtrace/1` records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
