@@ -1,6 +1,6 @@
 //! What an algorithm is, as every tool sees it: a [`Descriptor`] declared by the
 //! algorithm's own module, next to its code, and collected in one list
-//! ([`crate::registry::ALL`]). An [`Algo`] is a handle to one descriptor.
+//! (`Algo::ALL`, written in the registry module). An [`Algo`] is a handle to one descriptor.
 //!
 //! A descriptor owns the algorithm's `--algo` name (also gradtrain's `--exchange` name and
 //! the metrics' `algo` value) and its old spellings, its family, the paper section it
@@ -195,9 +195,6 @@ impl Descriptor {
 pub struct Algo(pub &'static Descriptor);
 
 impl Algo {
-    /// Every algorithm, in the order `--help` lists them: [`crate::registry::ALL`].
-    pub const ALL: &'static [Algo] = crate::registry::ALL;
-
     /// Its descriptor.
     pub const fn descriptor(self) -> &'static Descriptor {
         self.0

@@ -11,25 +11,30 @@ use crate::Reducer;
 /// `gradkit_sparsify::oktopk`.
 pub use crate::params::{Adjust, Balance, Bands, Params, ReevalStepD, Split};
 
-/// Every algorithm, in the order `--help` lists them.
-pub const ALL: &[Algo] = &[
-    Algo(&crate::dense::RING),
-    Algo(&crate::dense::RING_FP16),
-    Algo(&crate::dense::RABENSEIFNER),
-    Algo(&crate::dense::TREE),
-    Algo(&crate::dense::NATIVE),
-    Algo(&crate::sparse::topka::DESCRIPTOR),
-    Algo(&crate::sparse::topkdsa::DESCRIPTOR),
-    Algo(&crate::sparse::gtopk::DESCRIPTOR),
-    Algo(&crate::sparse::gaussiank::DESCRIPTOR),
-    Algo(&crate::sparse::oktopk::DESCRIPTOR),
-    Algo(&crate::sparse::deft::DESCRIPTOR),
-    Algo(&crate::sparse::cltk::DESCRIPTOR),
-    Algo(&crate::sparse::topk_union::DESCRIPTOR),
-    Algo(&crate::onebit::ONEBIT),
-    Algo(&crate::onebit::ONEBIT_NAIVE),
-    Algo(&crate::alltoall::DESCRIPTOR),
-];
+/// Every algorithm, in the order `--help` lists them ([`Algo::ALL`]).
+pub const ALL: &[Algo] = Algo::ALL;
+
+impl Algo {
+    /// Every algorithm, in the order `--help` lists them: one line per descriptor.
+    pub const ALL: &'static [Algo] = &[
+        Algo(&crate::dense::RING),
+        Algo(&crate::dense::RING_FP16),
+        Algo(&crate::dense::RABENSEIFNER),
+        Algo(&crate::dense::TREE),
+        Algo(&crate::dense::NATIVE),
+        Algo(&crate::sparse::topka::DESCRIPTOR),
+        Algo(&crate::sparse::topkdsa::DESCRIPTOR),
+        Algo(&crate::sparse::gtopk::DESCRIPTOR),
+        Algo(&crate::sparse::gaussiank::DESCRIPTOR),
+        Algo(&crate::sparse::oktopk::DESCRIPTOR),
+        Algo(&crate::sparse::deft::DESCRIPTOR),
+        Algo(&crate::sparse::cltk::DESCRIPTOR),
+        Algo(&crate::sparse::topk_union::DESCRIPTOR),
+        Algo(&crate::onebit::ONEBIT),
+        Algo(&crate::onebit::ONEBIT_NAIVE),
+        Algo(&crate::alltoall::DESCRIPTOR),
+    ];
+}
 
 /// The reducer for `--algo name`; an unknown name is an error listing the known ones.
 pub fn make_reducer(name: &str, params: &Params) -> Result<Box<dyn Reducer>> {
