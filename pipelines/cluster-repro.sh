@@ -99,14 +99,14 @@ train_runs() {
     [ $ex = dense ] && dens=() steps=$STEPS
     echo "${R%/} $ex P=$P $RATE $(cut -d' ' -f1-3 /proc/loadavg)" >> load.txt
     launch $P $B/gradtrain $MODEL --steps $steps --batch $BATCH --optimizer sgd --lr 0.1 \
-      --exchange $ex "${dens[@]}" -q --run $ex-$RATE --metrics ${R}train-$ex-$RATE.parquet
+      --exchange "$(exchange_of "$ex")" "${dens[@]}" -q --run $ex-$RATE --metrics ${R}train-$ex-$RATE.parquet
   done
   if [ "$STEPS8" != 0 ]; then
     for ex in $EXCH; do
       [ $ex = dense ] && continue
       echo "${R%/} $ex P=$((2 * P)) $RATE $(cut -d' ' -f1-3 /proc/loadavg)" >> load.txt
       launch $((2 * P)) $B/gradtrain $MODEL --steps $STEPS8 --batch $BATCH --optimizer sgd \
-        --lr 0.1 --exchange $ex --density 0.01 -q --run $ex-p8-$RATE --metrics ${R}train8-$ex-$RATE.parquet
+        --lr 0.1 --exchange "$(exchange_of "$ex")" --density 0.01 -q --run $ex-p8-$RATE --metrics ${R}train8-$ex-$RATE.parquet
     done
   fi
   # MPI_Allreduce of the same gradient (bytes = 4n), the dense-native row's communication.
@@ -124,7 +124,7 @@ lamb_runs() {
   # 3. LAMB vs 1-bit LAMB.
   echo "${R%/} lamb $RATE $(cut -d' ' -f1-3 /proc/loadavg)" >> load.txt
   launch $P $B/gradtrain $MODEL --steps $LAMB_STEPS --batch $BATCH --optimizer lamb --lr 0.01 \
-    --exchange dense -q --run lamb-$RATE --metrics ${R}lamb-$RATE.parquet
+    --exchange ring -q --run lamb-$RATE --metrics ${R}lamb-$RATE.parquet
   echo "${R%/} onebit-lamb $RATE $(cut -d' ' -f1-3 /proc/loadavg)" >> load.txt
   launch $P $B/gradtrain $MODEL --steps $((LAMB_STEPS * 3 / 2)) --batch $BATCH --optimizer onebit-lamb \
     --lr 0.01 --exchange onebit --freeze-step $FREEZE -q --run onebit-lamb-$RATE \
@@ -141,7 +141,7 @@ embrace_runs() {
     echo "${R%/} emb-$run P=$P $RATE $(cut -d' ' -f1-3 /proc/loadavg)" >> load-emb.txt
     launch $P $B/gradtrain --model transformer-lm --data synthetic-lm --vocab $EMB_V \
       --tokens 100000 --d-model $EMB_D --batch $EMB_BATCH --steps $EMB_STEPS --optimizer sgd \
-      --lr 0.1 --exchange $ex "${sch[@]}" -q --run $run-$RATE --metrics ${R}emb-$run-$RATE.parquet
+      --lr 0.1 --exchange "$(exchange_of "$ex")" "${sch[@]}" -q --run $run-$RATE --metrics ${R}emb-$run-$RATE.parquet
   done
 }
 

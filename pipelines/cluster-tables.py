@@ -520,7 +520,7 @@ print()
 # ---------------------------------------------------------------- 1-bit LAMB
 print("### 1-bit LAMB vs LAMB (1-bit LAMB Table 5 / Fig. 6: throughput)\n")
 print(f"`gradtrain {a.model} --steps {a.lamb_steps} --batch {a.batch} --lr 0.01` with "
-      f"`--optimizer lamb --exchange dense` vs `--optimizer onebit-lamb --exchange onebit "
+      f"`--optimizer lamb --exchange ring` vs `--optimizer onebit-lamb --exchange onebit "
       f"--freeze-step {a.freeze}`, P = {P}. samples/s = P·batch / median step (slowest rank); "
       f"1-bit's compressed phase is steps ≥ {a.freeze + 1} (its first {a.freeze} exchange "
       "uncompressed); LAMB over the same steps. Predicted comm: α-β with the fit above (ring "

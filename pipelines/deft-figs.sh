@@ -66,16 +66,16 @@ run $B/gradreport table sweep-*.m.parquet --per-file --by run --metric time_sele
 echo
 echo "#### Training across densities: MLP on the UCI digits, 4 ranks, $TRAIN_STEPS steps"
 echo
-echo "\`gradtrain --model mlp --data digits --ranks 4 --steps $TRAIN_STEPS --lr 0.1 --exchange topk|deft --density d"
+echo "\`gradtrain --model mlp --data digits --ranks 4 --steps $TRAIN_STEPS --lr 0.1 --exchange topka|deft --density d"
 echo "--dense-warmup $((TRAIN_STEPS / 20))\` and the dense baseline; last step's loss and accuracy, the"
 echo "last step's nnz of the exchanged gradient (Top-k: the union, its build-up shows) and bytes per rank."
 echo
-run $B/gradtrain --model mlp --data digits --ranks 4 --steps $TRAIN_STEPS --lr 0.1 --exchange dense -q --run dense \
+run $B/gradtrain --model mlp --data digits --ranks 4 --steps $TRAIN_STEPS --lr 0.1 --exchange ring -q --run dense \
     --metrics train-dense.parquet
 for d in $DENS; do
   [ "$d" = 0.0001 ] && continue   # k = 2 of the MLP's 26,122 parameters: nothing to compare
   for ex in topk deft; do
-    run $B/gradtrain --model mlp --data digits --ranks 4 --steps $TRAIN_STEPS --lr 0.1 --exchange $ex --density $d \
+    run $B/gradtrain --model mlp --data digits --ranks 4 --steps $TRAIN_STEPS --lr 0.1 --exchange "$(exchange_of "$ex")" --density $d \
         --dense-warmup $((TRAIN_STEPS / 20)) -q --run "$ex d=$d" --metrics train-$ex-$d.parquet
   done
 done

@@ -66,7 +66,7 @@ echo
 for ex in dense topk deft; do
   sparse=(--density 0.02 --dense-warmup $((TRAIN_STEPS / 20)))
   [ $ex = dense ] && sparse=()   # gradtrain refuses flags the dense exchange would ignore
-  run $B/gradtrain --model mlp --data digits --ranks 4 --steps $TRAIN_STEPS --lr 0.1 --exchange $ex "${sparse[@]}" \
+  run $B/gradtrain --model mlp --data digits --ranks 4 --steps $TRAIN_STEPS --lr 0.1 --exchange "$(exchange_of "$ex")" "${sparse[@]}" \
       -q --run $ex --metrics train-$ex.parquet
 done
 run $B/gradreport table train-*.parquet --by run --metric eval_accuracy,loss,bytes_sent,nnz --stat last

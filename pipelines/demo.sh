@@ -33,7 +33,7 @@ done
 
 echo "== 5. a short training comparison: MLP on the UCI digits, 4 ranks" >&2
 STEPS=300
-run $B/gradtrain --model mlp --data digits --ranks $P --steps $STEPS --lr 0.1 --exchange dense -q --run dense --metrics train-dense.parquet
+run $B/gradtrain --model mlp --data digits --ranks $P --steps $STEPS --lr 0.1 --exchange ring -q --run dense --metrics train-dense.parquet
 run $B/gradtrain --model mlp --data digits --ranks $P --steps $STEPS --lr 0.1 --exchange oktopk --density 0.02 -q --run oktopk --metrics train-oktopk.parquet
 run $B/gradtrain --model mlp --data digits --ranks $P --steps $STEPS --lr 0.1 --exchange deft --density 0.02 -q --run deft --metrics train-deft.parquet
 

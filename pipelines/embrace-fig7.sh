@@ -44,7 +44,7 @@ on_cluster() {
         echo "$RATE p$p $cfg r$rep $(cut -d' ' -f1 /proc/loadavg)" >> load.log
         launch $p $B/gradtrain --model lstm-lm --data $PWD/zipf-$V.parquet --d-model $D \
           --hidden $HIDDEN --seq-len $SEQ --batch $BATCH --steps $STEPS --optimizer sgd --lr 0.05 \
-          --exchange $ex "${sch[@]}" -q --run $cfg-r$rep \
+          --exchange "$(exchange_of "$ex")" "${sch[@]}" -q --run $cfg-r$rep \
           --metrics $PWD/emb7-$RATE-p$p-$cfg-r$rep.parquet
       done
     done

@@ -43,7 +43,7 @@ for rep in $(seq $BYTE_REPS); do
     for ex in dense allgather allgather-raw embrace; do
       sch=(); [ $ex = embrace ] && sch=(--schedule fifo)   # the others have no schedule
       f=m-$ex-P$P.parquet; [ $rep = 1 ] || f=mrep-$ex-P$P-r$rep.parquet
-      run $TR --data zipf-$V.parquet --ranks $P --steps $STEPS --exchange $ex "${sch[@]}" --lr 0.05 \
+      run $TR --data zipf-$V.parquet --ranks $P --steps $STEPS --exchange "$(exchange_of "$ex")" "${sch[@]}" --lr 0.05 \
           --run $ex-P$P --metrics $f
     done
   done
@@ -102,7 +102,7 @@ for b in $SWEEP_B; do
     case $ex in
       embrace) fl="--exchange embrace --schedule fifo";;
       embrace-unique) fl="--exchange embrace --schedule fifo --lookup unique";;
-      *) fl="--exchange $ex";;   # the AllGather baselines have no schedule
+      *) fl="--exchange $(exchange_of "$ex")";;   # the AllGather baselines have no schedule
     esac
     run $B/gradtrain --model transformer-lm $MODEL --data synthetic-lm --vocab $SWEEP_V --tokens 200000 \
         --batch $b --ranks 4 --steps 2 --lr 0.05 -q $fl --run s-$ex-b$b --metrics s-$ex-b$b.parquet
@@ -169,7 +169,7 @@ if command -v mpirun >/dev/null; then
     for ex in dense allgather embrace; do
       sch=(); [ $ex = embrace ] && sch=(--schedule fifo)
       run mpirun --oversubscribe -np $P $B/gradtrain --model lstm-lm --d-model $RSS_D --hidden 8 --seq-len 8 \
-          --batch 2 --data zipf-$RSS_V.parquet --steps 3 --lr 0.05 -q --exchange $ex "${sch[@]}" \
+          --batch 2 --data zipf-$RSS_V.parquet --steps 3 --lr 0.05 -q --exchange "$(exchange_of "$ex")" "${sch[@]}" \
           --rss --run rss-$ex-P$P --metrics rss-$ex-P$P.parquet
     done
     row="$P"
@@ -284,7 +284,7 @@ fi
 echo "### Training equality with dense ($EQ_STEPS steps, P = 4, SGD)"
 echo
 for ex in dense allgather allgather-raw embrace; do
-  run $TR --data zipf-$V.parquet --ranks 4 --steps $EQ_STEPS --lr 0.05 --exchange $ex --run eq-$ex --metrics eq-$ex.parquet
+  run $TR --data zipf-$V.parquet --ranks 4 --steps $EQ_STEPS --lr 0.05 --exchange "$(exchange_of "$ex")" --run eq-$ex --metrics eq-$ex.parquet
 done
 run $B/gradreport table eq-*.parquet --by run --metric loss,eval_loss --stat last --no-range
 run $B/gradreport plot loss eq-*.parquet -o loss.svg >&2

@@ -15,6 +15,13 @@ run() {
   "$@"
 }
 
+# exchange_of RUN: the `gradtrain --exchange` name of a run the tables call `dense` or `topk`
+# (the run names stay as the tables and figures know them; the old spellings of the flag
+# would print a note).
+exchange_of() {
+  case $1 in dense) echo ring ;; topk) echo topka ;; *) echo "$1" ;; esac
+}
+
 # section NAME FILE: put FILE between the NAME markers of docs/RESULTS.md (full runs only;
 # FAST runs keep the section next to their outputs so `make test` leaves the tree clean).
 section() {

@@ -98,7 +98,7 @@ part_embrace() {
       [ $ex = embrace ] && sch=(--schedule fifo)
       timed rec-emb-$ex-p$p $B/gradtrain --model transformer-lm --data synthetic-lm --vocab 4096 \
         --tokens 40000 --d-model 64 --layers 1 --heads 4 --seq-len 32 --batch 13 --steps 2 \
-        --optimizer sgd --lr 0.05 --exchange $ex "${sch[@]}" --ranks $p -q \
+        --optimizer sgd --lr 0.05 --exchange "$(exchange_of "$ex")" "${sch[@]}" --ranks $p -q \
         --comm-trace emb-$ex-p$p.parquet > /dev/null
       # EmbRace's clusters: 4 servers × 4 GPUs, 100 Gbit/s InfiniBand (embrace.md §4). Phases
       # kept: the embedding's own exchanges are phases of the step.

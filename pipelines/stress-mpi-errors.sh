@@ -60,7 +60,7 @@ case_ "gradtrain bad --data (np 4)" "error:" 1 -- \
 case_ "gradtrain --resume, np 3 (ck of 2)" "error:" 1 -- \
   mpirun -np 3 "$B/gradtrain" --model mlp --steps 30 --checkpoint "$D/ck" --resume -q
 case_ "gradtrain --resume, other exchange" "error:" 1 -- \
-  mpirun -np 2 "$B/gradtrain" --model mlp --steps 30 --exchange topk --checkpoint "$D/ck" --resume -q
+  mpirun -np 2 "$B/gradtrain" --model mlp --steps 30 --exchange topka --checkpoint "$D/ck" --resume -q
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]
