@@ -102,8 +102,9 @@ demo: deps build
 ## Time (a fresh clone after make demo is the slow case: nothing of the tests is compiled
 ## yet): the `cuda` feature's clippy check compiles nothing the tests share, so it runs in the
 ## background, in its own target directory (target/clippy-cuda), while the tests run, which
-## mostly wait on processes; its output is shown if it fails. The test binaries run their
-## tests on at least 4 threads ($(TEST_THREADS)), for the same reason.
+## mostly wait on processes; so do the Python package's tests while the reproductions run.
+## Their output is shown if they fail. The test binaries run their tests on at least 4
+## threads ($(TEST_THREADS)), for the same reason.
 TEST_THREADS := $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -lt 4 ] && n=4; echo $$n)
 test: deps build
 	$(CARGO) fmt --all -- --check
@@ -111,11 +112,14 @@ test: deps build
 	$(MAKE) --no-print-directory check-docs
 	$(CARGO) test $(CARGO_FLAGS) --workspace --no-run
 	@mkdir -p target; $(LINT_CUDA) > target/lint-cuda.log 2>&1 & lint=$$!; \
-	  trap 'kill $$lint 2>/dev/null' EXIT; \
+	  trap 'kill $$lint $${py:-} 2>/dev/null' EXIT; \
 	  echo "make test: clippy with the cuda feature runs meanwhile (target/lint-cuda.log)"; \
-	  RUST_TEST_THREADS=$(TEST_THREADS) $(CARGO) test $(CARGO_FLAGS) --workspace \
-	  && $(MAKE) --no-print-directory test-py \
-	  && $(MAKE) --no-print-directory FAST=1 repro; rc=$$?; \
+	  RUST_TEST_THREADS=$(TEST_THREADS) $(CARGO) test $(CARGO_FLAGS) --workspace || exit 1; \
+	  echo "make test: the Python package's tests run meanwhile (target/test-py.log)"; \
+	  $(MAKE) --no-print-directory test-py > target/test-py.log 2>&1 & py=$$!; \
+	  $(MAKE) --no-print-directory FAST=1 repro; rc=$$?; \
+	  if ! wait $$py; then cat target/test-py.log; echo "error: make test-py failed (above)" >&2; exit 1; fi; \
+	  echo "make test-py: $$(grep -E '^(Ran|OK|FAILED)' target/test-py.log | tr '\n' ' ')"; \
 	  [ $$rc = 0 ] || exit $$rc; \
 	  if ! wait $$lint; then cat target/lint-cuda.log; echo "error: clippy with the cuda feature (make lint-cuda) failed, above" >&2; exit 1; fi; \
 	  echo "make test: clippy with the cuda feature: clean"
