@@ -101,8 +101,15 @@ pub fn temp_files(dir: impl AsRef<std::path::Path>) -> Vec<String> {
 }
 
 /// Runs `cmd` to the end (stdout and stderr captured) and returns its output and its peak
-/// resident memory in KiB, from `wait4`'s resource usage of that child alone (not the
-/// cumulative `RUSAGE_CHILDREN`, which keeps the largest child ever waited for).
+/// resident memory in KiB.
+///
+/// The peak is `wait4`'s `ru_maxrss` of the command, taken by a small intermediate process
+/// (`python3`, which the project needs anyway) that starts it and reports it. Measured from
+/// this process, it would not be the command's own: Linux carries the high-water mark of the
+/// memory a child was spawned from across `exec`, so a child of a test binary reports at
+/// least the test process's own peak, which grows with whatever its other tests (run in
+/// parallel threads) allocated. The intermediate's own few MiB are the floor instead. The
+/// command's exit status comes back as its exit code (128 + the signal for a signal).
 #[cfg(target_os = "linux")]
 // The child is waited for by `wait4` below, which std's `Child` does not know of.
 #[allow(clippy::zombie_processes)]
@@ -110,12 +117,34 @@ pub fn run_peak_rss(cmd: &mut std::process::Command) -> (std::process::Output, u
     use std::io::Read;
     use std::os::unix::process::ExitStatusExt;
     use std::process::Stdio;
-    let mut child = cmd
+    const REPORT: &str = "import os, subprocess, sys\n\
+        p = subprocess.Popen(sys.argv[2:])\n\
+        _, status, ru = os.wait4(p.pid, 0)\n\
+        open(sys.argv[1], 'w').write(str(ru.ru_maxrss))\n\
+        code = os.waitstatus_to_exitcode(status)\n\
+        sys.exit(code if code >= 0 else 128 - code)\n";
+    let report = tempfile::NamedTempFile::new().expect("a temporary file for the peak");
+    let mut via = std::process::Command::new("python3");
+    via.arg("-c")
+        .arg(REPORT)
+        .arg(report.path())
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => via.env(k, v),
+            None => via.env_remove(k),
+        };
+    }
+    if let Some(d) = cmd.get_current_dir() {
+        via.current_dir(d);
+    }
+    let mut child = via
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawn");
+        .expect("spawn python3 (it reports the command's peak memory)");
     let drain = |mut r: Box<dyn Read + Send>| {
         std::thread::spawn(move || {
             let mut v = Vec::new();
@@ -142,7 +171,11 @@ pub fn run_peak_rss(cmd: &mut std::process::Command) -> (std::process::Output, u
         stdout: out.join().expect("stdout reader"),
         stderr: err.join().expect("stderr reader"),
     };
-    (o, usage.ru_maxrss as u64)
+    let kib = std::fs::read_to_string(report.path())
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no peak reported: {}", String::from_utf8_lossy(&o.stderr)));
+    (o, kib)
 }
 
 /// Environment variables set wrong, for [`env_refused`]: (variable, value, words of the
