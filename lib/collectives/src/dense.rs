@@ -634,7 +634,7 @@ pub const NATIVE: Descriptor = dense_algo(
 
 /// `ring` with `--wire fp16` is `ring-fp16`; any other algorithm is itself.
 pub fn with_fp16_wire(algo: crate::Algo) -> crate::Algo {
-    if algo.name() == RING.name {
+    if algo == crate::Algo(&RING) {
         crate::Algo(&RING_FP16)
     } else {
         algo

@@ -437,9 +437,9 @@ pub const ONEBIT_NAIVE: crate::algo::Descriptor = onebit_algo(
 
 /// The 1-bit variant of `algo`, `None` for an algorithm that is not a 1-bit one.
 pub fn variant_of(algo: crate::Algo) -> Option<Variant> {
-    if algo.name() == ONEBIT.name {
+    if algo == crate::Algo(&ONEBIT) {
         Some(Variant::Server)
-    } else if algo.name() == ONEBIT_NAIVE.name {
+    } else if algo == crate::Algo(&ONEBIT_NAIVE) {
         Some(Variant::Naive)
     } else {
         None

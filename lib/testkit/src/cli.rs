@@ -111,11 +111,7 @@ pub fn temp_files(dir: impl AsRef<std::path::Path>) -> Vec<String> {
 /// parallel threads) allocated. The intermediate's own few MiB are the floor instead. The
 /// command's exit status comes back as its exit code (128 + the signal for a signal).
 #[cfg(target_os = "linux")]
-// The child is waited for by `wait4` below, which std's `Child` does not know of.
-#[allow(clippy::zombie_processes)]
 pub fn run_peak_rss(cmd: &mut std::process::Command) -> (std::process::Output, u64) {
-    use std::io::Read;
-    use std::os::unix::process::ExitStatusExt;
     use std::process::Stdio;
     const REPORT: &str = "import os, subprocess, sys\n\
         p = subprocess.Popen(sys.argv[2:])\n\
@@ -139,38 +135,10 @@ pub fn run_peak_rss(cmd: &mut std::process::Command) -> (std::process::Output, u
     if let Some(d) = cmd.get_current_dir() {
         via.current_dir(d);
     }
-    let mut child = via
+    let o = via
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+        .output()
         .expect("spawn python3 (it reports the command's peak memory)");
-    let drain = |mut r: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            r.read_to_end(&mut v).expect("read the child's output");
-            v
-        })
-    };
-    let out = drain(Box::new(child.stdout.take().expect("stdout")));
-    let err = drain(Box::new(child.stderr.take().expect("stderr")));
-    let mut status = 0i32;
-    // SAFETY: a zeroed rusage is a valid value for wait4 to fill.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: the pid is this process's child, not yet waited for (std's Child is never
-    // waited on here), and both pointers are valid for the call.
-    let r = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
-    assert_eq!(
-        r,
-        child.id() as i32,
-        "wait4: {}",
-        std::io::Error::last_os_error()
-    );
-    let o = std::process::Output {
-        status: std::process::ExitStatus::from_raw(status),
-        stdout: out.join().expect("stdout reader"),
-        stderr: err.join().expect("stderr reader"),
-    };
     let kib = std::fs::read_to_string(report.path())
         .ok()
         .and_then(|s| s.trim().parse().ok())
