@@ -165,8 +165,26 @@ pub struct Descriptor {
     /// Its formula (Table 1's best case where Table 1 gives an interval, Ok-Topk's worst
     /// case), or `None` where there is none.
     pub cost: Option<CostFn>,
+    /// How gradtrain runs it as an `--exchange`, or `None` where gradtrain does not.
+    pub exchange: Option<AsExchange>,
     /// The reducer, with the options of `params` it reads.
     pub make: fn(&Params) -> Result<Box<dyn Reducer>>,
+}
+
+/// An algorithm as gradtrain's `--exchange` (the training loop's view: gradients averaged
+/// over the ranks, the sparse ones with error feedback).
+pub struct AsExchange {
+    /// Its line in `gradtrain --help`.
+    pub help: &'static str,
+    /// Old spellings `--exchange` still takes (gradtrain's own; `--algo` does not take them).
+    pub aliases: &'static [&'static str],
+}
+
+impl AsExchange {
+    /// An exchange with its help line and no old spellings.
+    pub const fn new(help: &'static str) -> Option<AsExchange> {
+        Some(AsExchange { help, aliases: &[] })
+    }
 }
 
 impl Descriptor {
@@ -184,6 +202,7 @@ impl Descriptor {
             dense_input_only: false,
             plan: None,
             cost: None,
+            exchange: None,
             make,
         }
     }
@@ -282,13 +301,7 @@ pub struct UnknownAlgo(pub String);
 
 impl fmt::Display for UnknownAlgo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let known: Vec<&str> = Algo::names().collect();
-        write!(
-            f,
-            "unknown --algo `{}` (known: {})",
-            self.0,
-            known.join(", ")
-        )
+        f.write_str(&gradkit_core::named::unknown("--algo", &self.0, Algo::names()))
     }
 }
 
@@ -300,11 +313,8 @@ impl FromStr for Algo {
     /// The exact `--algo` name (case-sensitive, as the CLI has always taken it), or an old
     /// spelling.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Algo::ALL
-            .iter()
-            .copied()
-            .find(|a| a.name() == s)
-            .or_else(|| Algo::aliases().find(|(old, _)| *old == s).map(|(_, a)| a))
+        let aliases: Vec<(&'static str, Algo)> = Algo::aliases().collect();
+        gradkit_core::named::lookup(s, Algo::ALL, Algo::name, &aliases)
             .ok_or_else(|| UnknownAlgo(s.to_string()))
     }
 }

@@ -446,6 +446,9 @@ pub const DESCRIPTOR: crate::algo::Descriptor = crate::algo::Descriptor {
     paper: "EmbRace §3 (hybrid communication), Table 2",
     description: "EmbRace's AlltoAll of row-sparse embedding gradients + ring",
     reads: &[crate::algo::Knob::Op, crate::algo::Knob::Split],
+    exchange: crate::algo::AsExchange::new(
+        "EmbRace: token embedding sharded by columns, AlltoAll lookups and row gradients, ring for the rest (--schedule)",
+    ),
     ..crate::algo::Descriptor::base(|params| {
         Ok(Box::new(AllToAllReducer::new(params.split, params.op)))
     })

@@ -587,13 +587,19 @@ const fn dense_algo(
 }
 
 /// `--algo ring`.
-pub const RING: Descriptor = dense_algo(
-    "ring",
-    "reduce-scatter + allgather ring (bandwidth-optimal)",
-    &[Knob::Op, Knob::Wire],
-    |p, n, _| gradkit_cost::ring(p, n),
-    |params| Ok(Box::new(DenseReducer::new("ring", params.op)?)),
-);
+pub const RING: Descriptor = Descriptor {
+    exchange: Some(crate::algo::AsExchange {
+        help: "ring allreduce of the gradients, mean",
+        aliases: &["dense"],
+    }),
+    ..dense_algo(
+        "ring",
+        "reduce-scatter + allgather ring (bandwidth-optimal)",
+        &[Knob::Op, Knob::Wire],
+        |p, n, _| gradkit_cost::ring(p, n),
+        |params| Ok(Box::new(DenseReducer::new("ring", params.op)?)),
+    )
+};
 
 /// `--algo ring-fp16` (`ring --wire fp16`); its formula counts half-size words: the same
 /// messages carry 2-byte values.
@@ -631,6 +637,11 @@ pub const NATIVE: Descriptor = dense_algo(
     |p, n, _| gradkit_cost::dense(p, n),
     |params| Ok(Box::new(DenseReducer::new("native", params.op)?)),
 );
+
+/// The algorithm whose `--wire fp16` variant `algo` is (`ring-fp16`: `ring`), or `None`.
+pub fn fp16_wire_of(algo: crate::Algo) -> Option<crate::Algo> {
+    (algo == crate::Algo(&RING_FP16)).then_some(crate::Algo(&RING))
+}
 
 /// `ring` with `--wire fp16` is `ring-fp16`; any other algorithm is itself.
 pub fn with_fp16_wire(algo: crate::Algo) -> crate::Algo {

@@ -27,7 +27,7 @@ use anyhow::Result;
 use gradkit_comm::Comm;
 use gradkit_core::trace::{Layout, Sparse};
 
-pub use algo::{Algo, Descriptor, Family, Knob};
+pub use algo::{Algo, AsExchange, Descriptor, Family, Knob};
 /// The α-β formulas (crate gradkit-cost) the descriptors name.
 pub use gradkit_cost as cost;
 /// The `plan/1` validator every plan consumer shares (gradkit-partition's), for the callers

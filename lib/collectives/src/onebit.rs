@@ -420,12 +420,17 @@ fn make_onebit(variant: Variant, params: &crate::Params) -> Result<Box<dyn Reduc
 }
 
 /// `--algo onebit`.
-pub const ONEBIT: crate::algo::Descriptor = onebit_algo(
-    "onebit",
-    "DeepSpeed's error-compensated 1-bit allreduce (average)",
-    Some(|p, n, _| gradkit_cost::onebit(p, n as usize)),
-    |params| make_onebit(Variant::Server, params),
-);
+pub const ONEBIT: crate::algo::Descriptor = crate::algo::Descriptor {
+    exchange: crate::algo::AsExchange::new(
+        "1-bit compressed allreduce of the momentum (with --optimizer onebit-lamb/onebit-adam)",
+    ),
+    ..onebit_algo(
+        "onebit",
+        "DeepSpeed's error-compensated 1-bit allreduce (average)",
+        Some(|p, n, _| gradkit_cost::onebit(p, n as usize)),
+        |params| make_onebit(Variant::Server, params),
+    )
+};
 
 /// `--algo onebit-naive`.
 pub const ONEBIT_NAIVE: crate::algo::Descriptor = onebit_algo(

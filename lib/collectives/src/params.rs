@@ -6,25 +6,6 @@ use gradkit_core::PlanRow;
 
 pub use gradkit_sparsify::oktopk::{Adjust, Bands};
 
-/// `FromStr` (exact name; the error lists the known names) and `Display` (the name) for an
-/// option enum with an `ALL` list and a `name()`; `$flag` names it in the error.
-macro_rules! named_option {
-    ($t:ty, $flag:literal) => {
-        impl std::str::FromStr for $t {
-            type Err = String;
-            fn from_str(s: &str) -> std::result::Result<Self, String> {
-                parse_named($flag, s, <$t>::ALL, <$t>::name)
-            }
-        }
-
-        impl std::fmt::Display for $t {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.name())
-            }
-        }
-    };
-}
-
 /// Reduction operator of the dense algorithms.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Op {
@@ -51,21 +32,7 @@ impl Op {
     }
 }
 
-/// Parses a name of an enum with an `ALL` list and a `name()` (exact match); the error
-/// lists the known names.
-pub(crate) fn parse_named<T: Copy>(
-    what: &str,
-    s: &str,
-    all: &[T],
-    name: impl Fn(T) -> &'static str,
-) -> std::result::Result<T, String> {
-    all.iter().copied().find(|v| name(*v) == s).ok_or_else(|| {
-        let known: Vec<&str> = all.iter().map(|v| name(*v)).collect();
-        format!("unknown {what} `{s}` (known: {})", known.join(", "))
-    })
-}
-
-named_option!(Op, "--op");
+gradkit_core::named!(Op, "--op");
 
 /// Balancing in Ok-Topk's `balance_and_allgatherv`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -101,7 +68,7 @@ impl Balance {
     }
 }
 
-named_option!(Balance, "--balance");
+gradkit_core::named!(Balance, "--balance");
 
 /// Ok-Topk's Step D on the re-evaluation steps (every τ' steps; Algorithm 1 lines 9–13).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -138,7 +105,7 @@ impl ReevalStepD {
     }
 }
 
-named_option!(ReevalStepD, "--reeval-step-d");
+gradkit_core::named!(ReevalStepD, "--reeval-step-d");
 
 /// How EmbRace splits an embedding table across ranks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -171,7 +138,7 @@ impl Split {
     }
 }
 
-named_option!(Split, "--split");
+gradkit_core::named!(Split, "--split");
 
 /// Every knob an algorithm may read; each algorithm documents which it uses.
 #[derive(Clone, Debug)]

@@ -11,6 +11,7 @@ pub mod cli;
 pub mod env;
 pub mod io;
 pub mod live;
+pub mod named;
 pub mod paths;
 pub mod process;
 mod read_values;

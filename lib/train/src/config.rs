@@ -6,6 +6,9 @@
 
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::LazyLock;
+
+use gradkit_collectives::{Algo, AsExchange, Family, Knob};
 
 /// Ok-Topk's threshold-reuse policy (`gradtrain --adjust`).
 pub use gradkit_collectives::registry::Adjust;
@@ -16,182 +19,127 @@ use crate::data::DataSpec;
 use crate::model::ModelSpec;
 use crate::optim::{Decay, OptConfig};
 
-/// `FromStr` (exact name, or an old spelling in `ALIASES`; the error lists the known names and
-/// the flag) and `Display` (the name) for an enum with `ALL`, `ALIASES` and `name()`.
-macro_rules! named {
-    ($t:ty, $flag:literal, $suffix:literal) => {
-        impl std::str::FromStr for $t {
-            type Err = String;
-            fn from_str(s: &str) -> Result<Self, String> {
-                <$t>::ALL
-                    .iter()
-                    .copied()
-                    .find(|v| v.name() == s)
-                    .or_else(|| {
-                        <$t>::ALIASES
-                            .iter()
-                            .find(|(old, _)| *old == s)
-                            .map(|(_, v)| *v)
-                    })
-                    .ok_or_else(|| {
-                        let known: Vec<&str> = <$t>::ALL.iter().map(|v| v.name()).collect();
-                        format!(
-                            "unknown {} `{s}` (known: {}){}",
-                            $flag,
-                            known.join(", "),
-                            $suffix
-                        )
-                    })
-            }
-        }
-
-        impl fmt::Display for $t {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.name())
-            }
-        }
-    };
-}
-
-/// How a run exchanges its gradients (`--exchange`).
+/// How a run exchanges its gradients (`--exchange`): an algorithm of gradkit-collectives
+/// that gradtrain runs (its descriptor's [`AsExchange`]: the help line, old spellings), or
+/// one of EmbRace's AllGather baselines, which only gradtrain has (the token embedding outside
+/// the model's replica, [`crate::embrace`]). The loop tells them apart by family (dense,
+/// sparse, compressed, embedding) and by the options an algorithm reads, never by name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exchange {
-    Ring,
-    TopkA,
-    GaussianK,
-    TopkDsa,
-    GTopk,
-    OkTopk,
-    Deft,
-    Cltk,
-    TopkUnion,
-    OneBit,
-    Embrace,
-    AllGather,
-    AllGatherRaw,
+    /// A reducer of gradkit-collectives.
+    Algo(Algo),
+    /// EmbRace's sparse baseline: row-sparse embedding gradients allgathered onto full
+    /// replicas, duplicate rows coalesced first (`allgather`), or one row per token
+    /// (`allgather-raw`, as Horovod and PyTorch DDP send them); a ring for the rest.
+    AllGather { raw: bool },
 }
+
+/// The exchanges, in the order `--help` lists them: the registry's, then the baselines.
+static ALL: LazyLock<Vec<Exchange>> = LazyLock::new(|| {
+    Algo::ALL
+        .iter()
+        .filter(|a| a.descriptor().exchange.is_some())
+        .map(|a| Exchange::Algo(*a))
+        .chain([
+            Exchange::AllGather { raw: false },
+            Exchange::AllGather { raw: true },
+        ])
+        .collect()
+});
+
+/// gradtrain's old spellings of the exchanges (their descriptors' [`AsExchange::aliases`]).
+static ALIASES: LazyLock<Vec<(&'static str, Exchange)>> = LazyLock::new(|| {
+    Exchange::all()
+        .iter()
+        .filter_map(|e| Some((e.as_exchange()?.aliases, *e)))
+        .flat_map(|(old, e)| old.iter().map(move |o| (*o, e)))
+        .collect()
+});
 
 impl Exchange {
     /// Every exchange, in the order `--help` lists them.
-    pub const ALL: &'static [Exchange] = &[
-        Exchange::Ring,
-        Exchange::TopkA,
-        Exchange::GaussianK,
-        Exchange::TopkDsa,
-        Exchange::GTopk,
-        Exchange::OkTopk,
-        Exchange::Deft,
-        Exchange::Cltk,
-        Exchange::TopkUnion,
-        Exchange::OneBit,
-        Exchange::Embrace,
-        Exchange::AllGather,
-        Exchange::AllGatherRaw,
-    ];
+    pub fn all() -> &'static [Exchange] {
+        &ALL
+    }
 
     /// Old spellings `--exchange` still takes: the same algorithm has one name in every tool
     /// (`gradallreduce --algo`) and in the metrics' `algo` column.
-    pub const ALIASES: &'static [(&'static str, Exchange)] =
-        &[("dense", Exchange::Ring), ("topk", Exchange::TopkA)];
-
-    /// The `--exchange` name: `gradallreduce --algo`'s name of the same algorithm.
-    pub const fn name(self) -> &'static str {
-        self.entry().0
+    pub fn aliases() -> &'static [(&'static str, Exchange)] {
+        &ALIASES
     }
 
-    /// The gradkit-collectives reducer it runs (`make_reducer`'s name).
-    pub const fn algo(self) -> &'static str {
-        self.entry().1
-    }
-
-    /// One line for `--help`.
-    pub const fn description(self) -> &'static str {
-        self.entry().2
-    }
-
-    const fn entry(self) -> (&'static str, &'static str, &'static str) {
+    fn as_exchange(self) -> Option<&'static AsExchange> {
         match self {
-            Exchange::Ring => ("ring", "ring", "ring allreduce of the gradients, mean"),
-            Exchange::TopkA => (
-                "topka",
-                "topka",
-                "local top-k of residual+gradient, allgatherv (TopkA)",
-            ),
-            Exchange::GaussianK => (
-                "gaussiank",
-                "gaussiank",
-                "Gaussian-threshold selection, TopkA communication",
-            ),
-            Exchange::TopkDsa => (
-                "topkdsa",
-                "topkdsa",
-                "SparCML's static regions, sparse/dense allgatherv (TopkDSA)",
-            ),
-            Exchange::GTopk => (
-                "gtopk",
-                "gtopk",
-                "gTop-k reduction tree keeping top-k per level",
-            ),
-            Exchange::OkTopk => (
-                "oktopk",
-                "oktopk",
-                "Ok-Topk: split_and_reduce + balance_and_allgatherv (Algorithm 2)",
-            ),
-            Exchange::Deft => (
-                "deft",
-                "deft",
-                "DEFT: disjoint per-worker partitions, no build-up",
-            ),
-            Exchange::Cltk => (
-                "cltk",
-                "cltk",
-                "CLT-k: cyclic leader's top-k indices, every rank's values there allreduced",
-            ),
-            Exchange::TopkUnion => (
-                "topk-union",
-                "topk-union",
-                "Top-k (union): every rank's top-k indices allgathered, all ranks' values at the union allreduced, the union zeroed in every residual",
-            ),
-            Exchange::OneBit => (
-                "onebit",
-                "onebit",
-                "1-bit compressed allreduce of the momentum (with --optimizer onebit-lamb/onebit-adam)",
-            ),
-            Exchange::Embrace => (
-                "embrace",
-                "embrace",
-                "EmbRace: token embedding sharded by columns, AlltoAll lookups and row gradients, ring for the rest (--schedule)",
-            ),
-            Exchange::AllGather => (
-                "allgather",
-                "embrace",
-                "sparse baseline: row-sparse embedding gradients (duplicate rows coalesced first) allgathered onto full replicas, ring for the rest",
-            ),
-            Exchange::AllGatherRaw => (
-                "allgather-raw",
-                "embrace",
-                "Horovod/DDP sparse baseline: one embedding-gradient row per token (uncoalesced) allgathered onto full replicas, ring for the rest",
-            ),
+            Exchange::Algo(a) => a.descriptor().exchange.as_ref(),
+            Exchange::AllGather { .. } => None,
         }
     }
 
-    /// The exchanges of EmbRace's module (the token embedding outside the model's replica).
-    pub const fn is_embedding(self) -> bool {
-        matches!(
-            self,
-            Exchange::Embrace | Exchange::AllGather | Exchange::AllGatherRaw
-        )
+    /// The `--exchange` name: `gradallreduce --algo`'s name of the same algorithm.
+    pub fn name(self) -> &'static str {
+        match self {
+            Exchange::Algo(a) => a.name(),
+            Exchange::AllGather { raw: false } => "allgather",
+            Exchange::AllGather { raw: true } => "allgather-raw",
+        }
     }
 
-    /// The sparse exchanges (error feedback, `--density`, `--dense-warmup`): every exchange
-    /// but dense, onebit and EmbRace's.
-    pub const fn is_sparse(self) -> bool {
-        !matches!(self, Exchange::Ring | Exchange::OneBit) && !self.is_embedding()
+    /// The gradkit-collectives algorithm it runs (the baselines: EmbRace's module, whose
+    /// dense part is the ring).
+    pub fn algo(self) -> Algo {
+        match self {
+            Exchange::Algo(a) => a,
+            Exchange::AllGather { .. } => Algo(&gradkit_collectives::alltoall::DESCRIPTOR),
+        }
+    }
+
+    /// One line for `--help`.
+    pub fn description(self) -> &'static str {
+        match self {
+            Exchange::Algo(a) => self.as_exchange().map_or(a.description(), |x| x.help),
+            Exchange::AllGather { raw: false } => "sparse baseline: row-sparse embedding gradients (duplicate rows coalesced first) allgathered onto full replicas, ring for the rest",
+            Exchange::AllGather { raw: true } => "Horovod/DDP sparse baseline: one embedding-gradient row per token (uncoalesced) allgathered onto full replicas, ring for the rest",
+        }
+    }
+
+    /// What kind of data it moves (the baselines: embedding rows).
+    pub fn family(self) -> Family {
+        self.algo().family()
+    }
+
+    /// Whether the algorithm reads `knob` (the baselines read none).
+    pub fn reads(self, knob: Knob) -> bool {
+        matches!(self, Exchange::Algo(a) if a.reads(knob))
+    }
+
+    /// The dense exchange (the ring, mean).
+    pub fn is_dense(self) -> bool {
+        self.family() == Family::Dense
+    }
+
+    /// The 1-bit exchange of the momentum (with a 1-bit optimiser).
+    pub fn is_compressed(self) -> bool {
+        self.family() == Family::Compressed
+    }
+
+    /// The exchanges of EmbRace's module (the token embedding outside the model's replica).
+    pub fn is_embedding(self) -> bool {
+        self.family() == Family::Embedding
+    }
+
+    /// EmbRace itself (the embedding sharded by columns, AlltoAll), not its baselines.
+    pub fn is_embrace(self) -> bool {
+        matches!(self, Exchange::Algo(a) if a.family() == Family::Embedding)
+    }
+
+    /// The sparse exchanges (error feedback, `--density`, `--dense-warmup`).
+    pub fn is_sparse(self) -> bool {
+        self.family() == Family::Sparse
     }
 
     /// The names of the sparse exchanges, for messages.
     pub fn sparse_names() -> String {
-        let names: Vec<&str> = Exchange::ALL
+        let names: Vec<&str> = Exchange::all()
             .iter()
             .filter(|e| e.is_sparse())
             .map(|e| e.name())
@@ -200,7 +148,26 @@ impl Exchange {
     }
 }
 
-named!(Exchange, "--exchange", "");
+/// The dense ring (gradtrain's default `--exchange`).
+impl Default for Exchange {
+    fn default() -> Self {
+        Exchange::Algo(Algo(&gradkit_collectives::dense::RING))
+    }
+}
+
+impl std::str::FromStr for Exchange {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let all = Exchange::all();
+        gradkit_core::named::parse("--exchange", s, all, Exchange::name, Exchange::aliases(), "")
+    }
+}
+
+impl fmt::Display for Exchange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// The order EmbRace's exchanges run in (`--schedule`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -217,8 +184,6 @@ pub enum Schedule {
 impl Schedule {
     /// Every schedule, in the order `--help` lists them.
     pub const ALL: &'static [Schedule] = &[Schedule::Fifo, Schedule::Embrace, Schedule::TwoD];
-    /// No old spellings.
-    pub const ALIASES: &'static [(&'static str, Schedule)] = &[];
 
     /// The `--schedule` name.
     pub const fn name(self) -> &'static str {
@@ -239,7 +204,7 @@ impl Schedule {
     }
 }
 
-named!(Schedule, "--schedule", " (flag --schedule)");
+gradkit_core::named!(Schedule, "--schedule", suffix = " (flag --schedule)");
 
 /// How EmbRace's forward lookup sends rows (`--lookup`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -254,8 +219,6 @@ pub enum Lookup {
 impl Lookup {
     /// Every lookup, in the order `--help` lists them.
     pub const ALL: &'static [Lookup] = &[Lookup::PerToken, Lookup::Unique];
-    /// No old spellings.
-    pub const ALIASES: &'static [(&'static str, Lookup)] = &[];
 
     /// The `--lookup` name.
     pub const fn name(self) -> &'static str {
@@ -276,7 +239,7 @@ impl Lookup {
     }
 }
 
-named!(Lookup, "--lookup", " (flag --lookup)");
+gradkit_core::named!(Lookup, "--lookup", suffix = " (flag --lookup)");
 
 /// Everything a run needs.
 #[derive(Clone, Debug)]
@@ -380,8 +343,10 @@ impl TrainConfig {
             .then_some(Keep::Density(self.density));
         match self.exchange {
             // The 1-bit optimisers name the exchange already.
-            Exchange::OneBit => {}
-            Exchange::Ring if self.fp16_wire => parts.push("ring-fp16".into()),
+            e if e.is_compressed() => {}
+            e if e.is_dense() && self.fp16_wire => {
+                parts.push(gradkit_collectives::dense::with_fp16_wire(e.algo()).name().into())
+            }
             e => parts.push(default_run_name(e.name(), keep)),
         }
         if self.opt.name != "sgd" || parts.is_empty() {
@@ -411,7 +376,7 @@ impl Default for TrainConfig {
         TrainConfig {
             model: ModelSpec::default(),
             data: DataSpec::default(),
-            exchange: Exchange::Ring,
+            exchange: Exchange::default(),
             density: 0.01,
             dense_warmup: 0,
             period: 64,

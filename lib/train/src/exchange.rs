@@ -8,7 +8,7 @@
 //! ([`crate::embrace::Embrace`]). The loop owns everything else: batches, metrics, the
 //! cross-rank checksum, evaluation, checkpoints and progress.
 //!
-//! The reducers are the very objects `gradallreduce` builds ([`make_reducer`]), so the
+//! The reducers are the very objects `gradallreduce` builds ([`reducer_for`]), so the
 //! selection, the exchange and the error-feedback rule ([`gradkit_sparsify::Leaves`]) exist
 //! once; the trainer only chooses what goes in (the lr-folded accumulator of Algorithm 2
 //! for SGD) and applies what comes out.
@@ -16,11 +16,11 @@
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use gradkit_collectives::{dense, make_reducer, Flat, Op, Params, Reducer};
+use gradkit_collectives::{dense, reducer_for, Algo, Flat, Op, Params, Reducer};
 use gradkit_comm::Comm;
 use gradkit_core::trace::Layout;
 
-use crate::config::Exchange as ExchangeName;
+
 use crate::config::TrainConfig;
 use crate::data::Batch;
 use crate::model::Model;
@@ -134,10 +134,10 @@ pub fn make(cfg: &TrainConfig, model: &Model) -> Result<Box<dyn Exchange>> {
         ..Params::default()
     };
     let reducer =
-        make_reducer(algo, &params).with_context(|| format!("--exchange {}", cfg.exchange))?;
+        reducer_for(algo, &params).with_context(|| format!("--exchange {}", cfg.exchange))?;
     Ok(match cfg.exchange {
-        ExchangeName::Ring => Box::new(Dense { rep }),
-        ExchangeName::OneBit => {
+        e if e.is_dense() => Box::new(Dense { rep }),
+        e if e.is_compressed() => {
             let n = rep.params.len() as u64;
             let layout = Layout::new(vec![(0, "momentum".into(), n, None)]);
             Box::new(OneBit {
@@ -224,10 +224,11 @@ impl Replica {
 
 /// The dense allreduce of `cfg`: the f32 ring, or its fp16-wire variant (`--wire fp16`).
 pub fn dense_algo(cfg: &TrainConfig) -> &'static str {
+    let ring = Algo(&dense::RING);
     if cfg.fp16_wire {
-        "ring-fp16"
+        dense::with_fp16_wire(ring).name()
     } else {
-        "ring"
+        ring.name()
     }
 }
 

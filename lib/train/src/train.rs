@@ -61,13 +61,13 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
         );
     }
     let onebit_opt = matches!(cfg.opt.name.as_str(), "onebit-lamb" | "onebit-adam");
-    if cfg.exchange == ExchangeName::OneBit && !onebit_opt {
+    if cfg.exchange.is_compressed() && !onebit_opt {
         bail!(
             "--exchange onebit compresses the momentum of a 1-bit optimiser; it needs --optimizer onebit-lamb or onebit-adam, not `{}` (flag --optimizer)",
             cfg.opt.name
         );
     }
-    if onebit_opt && cfg.exchange != ExchangeName::OneBit {
+    if onebit_opt && !cfg.exchange.is_compressed() {
         bail!(
             "--optimizer {} needs --exchange onebit, not `{}` (flag --exchange)",
             cfg.opt.name,
@@ -98,7 +98,7 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
             "--dense-warmup applies to the sparse exchanges ({}) only, not `{}`{} (flag --dense-warmup)",
             ExchangeName::sparse_names(),
             cfg.exchange,
-            if cfg.exchange == ExchangeName::OneBit {
+            if cfg.exchange.is_compressed() {
                 "; 1-bit optimisers warm up with --freeze-step"
             } else {
                 " (it would be ignored)"
@@ -110,7 +110,8 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
     if cfg.exchange.is_embedding() {
         crate::embrace::check_config(cfg)?;
     }
-    let dense_part = matches!(cfg.exchange, ExchangeName::Ring | ExchangeName::OneBit)
+    let dense_part = cfg.exchange.is_dense()
+        || cfg.exchange.is_compressed()
         || cfg.exchange.is_embedding()
         || cfg.dense_warmup > 0;
     if cfg.fp16_wire && !dense_part {
@@ -290,7 +291,8 @@ pub fn train(world: &World, cfg: &TrainConfig) -> Result<Option<TrainReport>> {
 /// run starts that count afresh at its first step, so it matches the uninterrupted run only
 /// when that step is on both schedules; otherwise this warning says so.
 pub fn oktopk_resume_warning(cfg: &TrainConfig, first: u32) -> Option<String> {
-    if cfg.exchange != ExchangeName::OkTopk || first <= cfg.dense_warmup {
+    // The exchange whose state follows a --period schedule (Ok-Topk's).
+    if !cfg.exchange.reads(gradkit_collectives::Knob::Period) || first <= cfg.dense_warmup {
         return None;
     }
     let since = first - cfg.dense_warmup;
@@ -341,7 +343,7 @@ fn prepare(world: &World, cfg: &TrainConfig) -> Result<Dataset> {
     let table_ranks =
         cfg.exchange
             .is_embedding()
-            .then_some(if cfg.exchange == ExchangeName::Embrace {
+            .then_some(if cfg.exchange.is_embrace() {
                 p
             } else {
                 1

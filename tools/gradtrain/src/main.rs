@@ -13,6 +13,7 @@ use gradkit_core::io::{write_table, Meta, Output};
 use gradkit_train::data::DataSpec;
 use gradkit_train::model::ModelSpec;
 use gradkit_train::optim::{Decay, OptConfig};
+use gradkit_collectives::Knob;
 use gradkit_train::{Exchange, TrainConfig, TrainReport};
 
 const ABOUT: &str =
@@ -33,13 +34,7 @@ const AFTER: &str = "Models and data:
   --data FILE.parquet     your own: `features` (List<Float32>) + `label` (integer) [+ `split`],
                           or `tokens` (List<integer>); see data/README.md
 
-Exchanges: dense, topk (TopkA), gaussiank, topkdsa, gtopk, oktopk, deft, cltk, topk-union
-(Top-k, union rule) (each with --density and error feedback), onebit (with --optimizer
-onebit-lamb or onebit-adam), embrace (EmbRace:
-token embedding sharded by columns, AlltoAll; --schedule fifo|embrace|2d), allgather (its
-sparse AllGather baseline, duplicate rows coalesced) and allgather-raw (one row per token, as
-Horovod/PyTorch DDP send them); these take --optimizer sgd (no momentum) or adam, applied
-lazily to the embedding rows a step touches.
+{exchanges}
 Optimisers: sgd (--momentum, --nesterov, --weight-decay), adam, adamw, lamb, onebit-lamb,
 onebit-adam (--freeze-step); schedules: --warmup N, --decay none|linear|cosine.
 
@@ -79,7 +74,7 @@ enum DecayArg {
 
 #[derive(Parser, Debug)]
 #[command(name = "gradtrain", version = gradkit_core::tool_version!(), about = ABOUT.split("\n\n").next(), long_about = ABOUT)]
-#[command(after_help = "The other options, the examples and the metrics: gradtrain --help", after_long_help = AFTER)]
+#[command(after_help = "The other options, the examples and the metrics: gradtrain --help", after_long_help = after_long_help())]
 struct Cli {
     /// mlp | cnn | transformer-lm | lstm-lm
     #[arg(long, default_value = "mlp")]
@@ -87,11 +82,7 @@ struct Cli {
     /// digits | synthetic-lm | FILE.parquet
     #[arg(long, default_value = "digits")]
     data: String,
-    /// ring | topka | gaussiank | topkdsa | gtopk | oktopk | deft | cltk | topk-union | onebit | embrace | allgather
-    /// (rows coalesced before sending) | allgather-raw (one row per token, Horovod/DDP style);
-    /// gradallreduce --algo's names (old spellings: dense = ring, topk = topka, ring-fp16 =
-    /// ring --wire fp16)
-    #[arg(long, default_value = "ring")]
+    #[arg(long, default_value = "ring", help = exchange_help())]
     exchange: String,
     /// --exchange embrace: fifo (gradient-generation order) | embrace (vertical split only:
     /// prior rows first, delayed rows overlapped with the next step's compute) | 2d (vertical
@@ -313,13 +304,54 @@ fn open_comm(b: gradkit_cuda::backend::CommBackend) -> Option<gradkit_train::con
     }
 }
 
-/// `--exchange` as an exchange's name: `ring-fp16` (gradallreduce's name of the fp16-wire
-/// ring) is `ring` with `--wire fp16`.
+/// The algorithm whose fp16-wire variant `--exchange` names (`ring-fp16`, gradallreduce's
+/// name of the fp16-wire ring, is `ring` with `--wire fp16`), or `None`.
+fn fp16_variant_of(a: &Cli) -> Option<gradkit_collectives::Algo> {
+    gradkit_collectives::dense::fp16_wire_of(a.exchange.parse().ok()?)
+}
+
+/// `--exchange` as an exchange's name (see [`fp16_variant_of`]).
 fn exchange_name(a: &Cli) -> &str {
-    match a.exchange.as_str() {
-        "ring-fp16" => "ring",
-        e => e,
+    fp16_variant_of(a).map_or(a.exchange.as_str(), |x| x.name())
+}
+
+/// `--exchange`'s help: the names, and the old spellings.
+fn exchange_help() -> String {
+    let names: Vec<&str> = Exchange::all().iter().map(|e| e.name()).collect();
+    let mut old: Vec<String> = Exchange::aliases()
+        .iter()
+        .map(|(o, e)| format!("{o} = {e}"))
+        .collect();
+    let fp16 = gradkit_collectives::dense::with_fp16_wire;
+    for e in Exchange::all().iter().filter(|e| fp16(e.algo()) != e.algo()) {
+        old.push(format!("{} = {e} --wire fp16", fp16(e.algo())));
     }
+    format!(
+        "{}; gradallreduce --algo's names (old spellings: {})",
+        names.join(" | "),
+        old.join(", ")
+    )
+}
+
+/// `--help`'s text after the options: [`AFTER`] with the exchanges' list, one line each.
+fn after_long_help() -> String {
+    let mut list = String::from(
+        "Exchanges (the sparse ones take --density and keep residuals, error feedback; EmbRace's
+take --optimizer sgd (no momentum) or adam, applied lazily to the embedding rows a step touches):\n",
+    );
+    for e in Exchange::all() {
+        // Wrapped here with a hanging indent (clap would wrap it flush left).
+        let mut line = format!("  {:<14}", e.name());
+        for word in e.description().split(' ') {
+            if line.len() + 1 + word.len() > 100 {
+                list += &(line + "\n");
+                line = " ".repeat(16);
+            }
+            line = line + " " + word;
+        }
+        list += &(line + "\n");
+    }
+    AFTER.replace("{exchanges}\n", &(list + "\n"))
 }
 
 /// The optimiser's knobs from the flags (`--onebit-exact` is clip off and mask none).
@@ -397,7 +429,7 @@ fn config(a: &Cli) -> anyhow::Result<TrainConfig> {
         schedule: a.schedule.parse().map_err(anyhow::Error::msg)?,
         lookup: a.lookup.parse().map_err(anyhow::Error::msg)?,
         record_rss: a.rss,
-        fp16_wire: a.wire == "fp16" || a.exchange == "ring-fp16",
+        fp16_wire: a.wire == "fp16" || fp16_variant_of(a).is_some(),
         metrics_path: a.metrics.clone(),
         metrics_every: a.metrics_every,
         comm_trace: a.comm_trace.clone(),
@@ -533,16 +565,20 @@ fn ignored_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
     let sparse_list = format!("the sparse exchanges ({})", Exchange::sparse_names());
     let emb = exchange.is_embedding();
     let dense_part =
-        matches!(exchange, Exchange::Ring | Exchange::OneBit) || emb || a.dense_warmup > 0;
+        exchange.is_dense() || exchange.is_compressed() || emb || a.dense_warmup > 0;
+    // The exchanges the algorithm-specific flags apply to, by what they read.
+    let embrace = Exchange::all().iter().find(|e| e.is_embrace()).copied();
+    let embrace_only = format!("--exchange {}", embrace.map_or("", |e| e.name()));
+    let oktopk_only = format!("--exchange {}", Knob::Period.readers().join(" or "));
     let opt = a.optimizer.as_str();
     // (argument id, whether it has an effect, what it applies to, the value it lacks)
     let rules: [(&str, bool, &str, &str); 13] = [
-        ("schedule", exchange == Exchange::Embrace, "--exchange embrace", ex),
-        ("lookup", exchange == Exchange::Embrace, "--exchange embrace", ex),
+        ("schedule", exchange.is_embrace(), &embrace_only, ex),
+        ("lookup", exchange.is_embrace(), &embrace_only, ex),
         ("density", sparse, &sparse_list, ex),
         ("dense_warmup", sparse, &sparse_list, ex),
-        ("period", exchange == Exchange::OkTopk, "--exchange oktopk", ex),
-        ("reeval", exchange == Exchange::OkTopk, "--exchange oktopk", ex),
+        ("period", exchange.reads(Knob::Period), &oktopk_only, ex),
+        ("reeval", exchange.reads(Knob::Reeval), &oktopk_only, ex),
         (
             "wire",
             dense_part,

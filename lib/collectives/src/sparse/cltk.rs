@@ -82,6 +82,7 @@ pub const DESCRIPTOR: crate::algo::Descriptor = {
         reads: &[Knob::Op],
         dense_input_only: true,
         cost: Some(|p, _, k| gradkit_cost::cltk(p, k)),
+        exchange: crate::algo::AsExchange::new("CLT-k: cyclic leader's top-k indices, every rank's values there allreduced"),
         ..Descriptor::base(|params| Ok(Box::new(CltK::new(params)?)))
     }
 };

@@ -87,6 +87,7 @@ pub const DESCRIPTOR: crate::algo::Descriptor = {
         dense_input_only: true,
         plan: Some(crate::plan::PlanKind::Deft),
         cost: None,
+        exchange: crate::algo::AsExchange::new("DEFT: disjoint per-worker partitions, no build-up"),
         ..Descriptor::base(|params| Ok(Box::new(Deft::new(params)?)))
     }
 };

@@ -77,6 +77,7 @@ pub const DESCRIPTOR: crate::algo::Descriptor = {
         reads: &[Knob::Op],
         dense_input_only: false,
         cost: Some(|p, _, k| gradkit_cost::gtopk(p, k)),
+        exchange: crate::algo::AsExchange::new("gTop-k reduction tree keeping top-k per level"),
         ..Descriptor::base(|params| Ok(Box::new(GTopk::new(params)?)))
     }
 };

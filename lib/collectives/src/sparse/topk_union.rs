@@ -67,6 +67,7 @@ pub const DESCRIPTOR: crate::algo::Descriptor = {
         reads: &[Knob::Op],
         dense_input_only: true,
         cost: Some(|p, _, k| gradkit_cost::topk_union(p, k, k)),
+        exchange: crate::algo::AsExchange::new("Top-k (union): every rank's top-k indices allgathered, all ranks' values at the union allreduced, the union zeroed in every residual"),
         ..Descriptor::base(|params| Ok(Box::new(TopkUnion::new(params)?)))
     }
 };

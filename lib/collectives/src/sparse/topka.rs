@@ -30,6 +30,10 @@ pub const DESCRIPTOR: crate::algo::Descriptor = {
         reads: &[Knob::Op],
         dense_input_only: false,
         cost: Some(|p, _, k| gradkit_cost::topka(p, k)),
+        exchange: Some(crate::algo::AsExchange {
+            help: "local top-k of residual+gradient, allgatherv (TopkA)",
+            aliases: &["topk"],
+        }),
         ..Descriptor::base(|params| Ok(Box::new(TopkA::new(params)?)))
     }
 };

@@ -60,10 +60,7 @@ impl Embrace {
     ) -> Result<Self> {
         check_config(cfg)?;
         check_lookup(cfg)?;
-        let allgather = matches!(
-            cfg.exchange,
-            ExchangeName::AllGather | ExchangeName::AllGatherRaw
-        );
+        let allgather = matches!(cfg.exchange, ExchangeName::AllGather { .. });
         let ext = model.external_embedding().context(
             "--exchange embrace needs the model built without its token embedding (Model::new_sharded)",
         )?;
@@ -80,7 +77,7 @@ impl Embrace {
         let adam = (cfg.opt.name == "adam").then_some((cfg.opt.beta1, cfg.opt.beta2, cfg.opt.eps));
         let mut ex = Embrace {
             allgather,
-            raw: cfg.exchange == ExchangeName::AllGatherRaw,
+            raw: cfg.exchange == ExchangeName::AllGather { raw: true },
             embrace_sched: !allgather && cfg.schedule == Schedule::Embrace,
             method: format!(
                 "{}-{}",

@@ -82,7 +82,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 
 use crate::config::TrainConfig;
-use crate::config::{Exchange as ExchangeName, Lookup};
+use crate::config::Lookup;
 use crate::data::Shard;
 use crate::optim::Opt;
 
@@ -131,7 +131,7 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
 
 /// `--lookup` other than `per-token` only with `--exchange embrace`.
 pub fn check_lookup(cfg: &TrainConfig) -> Result<()> {
-    if cfg.lookup != Lookup::PerToken && cfg.exchange != ExchangeName::Embrace {
+    if cfg.lookup != Lookup::PerToken && !cfg.exchange.is_embrace() {
         bail!(
             "--lookup {} applies to --exchange embrace only, not `{}` (flag --lookup)",
             cfg.lookup,
