@@ -301,7 +301,11 @@ pub struct UnknownAlgo(pub String);
 
 impl fmt::Display for UnknownAlgo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&gradkit_core::named::unknown("--algo", &self.0, Algo::names()))
+        f.write_str(&gradkit_core::named::unknown(
+            "--algo",
+            &self.0,
+            Algo::names(),
+        ))
     }
 }
 

@@ -454,6 +454,9 @@ pub const DESCRIPTOR: crate::algo::Descriptor = crate::algo::Descriptor {
     })
 };
 
+/// EmbRace's algorithm, the embedding family's one.
+pub const ALGOS: &[crate::Algo] = &[crate::Algo(&DESCRIPTOR)];
+
 /// `--algo alltoall` (EmbRace hybrid communication) as a [`Reducer`]; see the module docs
 /// for how layers are classified. Reads `params.split` and `params.op`.
 pub struct AllToAllReducer {

@@ -638,6 +638,15 @@ pub const NATIVE: Descriptor = dense_algo(
     |params| Ok(Box::new(DenseReducer::new("native", params.op)?)),
 );
 
+/// The dense algorithms, in `--help` order.
+pub const ALGOS: &[crate::Algo] = &[
+    crate::Algo(&RING),
+    crate::Algo(&RING_FP16),
+    crate::Algo(&RABENSEIFNER),
+    crate::Algo(&TREE),
+    crate::Algo(&NATIVE),
+];
+
 /// The algorithm whose `--wire fp16` variant `algo` is (`ring-fp16`: `ring`), or `None`.
 pub fn fp16_wire_of(algo: crate::Algo) -> Option<crate::Algo> {
     (algo == crate::Algo(&RING_FP16)).then_some(crate::Algo(&RING))

@@ -440,6 +440,9 @@ pub const ONEBIT_NAIVE: crate::algo::Descriptor = onebit_algo(
     |params| make_onebit(Variant::Naive, params),
 );
 
+/// The 1-bit algorithms, in `--help` order.
+pub const ALGOS: &[crate::Algo] = &[crate::Algo(&ONEBIT), crate::Algo(&ONEBIT_NAIVE)];
+
 /// The 1-bit variant of `algo`, `None` for an algorithm that is not a 1-bit one.
 pub fn variant_of(algo: crate::Algo) -> Option<Variant> {
     if algo == crate::Algo(&ONEBIT) {

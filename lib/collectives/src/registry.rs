@@ -1,6 +1,8 @@
-//! The one list of algorithms: each line names the [`Descriptor`] its module declares
-//! (name, family, paper, options, formula, constructor). A new algorithm is its module and
-//! one line here.
+//! The one list of algorithms ([`Algo::ALL`]): the families' lists, each declared beside the
+//! family's modules (`dense::ALGOS`, `sparse::ALGOS`, `onebit::ALGOS`, `alltoall::ALGOS`),
+//! one line per [`Descriptor`] its module declares (name, family, paper, options, formula,
+//! constructor). A new sparse allreduce is its module, and its `pub mod` and list line in
+//! `sparse/mod.rs`.
 
 use anyhow::Result;
 
@@ -14,26 +16,44 @@ pub use crate::params::{Adjust, Balance, Bands, Params, ReevalStepD, Split};
 /// Every algorithm, in the order `--help` lists them ([`Algo::ALL`]).
 pub const ALL: &[Algo] = Algo::ALL;
 
+/// The families' lists, in `--help` order; each is declared beside its modules.
+const FAMILIES: &[&[Algo]] = &[
+    crate::dense::ALGOS,
+    crate::sparse::ALGOS,
+    crate::onebit::ALGOS,
+    crate::alltoall::ALGOS,
+];
+
+/// How many algorithms [`FAMILIES`] holds.
+const COUNT: usize = {
+    let (mut i, mut n) = (0, 0);
+    while i < FAMILIES.len() {
+        n += FAMILIES[i].len();
+        i += 1;
+    }
+    n
+};
+
+/// [`FAMILIES`] in one array, at compile time.
+const ALL_ARRAY: [Algo; COUNT] = {
+    let mut out = [Algo(&crate::dense::RING); COUNT];
+    let (mut i, mut o) = (0, 0);
+    while i < FAMILIES.len() {
+        let mut j = 0;
+        while j < FAMILIES[i].len() {
+            out[o] = FAMILIES[i][j];
+            o += 1;
+            j += 1;
+        }
+        i += 1;
+    }
+    out
+};
+
 impl Algo {
-    /// Every algorithm, in the order `--help` lists them: one line per descriptor.
-    pub const ALL: &'static [Algo] = &[
-        Algo(&crate::dense::RING),
-        Algo(&crate::dense::RING_FP16),
-        Algo(&crate::dense::RABENSEIFNER),
-        Algo(&crate::dense::TREE),
-        Algo(&crate::dense::NATIVE),
-        Algo(&crate::sparse::topka::DESCRIPTOR),
-        Algo(&crate::sparse::topkdsa::DESCRIPTOR),
-        Algo(&crate::sparse::gtopk::DESCRIPTOR),
-        Algo(&crate::sparse::gaussiank::DESCRIPTOR),
-        Algo(&crate::sparse::oktopk::DESCRIPTOR),
-        Algo(&crate::sparse::deft::DESCRIPTOR),
-        Algo(&crate::sparse::cltk::DESCRIPTOR),
-        Algo(&crate::sparse::topk_union::DESCRIPTOR),
-        Algo(&crate::onebit::ONEBIT),
-        Algo(&crate::onebit::ONEBIT_NAIVE),
-        Algo(&crate::alltoall::DESCRIPTOR),
-    ];
+    /// Every algorithm, in the order `--help` lists them: the families' lists (dense,
+    /// sparse, compressed, embedding), each one line per descriptor beside its module.
+    pub const ALL: &'static [Algo] = &ALL_ARRAY;
 }
 
 /// The reducer for `--algo name`; an unknown name is an error listing the known ones.

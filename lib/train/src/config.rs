@@ -159,7 +159,14 @@ impl std::str::FromStr for Exchange {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         let all = Exchange::all();
-        gradkit_core::named::parse("--exchange", s, all, Exchange::name, Exchange::aliases(), "")
+        gradkit_core::named::parse(
+            "--exchange",
+            s,
+            all,
+            Exchange::name,
+            Exchange::aliases(),
+            "",
+        )
     }
 }
 
@@ -344,9 +351,11 @@ impl TrainConfig {
         match self.exchange {
             // The 1-bit optimisers name the exchange already.
             e if e.is_compressed() => {}
-            e if e.is_dense() && self.fp16_wire => {
-                parts.push(gradkit_collectives::dense::with_fp16_wire(e.algo()).name().into())
-            }
+            e if e.is_dense() && self.fp16_wire => parts.push(
+                gradkit_collectives::dense::with_fp16_wire(e.algo())
+                    .name()
+                    .into(),
+            ),
             e => parts.push(default_run_name(e.name(), keep)),
         }
         if self.opt.name != "sgd" || parts.is_empty() {

@@ -20,7 +20,6 @@ use gradkit_collectives::{dense, reducer_for, Algo, Flat, Op, Params, Reducer};
 use gradkit_comm::Comm;
 use gradkit_core::trace::Layout;
 
-
 use crate::config::TrainConfig;
 use crate::data::Batch;
 use crate::model::Model;

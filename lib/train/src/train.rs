@@ -340,14 +340,10 @@ fn prepare(world: &World, cfg: &TrainConfig) -> Result<Dataset> {
     let ranks_here = world.ranks_here().len();
     // EmbRace's exchanges hold the token embedding outside the model: 1/P of it (embrace) or
     // a replica (the AllGather baselines).
-    let table_ranks =
-        cfg.exchange
-            .is_embedding()
-            .then_some(if cfg.exchange.is_embrace() {
-                p
-            } else {
-                1
-            });
+    let table_ranks = cfg
+        .exchange
+        .is_embedding()
+        .then_some(if cfg.exchange.is_embrace() { p } else { 1 });
     crate::model::check_memory(&cfg.model, &data, cfg.batch, ranks_here, table_ranks)?;
     // Fail early (before threads start) on a shard that cannot hold a batch.
     for r in 0..p {

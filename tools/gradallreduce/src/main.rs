@@ -28,22 +28,13 @@ Either way the output rows are identical bit for bit for every algorithm but `na
 counters; the files differ only in the metadata `gradkit.backend` and `gradkit.producer`
 (the argv).
 
-Algorithms (--algo):
-  ring, rabenseifner, tree, native   dense; --op sum|mean
-  ring-fp16                          the ring with fp16 messages (half the bytes; = ring --wire fp16)
-  topka, topkdsa, gtopk, gaussiank   sparse baselines of Ok-Topk's Table 1
-  oktopk                             Ok-Topk (--period, --reeval, --balance, --plan, …)
-  deft                               DEFT's exchange (dense input, --plan or computed)
-  cltk                               CLT-k: cyclic leader's top-k, all ranks' values (dense input)
-  topk-union                         Top-k (union) of DEFT's Alg. 1: union of top-k (dense input)
-  onebit, onebit-naive               1-bit compressed allreduce (--state)
-  embrace                            EmbRace's AlltoAll for embedding layers (--split; old: alltoall)
+Algorithms (--algo, each with its line above): the flags that only some of them read, and
+which (any other algorithm refuses them):
+{knobs}
 Sparse algorithms sum (Ok-Topk's u); dense input to them is first selected with --density
 and error feedback across steps, as Ok-Topk's Algorithm 1 does. --op mean divides any sum
-by P; the 1-bit allreduces always average, so --op does not apply to them. A flag read only
-by other algorithms (--state, --plan, --period, --reeval, --adjust, --balance,
---reeval-step-d, --split) is refused. Each name is gradtrain --exchange's name of the same
-algorithm and the metrics' `algo` value.
+by P; the 1-bit allreduces always average, so --op does not apply to them. Each name is
+gradtrain --exchange's name of the same algorithm and the metrics' `algo` value.
 
 Examples:
   gradtrace synthetic --shape mlp --ranks 4 --steps 3 --seed 1 \\
@@ -59,7 +50,7 @@ Examples:
 
 #[derive(Parser)]
 #[command(name = "gradallreduce", version = gradkit_core::tool_version!(), about = ABOUT.split("\n\n").next(), long_about = ABOUT)]
-#[command(after_help = "The other options, the algorithms and the examples: gradallreduce --help", after_long_help = AFTER_HELP)]
+#[command(after_help = "The other options, the algorithms and the examples: gradallreduce --help", after_long_help = after_long_help())]
 #[command(args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
@@ -74,6 +65,35 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// The α-β model's prediction table for every algorithm at any P
     Model(model::ModelArgs),
+}
+
+/// `--help`'s text after the options: [`AFTER_HELP`] with the table of the flags that only
+/// some algorithms read, from their descriptors, and the old spellings.
+fn after_long_help() -> String {
+    use gradkit_collectives::{Algo, Knob};
+    let mut knobs = String::new();
+    let all: Vec<&str> = Algo::names().collect();
+    for knob in [Knob::Op, Knob::Wire].iter().chain(Knob::REFUSED) {
+        let readers = knob.readers();
+        // `--op`: every algorithm but a few, said the short way.
+        let who = if readers.len() > all.len() / 2 {
+            let but: Vec<&str> = all
+                .iter()
+                .copied()
+                .filter(|a| !readers.contains(a))
+                .collect();
+            format!("every algorithm but {}", but.join(", "))
+        } else {
+            readers.join(", ")
+        };
+        knobs += &format!("  {:<17} {who}\n", knob.flag());
+    }
+    let old: Vec<String> = Algo::aliases().map(|(o, a)| format!("{o} = {a}")).collect();
+    knobs += &format!(
+        "Old spellings, still taken with a note: {}.\n",
+        old.join(", ")
+    );
+    AFTER_HELP.replace("{knobs}\n", &knobs)
 }
 
 fn main() -> std::process::ExitCode {
@@ -116,24 +136,23 @@ pub fn parse_size(s: &str) -> anyhow::Result<u64> {
 
 #[cfg(test)]
 mod tests {
-    /// The hand-written algorithm table of `--help` names every algorithm there is (and
-    /// `--algo`'s value list, built from `Algo::ALL`, lists them with their descriptions).
+    /// The table of flags names every flag that only some algorithms read, each with the
+    /// algorithms that read it, and the old spellings.
     #[test]
-    fn after_help_names_every_algorithm() {
-        let start = super::AFTER_HELP.find("Algorithms (--algo):").unwrap();
-        let end = super::AFTER_HELP[start..]
-            .find("Sparse algorithms sum")
-            .unwrap()
-            + start;
-        let table = &super::AFTER_HELP[start..end];
-        let mut named: Vec<&str> = table
-            .lines()
-            .skip(1)
-            .flat_map(|l| l.trim_start().split("  ").next().unwrap().split(", "))
-            .collect();
-        named.sort_unstable();
-        let mut want: Vec<&str> = gradkit_collectives::Algo::names().collect();
-        want.sort_unstable();
-        assert_eq!(named, want);
+    fn after_help_names_every_algorithm_specific_flag() {
+        use gradkit_collectives::Knob;
+        let text = super::after_long_help();
+        assert!(!text.contains("{knobs}"));
+        for knob in Knob::REFUSED {
+            let line = text
+                .lines()
+                .find(|l| l.trim_start().starts_with(&format!("{} ", knob.flag())))
+                .unwrap_or_else(|| panic!("{} has no line", knob.flag()));
+            assert!(!knob.readers().is_empty(), "{}", knob.flag());
+            for a in knob.readers() {
+                assert!(line.contains(a), "{line}: {a}");
+            }
+        }
+        assert!(text.contains("alltoall = embrace"), "{text}");
     }
 }

@@ -7,13 +7,13 @@ static ALLOC: gradkit_core::alloc::BigAlloc = gradkit_core::alloc::BigAlloc;
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
+use gradkit_collectives::Knob;
 use gradkit_comm::World;
 use gradkit_core::cli::{self, fmt_num};
 use gradkit_core::io::{write_table, Meta, Output};
 use gradkit_train::data::DataSpec;
 use gradkit_train::model::ModelSpec;
 use gradkit_train::optim::{Decay, OptConfig};
-use gradkit_collectives::Knob;
 use gradkit_train::{Exchange, TrainConfig, TrainReport};
 
 const ABOUT: &str =
@@ -323,7 +323,10 @@ fn exchange_help() -> String {
         .map(|(o, e)| format!("{o} = {e}"))
         .collect();
     let fp16 = gradkit_collectives::dense::with_fp16_wire;
-    for e in Exchange::all().iter().filter(|e| fp16(e.algo()) != e.algo()) {
+    for e in Exchange::all()
+        .iter()
+        .filter(|e| fp16(e.algo()) != e.algo())
+    {
         old.push(format!("{} = {e} --wire fp16", fp16(e.algo())));
     }
     format!(
@@ -564,8 +567,7 @@ fn ignored_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
     let sparse = exchange.is_sparse();
     let sparse_list = format!("the sparse exchanges ({})", Exchange::sparse_names());
     let emb = exchange.is_embedding();
-    let dense_part =
-        exchange.is_dense() || exchange.is_compressed() || emb || a.dense_warmup > 0;
+    let dense_part = exchange.is_dense() || exchange.is_compressed() || emb || a.dense_warmup > 0;
     // The exchanges the algorithm-specific flags apply to, by what they read.
     let embrace = Exchange::all().iter().find(|e| e.is_embrace()).copied();
     let embrace_only = format!("--exchange {}", embrace.map_or("", |e| e.name()));

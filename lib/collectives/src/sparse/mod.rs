@@ -32,6 +32,21 @@ pub mod topk_union;
 pub mod topka;
 pub mod topkdsa;
 
+use crate::Algo;
+
+/// The sparse algorithms, in `--help` order (Ok-Topk Table 1's, then DEFT's and its
+/// baselines): one line per module's descriptor, collected by [`crate::registry`].
+pub const ALGOS: &[Algo] = &[
+    Algo(&topka::DESCRIPTOR),
+    Algo(&topkdsa::DESCRIPTOR),
+    Algo(&gtopk::DESCRIPTOR),
+    Algo(&gaussiank::DESCRIPTOR),
+    Algo(&oktopk::DESCRIPTOR),
+    Algo(&deft::DESCRIPTOR),
+    Algo(&cltk::DESCRIPTOR),
+    Algo(&topk_union::DESCRIPTOR),
+];
+
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Result};

@@ -460,7 +460,9 @@ pub const DESCRIPTOR: crate::algo::Descriptor = {
         dense_input_only: false,
         plan: Some(crate::plan::PlanKind::Oktopk),
         cost: Some(|p, _, k| gradkit_cost::oktopk_worst(p, k)),
-        exchange: crate::algo::AsExchange::new("Ok-Topk: split_and_reduce + balance_and_allgatherv (Algorithm 2)"),
+        exchange: crate::algo::AsExchange::new(
+            "Ok-Topk: split_and_reduce + balance_and_allgatherv (Algorithm 2)",
+        ),
         ..Descriptor::base(|params| Ok(Box::new(OkTopk::new(params)?)))
     }
 };

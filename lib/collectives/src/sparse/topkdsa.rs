@@ -74,7 +74,9 @@ pub const DESCRIPTOR: crate::algo::Descriptor = {
         reads: &[Knob::Op],
         dense_input_only: false,
         cost: Some(|p, _, k| gradkit_cost::topkdsa_best(p, k)),
-        exchange: crate::algo::AsExchange::new("SparCML's static regions, sparse/dense allgatherv (TopkDSA)"),
+        exchange: crate::algo::AsExchange::new(
+            "SparCML's static regions, sparse/dense allgatherv (TopkDSA)",
+        ),
         ..Descriptor::base(|params| Ok(Box::new(TopkDsa::new(params)?)))
     }
 };

@@ -16,16 +16,14 @@ use gradkit_comm::run_local;
 use gradkit_core::trace::Layout;
 use gradkit_testkit::rng::Rng;
 
-const ALGOS: [&str; 8] = [
-    "topka",
-    "topkdsa",
-    "gtopk",
-    "gaussiank",
-    "oktopk",
-    "deft",
-    "cltk",
-    "topk-union",
-];
+/// Every sparse algorithm of the registry.
+fn algos() -> Vec<&'static str> {
+    gradkit_collectives::Algo::ALL
+        .iter()
+        .filter(|a| a.family() == gradkit_collectives::Family::Sparse)
+        .map(|a| a.name())
+        .collect()
+}
 
 /// `[step][rank]` gradients with values of many scales (sums round in f32), a few exact zeros.
 fn grads(seed: u64, steps: usize, p: usize, n: usize) -> Vec<Vec<Vec<f32>>> {
@@ -92,7 +90,7 @@ fn every_residual_entry_is_zero_or_exactly_the_accumulator() {
         ..Params::default()
     };
     let g = grads(11, steps, p, n);
-    for algo in ALGOS {
+    for algo in algos() {
         let outs = run(algo, &params, &lay, (&g, 0), &vec![Vec::new(); p]);
         for (r, steps_r) in outs.iter().enumerate() {
             let mut prev = vec![0f32; n];
@@ -168,7 +166,7 @@ fn a_run_cut_in_two_by_its_state_equals_one_run() {
     };
     let g = grads(13, steps, p, n);
     // Ok-Topk keeps thresholds and regions across steps besides its residual (not in `state`).
-    for algo in ALGOS.into_iter().filter(|a| *a != "oktopk") {
+    for algo in algos().into_iter().filter(|a| *a != "oktopk") {
         let whole = run(algo, &params, &lay, (&g, 0), &vec![Vec::new(); p]);
         let first = run(algo, &params, &lay, (&g[..2], 0), &vec![Vec::new(); p]);
         let saved: Vec<Vec<f32>> = first.iter().map(|s| s[1].1.clone()).collect();

@@ -81,8 +81,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 
-use crate::config::TrainConfig;
 use crate::config::Lookup;
+use crate::config::TrainConfig;
 use crate::data::Shard;
 use crate::optim::Opt;
 

@@ -305,22 +305,15 @@ fn every_algorithm_but_native_gives_the_same_data_on_local_and_mpi() {
     let emb = d.join("emb.parquet");
     let emb_rows = embedding_trace(4, 2, Some(vec![50, 8]), false);
     write_trace(&emb, &emb_rows);
-    let algos = [
-        "ring",
-        "rabenseifner",
-        "tree",
-        "topka",
-        "topkdsa",
-        "gtopk",
-        "gaussiank",
-        "oktopk",
-        "deft",
-        "onebit",
-        "onebit-naive",
-        "alltoall",
-    ];
-    for algo in algos {
-        let input = if algo == "alltoall" { &emb } else { &inp };
+    use gradkit_collectives::{dense, Algo, Family, Knob};
+    // Every algorithm of the registry but `native` (MPI_Allreduce adds in its own order).
+    for a in Algo::ALL.iter().filter(|a| **a != Algo(&dense::NATIVE)) {
+        let algo = a.name();
+        let input = if a.family() == Family::Embedding {
+            &emb
+        } else {
+            &inp
+        };
         let outs: Vec<(Vec<TensorRow>, Vec<Count>)> = ["local", "mpi"]
             .iter()
             .map(|how| {
@@ -335,7 +328,7 @@ fn every_algorithm_but_native_gives_the_same_data_on_local_and_mpi() {
                 } else {
                     mpirun(4)
                 };
-                if algo == "oktopk" {
+                if a.reads(Knob::Period) {
                     // Flags of Ok-Topk only (refused with the other algorithms).
                     cmd.args(["--reeval", "2", "--period", "2"]);
                 }
@@ -407,9 +400,9 @@ fn every_algorithm_but_native_gives_the_same_data_on_local_and_mpi() {
         );
         assert!(!outs[0].1.is_empty());
     }
-    // alltoall: the written result is the plain sum of the inputs (dense reference).
+    // embrace: the written result is the plain sum of the inputs (dense reference).
     let out = read_tensor(
-        &Input::Path(d.join("alltoall-local.parquet")),
+        &Input::Path(d.join("embrace-local.parquet")),
         Default::default(),
     )
     .unwrap()

@@ -1,12 +1,13 @@
 //! The value lists of `--algo`, `--op`, `--balance` and `--split` (built from the
 //! collectives' enums, which know no clap): `--help` lists them, a typo is a usage error
-//! (exit 2) that lists them. The expected names are typed in from docs/gradallreduce.md.
+//! (exit 2) that lists them. The algorithms are the registry's (`Algo::ALL`); the options'
+//! names are typed in from docs/gradallreduce.md.
 
 use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gradallreduce");
 
-const ALGOS: &str = "ring, ring-fp16, rabenseifner, tree, native, topka, topkdsa, gtopk, gaussiank, oktopk, deft, cltk, topk-union, onebit, onebit-naive, embrace";
+use gradkit_collectives::Algo;
 
 fn out(args: &[&str]) -> (Option<i32>, String, String) {
     let o = Command::new(BIN).args(args).output().unwrap();
@@ -24,25 +25,7 @@ fn help_lists_every_value() {
     // --algo: every name with its family.
     let algo = help.find("--algo <ALGO>").expect("--algo in --help");
     let section = &help[algo..help[algo..].find("--op <OP>").unwrap() + algo];
-    let families = [
-        "dense",
-        "dense",
-        "dense",
-        "dense",
-        "dense",
-        "sparse",
-        "sparse",
-        "sparse",
-        "sparse",
-        "sparse",
-        "sparse",
-        "sparse",
-        "sparse",
-        "compressed",
-        "compressed",
-        "embedding",
-    ];
-    for (name, family) in ALGOS.split(", ").zip(families) {
+    for (name, family) in Algo::ALL.iter().map(|a| (a.name(), a.family())) {
         let line = section
             .lines()
             .map(str::trim)
@@ -67,8 +50,10 @@ fn help_lists_every_value() {
 fn a_typo_is_a_usage_error_listing_the_values() {
     let (code, _, err) = out(&["--algo", "rign", "-o", "x.parquet"]);
     assert_eq!(code, Some(2), "{err}");
+    let known: Vec<&str> = Algo::names().collect();
+    let algos = known.join(", ");
     assert!(
-        err.starts_with(&format!("error: unknown --algo `rign` (known: {ALGOS})\n")),
+        err.starts_with(&format!("error: unknown --algo `rign` (known: {algos})\n")),
         "{err}"
     );
     for (flag, bad, values) in [
