@@ -16,7 +16,7 @@ BIN := target/release
 FAST ?= 0
 export FAST
 
-.PHONY: lint-cuda all help deps deps-apt deps-rust deps-py deps-cuda-py deps-bench build demo test test-py test-cuda-feature gpu-bundle gpu-bundle-files bench stress-mpi lint fmt clean \
+.PHONY: check-contributing lint-cuda all help deps deps-apt deps-rust deps-py deps-cuda-py deps-bench build demo test test-py test-cuda-feature gpu-bundle gpu-bundle-files bench stress-mpi lint fmt clean \
         docs check-docs golden-record golden-check \
         repro repro-oktopk repro-deft repro-onebit-lamb repro-embrace
 
@@ -102,7 +102,8 @@ demo: deps build
 ## Time (a fresh clone after make demo is the slow case: nothing of the tests is compiled
 ## yet): the `cuda` feature's clippy check compiles nothing the tests share, so it runs in the
 ## background, in its own target directory (target/clippy-cuda), while the tests run, which
-## mostly wait on processes; so do the Python package's tests while the reproductions run.
+## mostly wait on processes; so do the Python package's tests and CONTRIBUTING.md's executed
+## walk-through (make check-contributing) while the reproductions run.
 ## Their output is shown if they fail. The test binaries run their tests on at least 4
 ## threads ($(TEST_THREADS)), for the same reason.
 TEST_THREADS := $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -lt 4 ] && n=4; echo $$n)
@@ -112,14 +113,18 @@ test: deps build
 	$(MAKE) --no-print-directory check-docs
 	$(CARGO) test $(CARGO_FLAGS) --workspace --no-run
 	@mkdir -p target; $(LINT_CUDA) > target/lint-cuda.log 2>&1 & lint=$$!; \
-	  trap 'kill $$lint $${py:-} 2>/dev/null' EXIT; \
+	  trap 'kill $$lint $${py:-} $${walk:-} 2>/dev/null' EXIT; \
 	  echo "make test: clippy with the cuda feature runs meanwhile (target/lint-cuda.log)"; \
 	  RUST_TEST_THREADS=$(TEST_THREADS) $(CARGO) test $(CARGO_FLAGS) --workspace || exit 1; \
 	  echo "make test: the Python package's tests run meanwhile (target/test-py.log)"; \
 	  $(MAKE) --no-print-directory test-py > target/test-py.log 2>&1 & py=$$!; \
+	  echo "make test: CONTRIBUTING.md's walk-through runs meanwhile (target/check-contributing.log)"; \
+	  $(MAKE) --no-print-directory check-contributing > target/check-contributing.log 2>&1 & walk=$$!; \
 	  $(MAKE) --no-print-directory FAST=1 repro; rc=$$?; \
 	  if ! wait $$py; then cat target/test-py.log; echo "error: make test-py failed (above)" >&2; exit 1; fi; \
 	  echo "make test-py: $$(grep -E '^(Ran|OK|FAILED)' target/test-py.log | tr '\n' ' ')"; \
+	  if ! wait $$walk; then cat target/check-contributing.log; echo "error: make check-contributing failed (above)" >&2; exit 1; fi; \
+	  grep '^check-contributing: the walk' target/check-contributing.log; \
 	  [ $$rc = 0 ] || exit $$rc; \
 	  if ! wait $$lint; then cat target/lint-cuda.log; echo "error: clippy with the cuda feature (make lint-cuda) failed, above" >&2; exit 1; fi; \
 	  echo "make test: clippy with the cuda feature: clean"
@@ -154,6 +159,12 @@ test-cuda-feature: deps-cuda-py
 	$(MAKE) --no-print-directory gpu-bundle-files
 	bash pipelines/gpu-check.sh --dry-run target/gpu-check-dry
 	$(CARGO) build $(CARGO_FLAGS) --workspace
+
+## check-contributing: docs/CONTRIBUTING.md §4's walk-through applied as written to a copy of
+## the tree (target/contributing-tree): the toy allreduce it adds touches at most 4 files,
+## builds, is formatted, and passes the collectives' tests and its own (pipelines/check_contributing.py)
+check-contributing:
+	python3 pipelines/check_contributing.py
 
 ## lint-cuda: the workspace clippy-checked with the `cuda` feature, in a target directory of
 ## its own (it shares no compiled code with the builds, so make test runs it alongside them)
