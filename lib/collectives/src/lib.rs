@@ -2,7 +2,7 @@
 //! [`gradkit_comm::Comm`], plus the α-β cost model that predicts their time.
 //!
 //! Dense: [`dense`] (ring, Rabenseifner, binomial tree, the backend's native one).
-//! Sparse (Ok-Topk Table 1): TopkA, TopkDSA, gTopk, Gaussiank, Ok-Topk, DEFT's exchange.
+//! Sparse: [`sparse`] (Ok-Topk's Table 1 with its baselines, DEFT's exchange and its own).
 //! Compressed: DeepSpeed's 1-bit allreduce. Embedding: EmbRace's AlltoAll exchange.
 //! Each algorithm's module declares its [`algo::Descriptor`] (name, family, paper section,
 //! the options it reads, its formula from [`cost`], its constructor), and

@@ -14,7 +14,8 @@ use rayon::prelude::*;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Leaves {
     /// Every entry this rank sent: selection alone (gradselect), and the exchanges that sum
-    /// every sent entry (TopkA, TopkDSA, Gaussiank): a sum that cancels to 0 was still sent.
+    /// every sent entry (the allgather baselines of Ok-Topk's Table 1): a sum that cancels to
+    /// 0 was still sent.
     Sent,
     /// The sent entries that are in the result's support: exchanges that drop entries on the
     /// way (gTopk's per-level top-k, Ok-Topk's global threshold).

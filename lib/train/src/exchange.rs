@@ -273,8 +273,7 @@ impl Exchange for Dense {
     }
 }
 
-/// The sparse exchanges (topk, gaussiank, topkdsa, gtopk, oktopk, deft): Ok-Topk
-/// Algorithm 2. The reducer selects from `acc = ε + α·G`, exchanges, and keeps
+/// The sparse exchanges (the sparse family's reducers): Ok-Topk Algorithm 2. The reducer selects from `acc = ε + α·G`, exchanges, and keeps
 /// `ε = acc − acc(sent ∩ result)` by its rule; the trainer applies `w -= u/P`. With SGD the
 /// learning rate (and weight decay) are folded into the accumulator (`α = lr`) and momentum
 /// acts on `u/P`, as in the paper; other optimisers get `u/P` as their gradient.
