@@ -519,9 +519,9 @@ pub fn by_name(name: &str) -> Option<DenseFn> {
     })
 }
 
-/// Allreduce with `op` by the named algorithm.
-pub fn allreduce(comm: &dyn Comm, name: &str, op: Op, data: &mut [f32]) -> Result<()> {
-    allreduce_reusing(comm, name, op, data, &mut Vec::new())
+/// Allreduce with `op` by the dense algorithm `algo` (an error for any other family).
+pub fn allreduce(comm: &dyn Comm, algo: crate::Algo, op: Op, data: &mut [f32]) -> Result<()> {
+    allreduce_reusing(comm, algo.name(), op, data, &mut Vec::new())
 }
 
 /// [`allreduce`] with a scratch buffer kept by the caller across calls ([`by_name_reusing`]):

@@ -156,7 +156,7 @@ pub struct Replica {
     /// `lamb_coeff:<tensor>` metric names, one per tensor (LAMB-family optimisers).
     coeff_names: Vec<String>,
     /// The dense allreduce: `ring`, or `ring-fp16` with `--wire fp16`.
-    dense_algo: &'static str,
+    dense_algo: Algo,
 }
 
 impl Replica {
@@ -222,12 +222,12 @@ impl Replica {
 }
 
 /// The dense allreduce of `cfg`: the f32 ring, or its fp16-wire variant (`--wire fp16`).
-pub fn dense_algo(cfg: &TrainConfig) -> &'static str {
+pub fn dense_algo(cfg: &TrainConfig) -> Algo {
     let ring = Algo(&dense::RING);
     if cfg.fp16_wire {
-        dense::with_fp16_wire(ring).name()
+        dense::with_fp16_wire(ring)
     } else {
-        ring.name()
+        ring
     }
 }
 
@@ -259,7 +259,7 @@ pub struct Dense {
 
 impl Exchange for Dense {
     fn method(&self) -> String {
-        self.rep.dense_algo.into()
+        self.rep.dense_algo.name().into()
     }
     fn update(&mut self, comm: &dyn Comm, io: &mut StepIo, g: Vec<f32>) -> Result<()> {
         self.rep.dense_step(comm, io, g)

@@ -25,7 +25,7 @@ fn check(name: &str, p: usize, n: usize, op: Op) {
     let scale = if op == Op::Mean { 1.0 / p as f64 } else { 1.0 };
     let res = run_local(p, |c: &dyn Comm| {
         let mut x = input(c.rank(), n);
-        dense::allreduce(c, name, op, &mut x)?;
+        dense::allreduce(c, name.parse()?, op, &mut x)?;
         Ok((x, c.traffic().total()))
     })
     .unwrap();
@@ -62,7 +62,7 @@ fn every_dense_algorithm_matches_the_f64_sum() {
 fn traffic(name: &str, p: usize, n: usize) -> Vec<gradkit_comm::PhaseCounts> {
     run_local(p, |c: &dyn Comm| {
         let mut x = input(c.rank(), n);
-        dense::allreduce(c, name, Op::Sum, &mut x)?;
+        dense::allreduce(c, name.parse()?, Op::Sum, &mut x)?;
         Ok(c.traffic().total())
     })
     .unwrap()
@@ -144,7 +144,7 @@ fn ring_fp16_sums_within_fp16_rounding_in_half_the_bytes() {
             let run = |name: &'static str| {
                 run_local(p, move |c: &dyn Comm| {
                     let mut x = input(c.rank(), n);
-                    dense::allreduce(c, name, Op::Sum, &mut x)?;
+                    dense::allreduce(c, name.parse()?, Op::Sum, &mut x)?;
                     Ok((x, c.traffic().total()))
                 })
                 .unwrap()

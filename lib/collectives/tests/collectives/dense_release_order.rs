@@ -136,7 +136,7 @@ fn dense_algorithms_equal_their_brute_force_order_bit_for_bit() {
                     )?;
                     // The slice form (no kept buffer, no moves) on the same input.
                     let mut plain = input(c.rank(), call, n);
-                    dense::allreduce(c, name, Op::Sum, &mut plain)?;
+                    dense::allreduce(c, name.parse()?, Op::Sum, &mut plain)?;
                     out.push((got.result.into_dense(n), plain));
                 }
                 Ok(out)

@@ -38,7 +38,7 @@ fn repeated_calls_on_one_reducer_equal_the_dense_sum_at_every_size() {
                     let layout = Layout::new(vec![(0, "w".into(), n as u64, None)]);
                     let x = input(c.rank(), call, n);
                     let mut fresh = x.clone();
-                    dense::allreduce(c, name, Op::Sum, &mut fresh)?;
+                    dense::allreduce(c, name.parse()?, Op::Sum, &mut fresh)?;
                     let got = red.reduce(c, call as u32, &layout, Flat::Dense(x))?;
                     out.push((got.result.into_dense(n), fresh));
                 }

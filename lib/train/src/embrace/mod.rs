@@ -196,7 +196,7 @@ pub struct Embrace {
     row_opt: RowOpt,
     pending: Option<Pending>,
     /// The dense part's allreduce (`ring` or `ring-fp16`).
-    dense_algo: &'static str,
+    dense_algo: gradkit_collectives::Algo,
     /// Token ids of every rank for the step being trained, and for the next one.
     ids_now: Vec<Vec<u32>>,
     ids_next: Option<Vec<Vec<u32>>>,
