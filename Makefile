@@ -102,8 +102,10 @@ demo: deps build
 ## Time (a fresh clone after make demo is the slow case: nothing of the tests is compiled
 ## yet): the `cuda` feature's clippy check compiles nothing the tests share, so it runs in the
 ## background, in its own target directory (target/clippy-cuda), while the tests run, which
-## mostly wait on processes; so do the Python package's tests and CONTRIBUTING.md's executed
-## walk-through (make check-contributing) while the reproductions run.
+## mostly wait on processes, and so does CONTRIBUTING.md's executed walk-through (make
+## check-contributing: it copies the tree first, so the tests' cargo has checked its build and
+## let go of the target directory's lock before the walk-through's cargo asks for it); the
+## Python package's tests run while the reproductions do.
 ## Their output is shown if they fail. The test binaries run their tests on at least 4
 ## threads ($(TEST_THREADS)), for the same reason.
 TEST_THREADS := $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -lt 4 ] && n=4; echo $$n)
@@ -115,11 +117,11 @@ test: deps build
 	@mkdir -p target; $(LINT_CUDA) > target/lint-cuda.log 2>&1 & lint=$$!; \
 	  trap 'kill $$lint $${py:-} $${walk:-} 2>/dev/null' EXIT; \
 	  echo "make test: clippy with the cuda feature runs meanwhile (target/lint-cuda.log)"; \
+	  echo "make test: CONTRIBUTING.md's walk-through runs meanwhile (target/check-contributing.log)"; \
+	  $(MAKE) --no-print-directory check-contributing > target/check-contributing.log 2>&1 & walk=$$!; \
 	  RUST_TEST_THREADS=$(TEST_THREADS) $(CARGO) test $(CARGO_FLAGS) --workspace || exit 1; \
 	  echo "make test: the Python package's tests run meanwhile (target/test-py.log)"; \
 	  $(MAKE) --no-print-directory test-py > target/test-py.log 2>&1 & py=$$!; \
-	  echo "make test: CONTRIBUTING.md's walk-through runs meanwhile (target/check-contributing.log)"; \
-	  $(MAKE) --no-print-directory check-contributing > target/check-contributing.log 2>&1 & walk=$$!; \
 	  $(MAKE) --no-print-directory FAST=1 repro; rc=$$?; \
 	  if ! wait $$py; then cat target/test-py.log; echo "error: make test-py failed (above)" >&2; exit 1; fi; \
 	  echo "make test-py: $$(grep -E '^(Ran|OK|FAILED)' target/test-py.log | tr '\n' ' ')"; \
