@@ -18,6 +18,7 @@
 pub mod algo;
 pub mod alltoall;
 pub mod dense;
+pub mod feed;
 pub mod onebit;
 pub mod params;
 pub mod registry;

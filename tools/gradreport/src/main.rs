@@ -4,6 +4,8 @@
 #[global_allocator]
 static ALLOC: gradkit_core::alloc::BigAlloc = gradkit_core::alloc::BigAlloc;
 
+mod flags;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -13,13 +15,13 @@ use gradkit_core::cli::{self, Format};
 use gradkit_core::io::TensorStream;
 use gradkit_core::MetricRow;
 use gradkit_core::{Input, Output, ReadOptions};
-use gradreport::export::{self, FigFormat};
-use gradreport::figdata::{self, XAxis};
-use gradreport::metrics::{self, Stat};
-use gradreport::model::{self, ModelParams};
-use gradreport::plot::{self, Kind, PlotOpts};
-use gradreport::table::{self, TableOpts};
-use gradreport::{tensor, volume};
+use gradkit_report::export::{self, FigFormat};
+use gradkit_report::figdata::{self, XAxis};
+use gradkit_report::metrics;
+use gradkit_report::model::{self, ModelParams};
+use gradkit_report::plot::{self, Kind, PlotOpts};
+use gradkit_report::table::{self, TableOpts};
+use gradkit_report::{simulate, tensor, volume};
 use std::io::{IsTerminal, Write};
 
 #[derive(Parser)]
@@ -63,7 +65,7 @@ enum Cmd {
 gradreport simulate rec.parquet --link-rate 1Gbps --latency 50us --compute none\n  \
 gradreport simulate rec.parquet --topology dragonfly --link-rate 100Gbps -o sim.csv"
     )]
-    Simulate(Box<gradreport::simulate::SimulateArgs>),
+    Simulate(Box<flags::SimulateArgs>),
     /// Pivot metrics: one row per group of --by columns, one column per metric
     #[command(
         after_help = "Cells are the median over every (run, step, rank) sample of the group, \
@@ -87,8 +89,8 @@ gradreport table r?.parquet --per-file --metric time_comm_s,bytes_sent"
         #[arg(long, value_name = "NAMES", value_delimiter = ',')]
         metric: Option<Vec<String>>,
         /// How the samples of a group become one number
-        #[arg(long, value_enum, default_value_t = Stat::Median)]
-        stat: Stat,
+        #[arg(long, value_enum, default_value_t = flags::Stat::Median)]
+        stat: flags::Stat,
         /// Do not show min–max beside medians and means
         #[arg(long)]
         no_range: bool,
@@ -224,7 +226,7 @@ fn with_model(mut rows: Vec<MetricRow>, a: &ModelArgs, figure: bool) -> Result<V
 struct PlotArgs {
     /// Which figure
     #[arg(value_enum)]
-    kind: Kind,
+    kind: flags::Kind,
     /// metrics/1 files (stdin when none)
     #[arg(value_name = "METRICS")]
     files: Vec<PathBuf>,
@@ -234,14 +236,14 @@ struct PlotArgs {
     output: PathBuf,
     /// Also write these formats beside -o (its name, their extension): svg, pdf, png
     #[arg(long, value_enum, value_name = "FORMATS", value_delimiter = ',')]
-    also: Vec<FigFormat>,
+    also: Vec<flags::FigFormat>,
     /// Write the plotted values as CSV (panel, series, x, y, y_min, y_max, y_smooth)
     #[arg(long, value_name = "FILE")]
     csv: Option<PathBuf>,
     /// plot loss: the x axis (step; time: wall time; bytes: bytes sent per rank, both
     /// summed over the steps)
-    #[arg(long = "x", value_enum, default_value_t = XAxis::Step)]
-    x: XAxis,
+    #[arg(long = "x", value_enum, default_value_t = flags::XAxis::Step)]
+    x: flags::XAxis,
     /// plot loss: draw the trailing mean over N points (the raw line faint beneath)
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=100000))]
@@ -312,6 +314,8 @@ fn plot_figure(p: PlotArgs) -> Result<()> {
         size,
         model,
     } = p;
+    let (kind, x): (Kind, XAxis) = (kind.into(), x.into());
+    let also: Vec<FigFormat> = also.into_iter().map(FigFormat::from).collect();
     let to_stdout = output.as_os_str() == "-";
     let targets = plot_targets(kind, x, smooth, &output, &also);
     let inputs: Vec<_> = files
@@ -417,7 +421,7 @@ fn body(args: Args) -> Result<()> {
             let opts = TableOpts {
                 by: metrics::parse_cols(&by)?,
                 metrics: metric,
-                stat,
+                stat: stat.into(),
                 range: !no_range,
                 format,
             };
@@ -447,7 +451,8 @@ fn body(args: Args) -> Result<()> {
             }
             volume::render(&lines, &opts).print(format)
         }
-        Cmd::Simulate(a) => gradreport::simulate::run(&a),
+        // Checked in `main` already (a usage error): this cannot fail.
+        Cmd::Simulate(a) => simulate::run(&a.options()?),
         Cmd::Tensor {
             file,
             step,
@@ -477,7 +482,7 @@ fn main() -> ExitCode {
     let args = Args::parse();
     if let Cmd::Simulate(a) = &args.cmd {
         // A command line that is wrong on its own is a usage error (exit 2).
-        if let Err(e) = a.check() {
+        if let Err(e) = a.options() {
             use clap::CommandFactory;
             let mut cmd = Args::command();
             let sub = cmd

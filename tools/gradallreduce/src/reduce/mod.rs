@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Context, Result};
+use gradkit_collectives::feed::{hand_over_metrics, IoRank, MetricsOut, METRICS_EVERY};
 use gradkit_collectives::{reducer_for, Algo, Family, Flat, Params, Reducer};
 use gradkit_comm::dist::{self, Piece, Round};
 use gradkit_comm::{Comm, PhaseCounts, World};
@@ -14,10 +15,22 @@ use gradkit_core::{read_table, Input, Meta, Output, PlanRow, TensorRow};
 use crate::state;
 
 mod args;
-mod feed;
 
 pub use args::ReduceArgs;
-use feed::*;
+
+/// What the I/O rank prepares before any rank starts: the trace opened and its first run of
+/// rows read (the whole first step is checked as it is handed out), the `--state` file, the
+/// output opened (docs/MEMORY.md).
+struct Prepared {
+    /// Elements of the flat index space (the 1-bit state file records it).
+    n: u64,
+    /// `--state`: the saved 1-bit errors, checked and not read yet (read one buffer at a
+    /// time as the feed hands them out: [`state::StateReader::piece`]); `None` without
+    /// `--state` or when the file does not exist yet.
+    state: Option<state::StateReader>,
+    /// The trace and the output, for rank 0 while the ranks run.
+    io: IoRank,
+}
 
 /// Opens the trace on the I/O rank and checks what can be checked before any rank starts:
 /// ranks equal to the world's size, the first step complete (the others are checked as they
@@ -80,16 +93,7 @@ fn load(
     Ok(Prepared {
         n,
         state,
-        io: IoRank {
-            trace,
-            first: Some(first),
-            algo: args.algo,
-            p,
-            cur: None,
-            writer,
-            metrics,
-            failed: None,
-        },
+        io: IoRank::new(trace, first, args.algo, p, writer, metrics),
     })
 }
 

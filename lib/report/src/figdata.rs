@@ -26,7 +26,7 @@ pub struct Datum {
 }
 
 /// The x axis of a loss plot.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum XAxis {
     /// Training step
     #[default]

@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use clap::Args;
 use gradkit_core::cli::{fmt_num, Format, TextTable};
 use gradkit_core::{read_table, CommRow, EventKind, Input, Meta, MetricRow, Output, ReadOptions};
 
@@ -23,74 +22,41 @@ use crate::simgrid::{self, Compute, Platform, Smpi, Topology};
 /// platform), and a recording has at most this many ranks to place.
 pub const MAX_NODES: usize = 1 << 16;
 
-#[derive(Args, Clone, Debug)]
-pub struct SimulateArgs {
-    /// A commtrace/1 recording (gradallreduce, bench or gradtrain `--comm-trace`)
-    #[arg(value_name = "RECORDING")]
+/// What a replay is asked for, typed: `gradreport simulate` builds it from its command line
+/// (the tool's `SimulateOpts::options`, where every usage check is made).
+#[derive(Clone, Debug)]
+pub struct SimulateOpts {
+    /// A commtrace/1 recording (gradallreduce, bench or gradtrain `--comm-trace`).
     pub recording: PathBuf,
-    /// The network: flat (one switch), fat-tree or dragonfly
-    #[arg(long, value_name = "flat|fat-tree|dragonfly", default_value = "flat")]
-    pub topology: String,
-    /// Host link rate: e.g. 1Gbps, 100Mbps, 100Gbps, 12.5MBps (bits with `bps`, bytes with
-    /// `Bps`; `mbit`/`gbit` as the shaped cluster's RATE)
-    #[arg(long, value_name = "RATE", default_value = "10Gbps")]
-    pub link_rate: String,
-    /// Host link latency: e.g. 5us, 50us, 1ms
-    #[arg(long, value_name = "TIME", default_value = "5us")]
-    pub latency: String,
-    /// Ranks per node (GPUs per node): ranks of one node talk over its loopback
-    /// (--intra-rate, --intra-latency)
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    pub hosts_per_node: usize,
-    /// Within a node: rate and latency
-    #[arg(long, value_name = "RATE", default_value = "100GBps")]
-    pub intra_rate: String,
-    #[arg(long, value_name = "TIME", default_value = "1us")]
-    pub intra_latency: String,
-    /// Nodes of the platform (default: as many as the ranks need; a fat tree or dragonfly
-    /// rounds up to its shape)
-    #[arg(long, value_name = "N")]
+    /// The links and ranks per node; the topology's parameters and the host count are filled
+    /// in for the recording's ranks ([`SimulateOpts::platform`]).
+    pub platform: Platform,
+    /// Compute between the calls.
+    pub compute: Compute,
+    /// Nodes of the platform (None: as many as the ranks need; a fat tree or dragonfly
+    /// rounds up to its shape).
     pub nodes: Option<usize>,
-    /// SimGrid FAT_TREE parameters LEVELS;DOWN,…;UP,…;COUNT,… (default: 2 levels, 16 nodes
-    /// per leaf, full bisection)
-    #[arg(long, value_name = "PARAMS")]
+    /// SimGrid FAT_TREE parameters (None: [`simgrid::default_fat_tree`]).
     pub fat_tree: Option<String>,
-    /// SimGrid DRAGONFLY parameters G,L;C,L;R,L;N (default: after Cray Aries, 4 nodes per
-    /// router, 16 routers per chassis, 6 chassis per group)
-    #[arg(long, value_name = "PARAMS")]
+    /// SimGrid DRAGONFLY parameters (None: [`simgrid::default_dragonfly`]).
     pub dragonfly: Option<String>,
-    /// SMPI's piecewise bandwidth factors (`smpi/bw-factor`, e.g. `65472:0.94;0:0.8`); the
-    /// default 0:1 is the bare link (calibrate: docs/SIMULATE.md)
-    #[arg(long, value_name = "FACTORS", default_value = "0:1")]
+    /// SMPI's piecewise bandwidth factors (`smpi/bw-factor`), checked ([`check_piecewise`]).
     pub bw_factor: String,
-    /// SMPI's piecewise latency factors (`smpi/lat-factor`)
-    #[arg(long, value_name = "FACTORS", default_value = "0:1")]
+    /// SMPI's piecewise latency factors (`smpi/lat-factor`), checked.
     pub lat_factor: String,
-    /// More SimGrid configuration, KEY:VALUE (repeatable), e.g. network/crosstraffic:1 (the
-    /// reverse traffic of TCP acknowledgements, off by default here)
-    #[arg(long = "smpi-cfg", value_name = "KEY:VALUE")]
+    /// More SimGrid configuration, KEY:VALUE, each checked ([`check_smpi_cfg`]).
     pub smpi_cfg: Vec<String>,
-    /// Multiply every message's size by this (a target model size: sizes proportional to the
-    /// gradient, as dense and density-proportional sparse ones are, scale linearly)
-    #[arg(long, value_name = "X", default_value_t = 1.0)]
+    /// Every message's size is multiplied by this (> 0).
     pub scale_bytes: f64,
-    /// Compute between the calls: recorded, none, or SECONDS per step on every rank
-    #[arg(long, value_name = "recorded|none|SECONDS", default_value = "recorded")]
-    pub compute: String,
-    /// Replay only these steps (comma-separated; default: every step)
-    #[arg(long, value_name = "STEPS", value_delimiter = ',')]
+    /// Replay only these steps (None: every step).
     pub steps: Option<Vec<u32>>,
-    /// The step's total only, no per-phase replays
-    #[arg(long)]
+    /// The step's total only, no per-phase replays.
     pub no_phases: bool,
-    /// Keep the TI traces and platform files here (default: a temporary directory)
-    #[arg(long, value_name = "DIR")]
+    /// Keep the TI traces and platform files here (None: a temporary directory).
     pub keep: Option<PathBuf>,
-    /// Also write the rows here: metrics/1 Parquet, or CSV when the name ends in .csv
-    #[arg(short = 'o', long, value_name = "PATH")]
+    /// Also write the rows here: metrics/1 Parquet, or CSV when the name ends in .csv.
     pub output: Option<PathBuf>,
-    /// How the table is printed on stdout
-    #[arg(long, value_enum, default_value_t = Format::Md)]
+    /// How the table is printed on stdout.
     pub format: Format,
 }
 
@@ -198,92 +164,11 @@ pub fn parse_time(s: &str, flag: &str) -> Result<f64> {
     Ok(v * mult)
 }
 
-impl SimulateArgs {
-    /// Checks made on the command line alone (usage errors).
-    pub fn check(&self) -> Result<(Platform, Compute)> {
-        let link = parse_rate(&self.link_rate, "--link-rate")?;
-        let lat = parse_time(&self.latency, "--latency")?;
-        let intra = parse_rate(&self.intra_rate, "--intra-rate")?;
-        let ilat = parse_time(&self.intra_latency, "--intra-latency")?;
-        if self.hosts_per_node == 0 {
-            bail!("--hosts-per-node must be at least 1 (flag --hosts-per-node)");
-        }
-        if self.hosts_per_node > MAX_NODES {
-            bail!(
-                "--hosts-per-node {} is more than the {MAX_NODES} ranks a node may have (flag --hosts-per-node)",
-                self.hosts_per_node
-            );
-        }
-        match self.nodes {
-            Some(0) => bail!("--nodes must be at least 1 (flag --nodes)"),
-            Some(n) if n > MAX_NODES => bail!(
-                "--nodes {n} is more than the {MAX_NODES} nodes a replay may have (SimGrid builds every host and route of the platform: 10^6 nodes took 97 s and 4 GB before the first event) (flag --nodes)"
-            ),
-            _ => {}
-        }
-        if !(self.scale_bytes.is_finite() && self.scale_bytes > 0.0) {
-            bail!(
-                "--scale-bytes must be a number > 0, got {} (flag --scale-bytes)",
-                self.scale_bytes
-            );
-        }
-        check_piecewise(&self.bw_factor, "--bw-factor", false)?;
-        check_piecewise(&self.lat_factor, "--lat-factor", false)?;
-        for c in &self.smpi_cfg {
-            check_smpi_cfg(c)?;
-        }
-        let compute = match self.compute.as_str() {
-            "recorded" => Compute::Recorded,
-            "none" => Compute::None,
-            s => match s.parse::<f64>() {
-                Ok(v) if v.is_finite() && v >= 0.0 => Compute::PerStep(v),
-                _ => bail!("--compute takes recorded, none or a number of seconds ≥ 0, got `{s}` (flag --compute)"),
-            },
-        };
-        let topology = match self.topology.as_str() {
-            "flat" => Topology::Flat,
-            "fat-tree" => Topology::FatTree(String::new()),
-            "dragonfly" => Topology::Dragonfly(String::new()),
-            t => bail!(
-                "unknown --topology `{t}` (known: flat, fat-tree, dragonfly) (flag --topology)"
-            ),
-        };
-        if self.fat_tree.is_some() && !matches!(topology, Topology::FatTree(_)) {
-            bail!("--fat-tree applies to --topology fat-tree only (flag --fat-tree)");
-        }
-        if self.dragonfly.is_some() && !matches!(topology, Topology::Dragonfly(_)) {
-            bail!("--dragonfly applies to --topology dragonfly only (flag --dragonfly)");
-        }
-        let given = [
-            self.fat_tree.clone().map(Topology::FatTree),
-            self.dragonfly.clone().map(Topology::Dragonfly),
-        ];
-        for t in given.into_iter().flatten() {
-            let flag = format!("--{}", t.name());
-            match simgrid::topology_hosts(&t)? {
-                Some(h) if h > MAX_NODES => bail!(
-                    "{flag} describes {h} nodes, more than the {MAX_NODES} nodes a replay may have (flag {flag})"
-                ),
-                _ => {}
-            }
-        }
-        Ok((
-            Platform {
-                topology,
-                hosts: 0,
-                ranks_per_host: self.hosts_per_node,
-                link_bps: link,
-                latency_s: lat,
-                intra_bps: intra,
-                intra_latency_s: ilat,
-            },
-            compute,
-        ))
-    }
-
+impl SimulateOpts {
     /// The platform for `ranks` ranks: its topology's parameters and host count, checked to
     /// hold every rank.
-    fn platform(&self, mut p: Platform, ranks: usize) -> Result<Platform> {
+    pub fn platform(&self, ranks: usize) -> Result<Platform> {
+        let mut p = self.platform.clone();
         let need = ranks.div_ceil(p.ranks_per_host);
         let want = self.nodes.unwrap_or(need);
         p.topology = match p.topology {
@@ -370,25 +255,24 @@ fn phase_order(ranks: &[Vec<&CommRow>]) -> Vec<String> {
 }
 
 /// Runs the simulation: the report's lines.
-pub fn simulate(args: &SimulateArgs) -> Result<(Vec<Line>, Meta, usize)> {
-    let (platform, compute) = args.check()?;
-    let (rows, meta, ranks) = load_recording(args)?;
-    let platform = args.platform(platform, ranks)?;
-    let smpi = Smpi::find(&args.bw_factor, &args.lat_factor, &args.smpi_cfg)?;
+pub fn simulate(opts: &SimulateOpts) -> Result<(Vec<Line>, Meta, usize)> {
+    let (rows, meta, ranks) = load_recording(opts)?;
+    let platform = opts.platform(ranks)?;
+    let smpi = Smpi::find(&opts.bw_factor, &opts.lat_factor, &opts.smpi_cfg)?;
     let tmp;
-    let dir = match &args.keep {
+    let dir = match &opts.keep {
         Some(d) => d.clone(),
         None => {
             tmp = tempfile_dir()?;
             tmp.0.clone()
         }
     };
-    let steps = by_step(args, &rows)?;
+    let steps = by_step(opts, &rows)?;
     let sim = Sim {
-        args,
+        opts,
         smpi: &smpi,
         platform: &platform,
-        compute,
+        compute: opts.compute,
         dir: &dir,
         ranks,
     };
@@ -407,8 +291,8 @@ pub const MAX_RANKS: usize = 1 << 20;
 /// The recording's rows, metadata and world size, checked: events there, ranks and peers in
 /// the world, the format version this gradkit replays, and every row one the replay can run
 /// ([`check_rows`]).
-fn load_recording(args: &SimulateArgs) -> Result<(Vec<CommRow>, Meta, usize)> {
-    let input = Input::Path(args.recording.clone());
+fn load_recording(opts: &SimulateOpts) -> Result<(Vec<CommRow>, Meta, usize)> {
+    let input = Input::Path(opts.recording.clone());
     let loaded = read_table::<CommRow>(&input, ReadOptions::default()).map_err(|e| {
         // The reader names the file and the version it holds.
         if format!("{e:#}").contains("file holds `commtrace/") {
@@ -418,7 +302,7 @@ fn load_recording(args: &SimulateArgs) -> Result<(Vec<CommRow>, Meta, usize)> {
         }
     })?;
     let rows = loaded.rows;
-    let name = args.recording.display();
+    let name = opts.recording.display();
     let seen = rows
         .iter()
         .map(|r| r.rank.max(r.peer) as usize + 1)
@@ -447,7 +331,7 @@ fn load_recording(args: &SimulateArgs) -> Result<(Vec<CommRow>, Meta, usize)> {
             r.peer
         );
     }
-    check_rows(&rows, args.scale_bytes).with_context(|| format!("recording {name}"))?;
+    check_rows(&rows, opts.scale_bytes).with_context(|| format!("recording {name}"))?;
     Ok((rows, loaded.meta, ranks))
 }
 
@@ -523,12 +407,12 @@ pub fn check_rows(rows: &[CommRow], scale: f64) -> Result<()> {
 /// Step → its events (the steps `--steps` asks for), in file order; a step is spread over its
 /// ranks only when it is replayed ([`per_rank`]), so memory is the rows plus one step.
 fn by_step<'a>(
-    args: &SimulateArgs,
+    opts: &SimulateOpts,
     rows: &'a [CommRow],
 ) -> Result<BTreeMap<u32, Vec<&'a CommRow>>> {
     let mut steps: BTreeMap<u32, Vec<&CommRow>> = BTreeMap::new();
     for r in rows {
-        if args.steps.as_ref().is_some_and(|s| !s.contains(&r.step)) {
+        if opts.steps.as_ref().is_some_and(|s| !s.contains(&r.step)) {
             continue;
         }
         steps.entry(r.step).or_default().push(r);
@@ -536,7 +420,7 @@ fn by_step<'a>(
     if steps.is_empty() {
         bail!(
             "no step of --steps is in the recording {} (flag --steps)",
-            args.recording.display()
+            opts.recording.display()
         );
     }
     Ok(steps)
@@ -556,7 +440,7 @@ fn per_rank<'a>(events: &[&'a CommRow], ranks: usize) -> Vec<Vec<&'a CommRow>> {
 
 /// What replaying a step needs.
 struct Sim<'a> {
-    args: &'a SimulateArgs,
+    opts: &'a SimulateOpts,
     smpi: &'a Smpi,
     platform: &'a Platform,
     compute: Compute,
@@ -570,7 +454,7 @@ impl Sim<'_> {
         let traces: Vec<String> = cut
             .iter()
             .enumerate()
-            .map(|(r, evs)| simgrid::ti_trace(r, evs, self.compute, self.args.scale_bytes))
+            .map(|(r, evs)| simgrid::ti_trace(r, evs, self.compute, self.opts.scale_bytes))
             .collect();
         let dir = self.dir.join(format!("step-{step}")).join(name);
         self.smpi.replay(&dir, self.platform, &traces)
@@ -579,7 +463,7 @@ impl Sim<'_> {
     /// The step's line (simulated beside recorded and the α-β model), then one per phase.
     fn step(&self, step: u32, per_rank: &[Vec<&CommRow>], lines: &mut Vec<Line>) -> Result<()> {
         let (alpha, beta) = (self.platform.alpha_s(), self.platform.beta_s_per_byte());
-        let (ranks, scale) = (self.ranks, self.args.scale_bytes);
+        let (ranks, scale) = (self.ranks, self.opts.scale_bytes);
         let label = per_rank
             .iter()
             .flatten()
@@ -599,7 +483,7 @@ impl Sim<'_> {
             model_s: max_over(&|e| alpha_beta(e, ranks, alpha, beta, scale)),
         });
         let order = phase_order(per_rank);
-        if self.args.no_phases || order.len() < 2 {
+        if self.opts.no_phases || order.len() < 2 {
             return Ok(());
         }
         self.phases(step, per_rank, &order, total, &label, lines)
@@ -617,7 +501,7 @@ impl Sim<'_> {
         lines: &mut Vec<Line>,
     ) -> Result<()> {
         let (alpha, beta) = (self.platform.alpha_s(), self.platform.beta_s_per_byte());
-        let (ranks, scale) = (self.ranks, self.args.scale_bytes);
+        let (ranks, scale) = (self.ranks, self.opts.scale_bytes);
         let max_over = |f: &dyn Fn(&[&CommRow]) -> f64| -> f64 {
             per_rank.iter().map(|e| f(e)).fold(0.0, f64::max)
         };
@@ -740,20 +624,20 @@ pub fn metric_rows(lines: &[Line], algo: &str, ranks: usize) -> Vec<MetricRow> {
 }
 
 /// `gradreport simulate`.
-pub fn run(args: &SimulateArgs) -> Result<()> {
+pub fn run(opts: &SimulateOpts) -> Result<()> {
     // Before anything is read: -o must not replace the recording (through any name).
     gradkit_core::paths::check_distinct(
-        &[("RECORDING", Some(args.recording.as_path()))],
-        &[("-o", args.output.as_deref())],
+        &[("RECORDING", Some(opts.recording.as_path()))],
+        &[("-o", opts.output.as_deref())],
     )?;
-    let output = match &args.output {
+    let output = match &opts.output {
         Some(p) if p.as_os_str() == "-" => {
             bail!("-o takes a file (the table is on stdout already) (flag -o)")
         }
         Some(p) => Some(Output::for_flag("-o", Some(p))?),
         None => None,
     };
-    let (lines, meta, ranks) = simulate(args)?;
+    let (lines, meta, ranks) = simulate(opts)?;
     let table = render(&lines);
     if let Some(out) = output {
         let Output::Path(path) = &out else {
@@ -771,5 +655,5 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
             gradkit_core::io::write_table(&out, &m, &metric_rows(&lines, &algo, ranks))?;
         }
     }
-    table.print(args.format)
+    table.print(opts.format)
 }

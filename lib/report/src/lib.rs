@@ -1,5 +1,6 @@
-//! gradreport: the tables and figures people read, from gradkit's `metrics/1` files
-//! (bytes, time, loss), plus ad hoc statistics of `tensor/1` files.
+//! gradkit-report: the tables and figures people read, from gradkit's `metrics/1` files
+//! (bytes, time, loss), plus ad hoc statistics of `tensor/1` files; the library behind the
+//! `gradreport` tool, which parses the command line and calls one function per subcommand.
 //!
 //! [`table`] pivots long metric rows into one row per group and one column per metric;
 //! [`volume`] sets measured bytes beside the cost model's formula; [`plot`] draws SVG figures
@@ -12,7 +13,9 @@
 //! write next to their measurements; [`model`] computes them with `gradkit_cost`
 //! when the input lacks them and the gradient size is given. [`simulate`] replays a
 //! `commtrace/1` recording on SimGrid ([`simgrid`]: TI traces, platforms, smpirun). Not here:
-//! running algorithms.
+//! running algorithms, command lines (no clap: the tool maps its value lists onto
+//! [`plot::Kind`], [`export::FigFormat`], [`figdata::XAxis`], [`metrics::Stat`], and its
+//! `simulate` flags onto [`simulate::SimulateOpts`]).
 
 pub mod export;
 pub mod figdata;

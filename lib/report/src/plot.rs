@@ -17,7 +17,7 @@ use crate::figdata::{self, Datum, XAxis};
 use crate::metrics::{self, Col, Stat};
 
 /// Which figure to draw.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     /// Loss (and accuracy, when present) vs step, one line per run
     Loss,

@@ -245,7 +245,7 @@ pub fn group<'a>(rows: &'a [MetricRow], cols: &[Col]) -> BTreeMap<Key, Vec<&'a M
 }
 
 /// How the samples of one group become one number.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Stat {
     /// Median over every (run, step, rank) sample of the group
     #[default]

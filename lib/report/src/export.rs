@@ -659,7 +659,7 @@ pub fn to_png(svg: &str, scale: f64) -> Result<Vec<u8>> {
 // Files
 
 /// A figure file format, picked by `-o`'s extension or named by `--also`.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FigFormat {
     Svg,
     Pdf,
