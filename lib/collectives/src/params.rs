@@ -2,6 +2,7 @@
 //! (`--balance`, `--reeval-step-d`, `--split`): each with its name, `--help` line, parser and
 //! display from one table. A leaf of the crate: the algorithms and the registry use it.
 
+use gradkit_core::keep::{Keep, DEFAULT_DENSITY};
 use gradkit_core::PlanRow;
 
 pub use gradkit_sparsify::oktopk::{Adjust, Bands};
@@ -179,7 +180,7 @@ impl Default for Params {
     fn default() -> Self {
         Params {
             op: Op::Sum,
-            density: 0.01,
+            density: DEFAULT_DENSITY,
             k: None,
             period: 64,
             reeval: 32,
@@ -197,11 +198,17 @@ impl Default for Params {
 }
 
 impl Params {
-    /// k for a model of n elements: `--k`, else floor(density·n), at least 1 when n > 0.
-    pub fn k_for(&self, n: u64) -> u64 {
+    /// What is kept of dense input: `k`, else `density`.
+    pub fn keep(&self) -> Keep {
         match self.k {
-            Some(k) => k.min(n),
-            None => ((self.density * n as f64).floor() as u64).clamp((n > 0) as u64, n),
+            Some(k) => Keep::K(k),
+            None => Keep::Density(self.density),
         }
+    }
+
+    /// k for a model of n elements: `--k`, else floor(density·n), at least 1 when n > 0
+    /// ([`Keep::k`], the one rule).
+    pub fn k_for(&self, n: u64) -> u64 {
+        self.keep().k(n)
     }
 }

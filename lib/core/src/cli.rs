@@ -44,12 +44,9 @@ impl IoArgs {
     }
 }
 
-/// What a run kept of each gradient, for its default name: a density or an exact k.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Keep {
-    Density(f64),
-    K(u64),
-}
+/// What a run kept of each gradient, for its default name: a density or an exact k (the one
+/// type, [`crate::keep`], with `--density`'s range check and the k rule).
+pub use crate::keep::Keep;
 
 /// A run's default name in the metrics (`--run` absent): the algorithm or method and, where
 /// it selects, what it kept, so two runs that differ in density never share a name:

@@ -10,6 +10,7 @@ pub mod budget;
 pub mod cli;
 pub mod env;
 pub mod io;
+pub mod keep;
 pub mod live;
 pub mod named;
 pub mod paths;

@@ -51,6 +51,12 @@ impl Device {
     /// The values `--device` takes, as help texts and error messages list them.
     pub const VALUES: &'static str = "cpu, cuda, cuda:N";
 
+    /// `--device`'s value parser, every tool's (`value_parser = Device::parse_flag`): a typo is
+    /// a usage error (exit 2) with [`FromStr`]'s message, which lists the values.
+    pub fn parse_flag(s: &str) -> Result<Device, String> {
+        s.parse()
+    }
+
     /// True for [`Device::Cuda`].
     pub fn is_cuda(self) -> bool {
         matches!(self, Device::Cuda(_))

@@ -26,14 +26,17 @@ pub mod oktopk;
 pub mod onebit;
 pub mod randomk;
 pub mod resident;
+pub mod selection;
 pub mod threshold;
 pub mod topk;
 
 pub use feedback::{Leaves, Residual};
 pub use kernels::Kernels;
 pub use oktopk::{Adjust, Bands};
+pub use selection::{Configured, Needs, Selection};
 
-/// A selection method and its parameters (DEFT is range-based: see [`deft`]).
+/// A method a [`Selector`] runs, with its parameters: every [`Selection`] but DEFT, which is
+/// range-based ([`deft`]; [`Configured::Deft`]).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Method {
     /// Exact top-k by |x|, ties to the lower index.
@@ -52,16 +55,21 @@ pub enum Method {
 }
 
 impl Method {
+    /// The method, as the table of methods ([`Selection`]) lists it.
+    pub fn selection(&self) -> Selection {
+        match self {
+            Method::Topk => Selection::Topk,
+            Method::Threshold(_) => Selection::Threshold,
+            Method::OkTopk { .. } => Selection::Oktopk,
+            Method::GaussianK => Selection::Gaussiank,
+            Method::Dgc { .. } => Selection::Dgc,
+            Method::RandomK { .. } => Selection::Randomk,
+        }
+    }
+
     /// The name used by `--method`.
     pub fn name(&self) -> &'static str {
-        match self {
-            Method::Topk => "topk",
-            Method::Threshold(_) => "threshold",
-            Method::OkTopk { .. } => "oktopk",
-            Method::GaussianK => "gaussiank",
-            Method::Dgc { .. } => "dgc",
-            Method::RandomK { .. } => "randomk",
-        }
+        self.selection().name()
     }
 }
 
@@ -77,9 +85,10 @@ pub struct SelectInfo {
     pub exact_topk: bool,
 }
 
-/// One selection: ascending indices, the selected accumulator values, and what was done.
+/// What one selection picked: ascending indices, the selected accumulator values, and what
+/// was done.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Selection {
+pub struct Selected {
     pub indices: Vec<u32>,
     pub values: Vec<f32>,
     pub info: SelectInfo,
@@ -127,7 +136,7 @@ impl Selector {
     }
 
     /// Selects about k entries of `acc` at `step` (calls must come in step order).
-    pub fn select(&mut self, step: u32, acc: &[f32], k: usize) -> Selection {
+    pub fn select(&mut self, step: u32, acc: &[f32], k: usize) -> Selected {
         let k = k.min(acc.len());
         let (indices, values, threshold, exact_topk) = match &self.method {
             Method::Topk => {
@@ -160,7 +169,7 @@ impl Selector {
                 (i, v, None, false)
             }
         };
-        Selection {
+        Selected {
             indices,
             values,
             info: SelectInfo {
@@ -181,7 +190,7 @@ impl Selector {
         dev: &dyn resident::DeviceKernels,
         acc: &resident::DVec,
         k: usize,
-    ) -> Option<Selection> {
+    ) -> Option<Selected> {
         let k = k.min(acc.len());
         let (s, threshold, exact_topk) = match &self.method {
             Method::Topk => {
@@ -208,7 +217,7 @@ impl Selector {
             }
             Method::Dgc { .. } | Method::RandomK { .. } => return None,
         };
-        Some(Selection {
+        Some(Selected {
             indices: s.indices,
             values: s.values,
             info: SelectInfo {
@@ -220,10 +229,8 @@ impl Selector {
     }
 }
 
-/// `k = floor(density·n)`, at least 1 when n > 0 (the rule, Ok-Topk `int(n·density)`).
+/// `k = floor(density·n)`, at least 1 when n > 0 (Ok-Topk's `int(n·density)`): the one rule,
+/// [`gradkit_core::keep::Keep::k`], for a length.
 pub fn k_for(density: f64, n: usize) -> usize {
-    if n == 0 {
-        return 0;
-    }
-    ((density * n as f64).floor() as usize).clamp(1, n)
+    gradkit_core::keep::Keep::Density(density).k(n as u64) as usize
 }

@@ -74,7 +74,7 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
             cfg.exchange
         );
     }
-    if !(cfg.density > 0.0 && cfg.density <= 1.0) {
+    if !gradkit_core::keep::density_in_range(cfg.density) {
         bail!(
             "--density must be in (0, 1], got {} (flag --density)",
             cfg.density

@@ -23,6 +23,7 @@ use clap::Args;
 use gradkit_collectives::{cost, dense, make_reducer, Algo, Family, Flat, Op, Params, Reducer};
 use gradkit_comm::{huge_vec, Backend, Comm, CommExt, World};
 use gradkit_core::cli::{fmt_num, Format, TextTable};
+use gradkit_core::keep::{Keep, DEFAULT_DENSITY};
 use gradkit_core::synth::{Generator, LayerSpec, SynthSpec};
 use gradkit_core::trace::{Layout, MetricSink, Sparse};
 use gradkit_core::{write_table, Meta, Output};
@@ -60,7 +61,7 @@ pub struct BenchArgs {
     #[arg(long, value_enum, value_delimiter = ',', default_value = "dense,topk")]
     pub input: Vec<Input>,
     /// The sparse algorithms' density: k = ⌊density · count⌋
-    #[arg(long, default_value_t = 0.01)]
+    #[arg(long, default_value_t = DEFAULT_DENSITY)]
     pub density: f64,
     /// Seed of the sparse algorithms' synthetic gradients
     #[arg(long, default_value_t = 1)]
@@ -102,7 +103,7 @@ pub struct BenchArgs {
     pub quiet: bool,
     /// Where the algorithms' selection and 1-bit kernels run: cpu, or cuda / cuda:N (a
     /// `--features cuda` build on a GPU node; docs/GPU.md). Communication stays on the host
-    #[arg(long, value_name = "cpu|cuda[:N]", default_value = "cpu", value_parser = device)]
+    #[arg(long, value_name = "cpu|cuda[:N]", default_value = "cpu", value_parser = gradkit_cuda::Device::parse_flag)]
     pub device: gradkit_cuda::Device,
     /// Which backend carries the timed calls' messages: mpi (MPI under mpirun, in-process
     /// threads otherwise) or nccl (a `--features cuda` build on a GPU node with NCCL, one
@@ -111,11 +112,6 @@ pub struct BenchArgs {
     pub backend: gradkit_cuda::backend::CommBackend,
     #[command(flatten)]
     pub memory: gradkit_core::budget::MemoryArgs,
-}
-
-/// `--device`'s parser: a typo is a usage error (exit 2) listing the values.
-fn device(s: &str) -> std::result::Result<gradkit_cuda::Device, String> {
-    s.parse()
 }
 
 /// The kernels of `--device` (opened at the agreement point of [`run`], so this cannot fail
@@ -139,11 +135,8 @@ impl BenchArgs {
                 bail!("{a} selects for itself and runs on dense input only: give --input dense (flag --input)");
             }
         }
-        if !(self.density > 0.0 && self.density <= 1.0) {
-            bail!(
-                "--density must lie in (0, 1], got {} (flag --density)",
-                self.density
-            );
+        if let Err(e) = Keep::density(self.density) {
+            bail!("{e} (flag --density)");
         }
         if self
             .metrics

@@ -4,6 +4,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use gradkit_collectives::cost::{self, Cost};
 use gradkit_core::cli::{fmt_num, Format, TextTable};
+use gradkit_core::keep::{Keep, DEFAULT_DENSITY};
 
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
@@ -15,7 +16,7 @@ pub struct ModelArgs {
     #[arg(long, default_value = "16Mi")]
     pub n: String,
     /// Density k/n
-    #[arg(long, default_value_t = 0.01)]
+    #[arg(long, default_value_t = DEFAULT_DENSITY)]
     pub density: f64,
     #[command(flatten)]
     pub cost: gradkit_core::cli::CostArgs,
@@ -42,11 +43,8 @@ impl ModelArgs {
         if !(1..=MAX_N).contains(&n) {
             bail!("--n must be from 1 to {MAX_N} (2^53) elements, got {n} (flag --n)");
         }
-        if !(self.density > 0.0 && self.density <= 1.0) {
-            bail!(
-                "--density must lie in (0, 1], got {} (flag --density)",
-                self.density
-            );
+        if let Err(e) = Keep::density(self.density) {
+            bail!("{e} (flag --density)");
         }
         self.cost.check()
     }
@@ -59,8 +57,10 @@ impl ModelArgs {
 
 pub fn run(a: ModelArgs) -> Result<()> {
     a.check_flags()?;
-    let n = a.n()? as f64;
-    let (p, k) = (a.ranks, (a.density * n).floor().max(1.0));
+    let n = a.n()?;
+    // Exact in f64: n ≤ 2^53.
+    let (p, k) = (a.ranks, Keep::Density(a.density).k(n) as f64);
+    let n = n as f64;
     let (alpha, beta_word) = (a.cost.alpha_s(), a.cost.beta_word_s());
     let rows: Vec<(&str, Cost)> = vec![
         ("dense (rabenseifner)", cost::dense(p, n)),

@@ -11,6 +11,7 @@ use anyhow::{bail, Result};
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use gradkit_core::cli::{self, Format, IoArgs, TextTable};
 use gradkit_core::io::{Expect, Meta, Output, TableWriter, TraceReader};
+use gradkit_core::keep::{Keep, DEFAULT_DENSITY};
 use gradkit_core::trace::MetricSink;
 use gradkit_core::{MetricRow, PlanRow};
 
@@ -103,9 +104,6 @@ struct Cli {
     io: IoArgs,
 }
 
-/// `--density` when it is not given: the other tools' default.
-const DEFAULT_DENSITY: f64 = 0.01;
-
 mod deft_run;
 mod oktopk_run;
 
@@ -130,10 +128,7 @@ fn check_args(a: &Cli, m: &clap::ArgMatches) -> Result<()> {
     }
     match a.method {
         Method::Deft => {
-            let d = a.density.unwrap_or(DEFAULT_DENSITY);
-            if !(d > 0.0 && d <= 1.0) {
-                bail!("--density must lie in (0, 1], got {d}");
-            }
+            Keep::density(a.density.unwrap_or(DEFAULT_DENSITY))?;
             for (set, flag) in [(a.naive, "--naive"), (cli::given(m, "period"), "--period")] {
                 if set {
                     bail!("{flag} applies to --method oktopk only, not --method deft (it would be ignored)");
@@ -229,7 +224,7 @@ fn body(a: &Cli) -> Result<()> {
     }
     trace.flat_len()?;
     let d = a.density.unwrap_or(DEFAULT_DENSITY);
-    let k = ((d * n as f64).floor() as u64).clamp(1, n);
+    let k = Keep::Density(d).k(n);
     let (meta, algo) = out_meta(a, p, d, k);
     // Ok-Topk's partition balances a selection whatever its density: no density to name.
     let density = (a.method == Method::Deft).then_some(d);

@@ -9,11 +9,15 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use gradkit_core::cli::{self, IoArgs};
-use gradkit_sparsify::{k_for, Adjust, Method as SMethod};
+use gradkit_core::keep::{Keep, DEFAULT_DENSITY};
+use gradkit_sparsify::selection::{Configured, Needs, Selection};
+use gradkit_sparsify::{Adjust, Method};
 
-const ABOUT: &str =
+/// The long `--help` text's opening: what the tool does and the k rule.
+const INTRO: &str =
     "Sparsify a dense gradient trace: select entries per (step, rank) with a method of the papers.
 
 Reads a dense tensor/1 trace (e.g. from `gradtrace synthetic`), and for every rank, steps in
@@ -21,26 +25,30 @@ order, forms the error-compensated accumulator acc_t = residual_{t-1} + g_t, sel
 acc_t, writes them as a sparse tensor/1 (indices strictly ascending per row; a layer with no
 selected entry gets an empty row) and keeps residual_t = acc_t with the selected entries zeroed
 (--no-residual: acc_t = g_t). k = floor(density·n), at least 1, or --k K; n is the whole model
-(layers concatenated by layer_id, --scope global) or each layer (--scope layer).
+(layers concatenated by layer_id, --scope global) or each layer (--scope layer).";
 
-Methods:
-  topk       exact k largest |acc|, ties to the lower index
-  threshold  every entry with |acc| > --threshold T
-  oktopk     Ok-Topk (PPoPP'22 §3.1.3): exact k-th largest |acc| every --reeval steps (an exact
-             top-k step), reused as the threshold |acc| > th in the steps between, adjusted by
-             --adjust: ladder (default; the ×1.06 rung whose count is closest to k with at
-             most 4k/3 passing), paper (Algorithm 1: unchanged), reference (the authors' ×1.03
-             loop and count bands; vgg = reference, lstm, bert) (docs/gradselect.md)
-  gaussiank  threshold |mean| + z(1-density/2)·std of a Gaussian fit, halved until ≥ 3k/4 pass
-  dgc        DGC: threshold from a strided sample (--sample), ×0.8 while < 0.8k pass, exact
-             top-k among the passing entries when more than 1.3k pass
-  randomk    k uniform indices from (--seed, step, layer): the same on every rank
-  deft       DEFT (ICPP'23): each rank selects only in its own ranges of the plan (--plan from
-             `gradpartition --method deft`, or computed here with the same library code),
-             with its own per-range k from the norms of its own accumulator
-
-Every threshold method selects exactly {i : |acc_i| > threshold} for the threshold it records;
+/// The long `--help` text's closing note, after the methods.
+const CLOSING: &str =
+    "Every threshold method selects exactly {i : |acc_i| > threshold} for the threshold it records;
 steps that ran an exact top-k are marked with the metric exact_topk = 1.";
+
+/// The long `--help` text: [`INTRO`], one entry per method from [`Selection`]'s table (its
+/// name, then its help lines indented under the first), [`CLOSING`].
+fn long_about() -> String {
+    let methods: Vec<String> = Selection::ALL
+        .iter()
+        .map(|s| {
+            let mut lines = s.help().lines();
+            let mut entry = format!("  {:<11}{}", s.name(), lines.next().unwrap_or_default());
+            for line in lines {
+                entry.push_str("\n             ");
+                entry.push_str(line);
+            }
+            entry
+        })
+        .collect();
+    format!("{INTRO}\n\nMethods:\n{}\n\n{CLOSING}", methods.join("\n"))
+}
 
 const AFTER: &str = "Examples:
   # exact top-1% of the whole model, per step and rank, with metrics
@@ -67,17 +75,6 @@ Metrics (--metrics, metrics/1, per step and rank): k_target, nnz, threshold, den
 time_select_s, residual_norm, exact_topk (docs/gradselect.md).";
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum MethodArg {
-    Topk,
-    Threshold,
-    Oktopk,
-    Gaussiank,
-    Dgc,
-    Randomk,
-    Deft,
-}
-
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum Scope {
     /// k of the whole model, layers concatenated by layer_id
     Global,
@@ -86,12 +83,12 @@ enum Scope {
 }
 
 #[derive(Parser, Debug)]
-#[command(name = "gradselect", version = gradkit_core::tool_version!(), about = ABOUT.split("\n\n").next(), long_about = ABOUT)]
+#[command(name = "gradselect", version = gradkit_core::tool_version!(), about = INTRO.split("\n\n").next(), long_about = long_about())]
 #[command(after_help = "The other options, the methods and the examples: gradselect --help", after_long_help = AFTER)]
 struct Cli {
     /// Selection method
-    #[arg(long, value_enum)]
-    method: MethodArg,
+    #[arg(long, value_name = "METHOD", value_parser = method_parser())]
+    method: Selection,
     /// Fraction kept: k = floor(D·n), at least 1; in (0, 1] [default: 0.01, as gradallreduce's
     /// and gradtrain's, unless --k]
     #[arg(long, value_name = "D", conflicts_with = "k")]
@@ -139,21 +136,19 @@ struct Cli {
     /// Where the selection kernels run: cpu, or cuda / cuda:N (a build with `--features cuda`
     /// on a GPU node: gradkit's CUDA kernels; without a usable GPU it stops with one line
     /// saying why — docs/GPU.md)
-    #[arg(long, value_name = "cpu|cuda[:N]", default_value = "cpu", value_parser = device)]
+    #[arg(long, value_name = "cpu|cuda[:N]", default_value = "cpu", value_parser = gradkit_cuda::Device::parse_flag)]
     device: gradkit_cuda::Device,
     #[command(flatten)]
     io: IoArgs,
 }
 
-/// `--device`'s parser: a typo is a usage error (exit 2) listing the values.
-fn device(s: &str) -> std::result::Result<gradkit_cuda::Device, String> {
-    s.parse()
+/// `--method`'s values, from [`Selection::ALL`]: a typo is a usage error (exit 2) listing them.
+fn method_parser() -> impl TypedValueParser<Value = Selection> {
+    PossibleValuesParser::new(Selection::ALL.iter().map(|s| s.name()))
+        .try_map(|s| s.parse::<Selection>())
 }
 
 mod select;
-
-/// `--density` when neither it nor `--k` is given: gradallreduce's and gradtrain's default.
-const DEFAULT_DENSITY: f64 = 0.01;
 
 fn main() -> ExitCode {
     gradkit_core::cli::one_process_under_mpirun("gradselect");
@@ -162,78 +157,55 @@ fn main() -> ExitCode {
     let args = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     cli::check_env();
     // A command line that is wrong on its own is a usage error (exit 2), before any I/O.
-    let (method, kspec) =
+    let (configured, keep) =
         check_args(&args, &matches).unwrap_or_else(|e| cli::usage_error::<Cli>(e));
-    cli::run(|| select::body(&args, method, kspec))
-}
-
-/// How k is given.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum KSpec {
-    Density(f64),
-    Count(usize),
-    None,
-}
-
-impl KSpec {
-    pub(crate) fn k(self, n: usize) -> usize {
-        match self {
-            KSpec::Density(d) => k_for(d, n),
-            KSpec::Count(k) => k.min(n),
-            KSpec::None => 0,
-        }
-    }
-}
-
-fn method_name(m: MethodArg) -> String {
-    m.to_possible_value()
-        .map_or_else(|| format!("{m:?}"), |v| v.get_name().to_string())
+    cli::run(|| select::body(&args, configured, keep))
 }
 
 /// Checks the flags against each other and their ranges; a flag given for a method that does
-/// not read it is refused rather than ignored.
-fn check_args(a: &Cli, m: &clap::ArgMatches) -> Result<(SMethod, KSpec)> {
-    let kspec = match (a.density, a.k) {
-        (Some(d), _) => {
-            if !(d > 0.0 && d <= 1.0) {
-                bail!("--density must lie in (0, 1], got {d}");
-            }
-            KSpec::Density(d)
-        }
-        (None, Some(0)) => bail!("--k must be at least 1"),
-        (None, Some(k)) => KSpec::Count(k),
-        // Every tool's default density; the threshold method needs none.
-        (None, None) if a.method == MethodArg::Threshold => KSpec::None,
-        (None, None) => KSpec::Density(DEFAULT_DENSITY),
+/// not read it is refused rather than ignored. What is kept: `--density` or `--k`, else the
+/// default density, or nothing for a method that needs no k (threshold).
+fn check_args(a: &Cli, m: &clap::ArgMatches) -> Result<(Configured, Option<Keep>)> {
+    let keep = match (a.density, a.k) {
+        (Some(d), _) => Some(Keep::density(d)?),
+        (None, Some(k)) => Some(Keep::count(k as u64)?),
+        (None, None) if a.method.needs() == Needs::Threshold => None,
+        (None, None) => Some(Keep::Density(DEFAULT_DENSITY)),
     };
-    let only = |set: bool, flag: &str, m: MethodArg| -> Result<()> {
-        if set && a.method != m {
+    for (set, flag) in [
+        (a.threshold.is_some(), "--threshold"),
+        (a.adjust.is_some(), "--adjust"),
+        (a.plan.is_some(), "--plan"),
+        (a.topup, "--topup"),
+        (cli::given(m, "reeval"), "--reeval"),
+        (cli::given(m, "sample"), "--sample"),
+    ] {
+        let owner = Selection::owner_of(flag).expect("a method's own flag");
+        if set && a.method != owner {
             bail!(
-                "{flag} applies to --method {} only, not --method {} (it would be ignored)",
-                method_name(m),
-                method_name(a.method)
+                "{flag} applies to --method {owner} only, not --method {} (it would be ignored)",
+                a.method
             );
         }
-        Ok(())
-    };
-    only(a.threshold.is_some(), "--threshold", MethodArg::Threshold)?;
-    only(a.adjust.is_some(), "--adjust", MethodArg::Oktopk)?;
-    only(a.plan.is_some(), "--plan", MethodArg::Deft)?;
-    only(a.topup, "--topup", MethodArg::Deft)?;
-    only(cli::given(m, "reeval"), "--reeval", MethodArg::Oktopk)?;
-    only(cli::given(m, "sample"), "--sample", MethodArg::Dgc)?;
-    let m = match a.method {
-        MethodArg::Topk => SMethod::Topk,
-        MethodArg::Threshold => {
+    }
+    Ok((configured(a)?, keep))
+}
+
+/// The method with the parameters its flags give, each checked: the one match over the
+/// methods.
+fn configured(a: &Cli) -> Result<Configured> {
+    let method = match a.method {
+        Selection::Topk => Method::Topk,
+        Selection::Threshold => {
             let t = a
                 .threshold
                 .context("--method threshold needs --threshold T")?;
             if !t.is_finite() || t < 0.0 {
                 bail!("--threshold must be a finite number ≥ 0, got {t}");
             }
-            SMethod::Threshold(t)
+            Method::Threshold(t)
         }
-        MethodArg::Oktopk => {
+        Selection::Oktopk => {
             if a.reeval == 0 {
                 bail!("--reeval must be at least 1");
             }
@@ -246,25 +218,44 @@ fn check_args(a: &Cli, m: &clap::ArgMatches) -> Result<(SMethod, KSpec)> {
                     )
                 })?,
             };
-            SMethod::OkTopk {
+            Method::OkTopk {
                 reeval: a.reeval,
                 adjust,
             }
         }
-        MethodArg::Gaussiank => SMethod::GaussianK,
-        MethodArg::Dgc => {
+        Selection::Gaussiank => Method::GaussianK,
+        Selection::Dgc => {
             if !(a.sample > 0.0 && a.sample <= 1.0) {
                 bail!("--sample must lie in (0, 1], got {}", a.sample);
             }
-            SMethod::Dgc { sample: a.sample }
+            Method::Dgc { sample: a.sample }
         }
-        MethodArg::Randomk => SMethod::RandomK { seed: a.seed },
-        MethodArg::Deft => {
+        Selection::Randomk => Method::RandomK { seed: a.seed },
+        Selection::Deft => {
             if a.scope == Scope::Layer {
                 bail!("--method deft plans over the whole model; drop --scope layer");
             }
-            SMethod::Topk // placeholder: DEFT runs its own path
+            return Ok(Configured::Deft { topup: a.topup });
         }
     };
-    Ok((m, kspec))
+    Ok(Configured::Local(method))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The long help lists every method of [`Selection`]'s table, each once, in its order.
+    #[test]
+    fn long_help_lists_every_method_from_the_table() {
+        let text = long_about();
+        let mut from = 0;
+        for s in Selection::ALL {
+            let at = text[from..]
+                .find(&format!("\n  {:<11}", s.name()))
+                .unwrap_or_else(|| panic!("{} missing or out of order", s.name()));
+            from += at + 1;
+        }
+        assert!(text.ends_with("exact_topk = 1."));
+    }
 }

@@ -9,20 +9,22 @@ use gradkit_core::cli;
 use gradkit_core::io::{
     Expect, Input, Meta, Output, RankRows, ReadOptions, TableWriter, TraceReader,
 };
+use gradkit_core::keep::Keep;
 use gradkit_core::trace::{self, Layout, MetricSink, Sparse};
 use gradkit_core::{read_table, MetricRow, PlanRow, TensorRow};
 use gradkit_partition::deft as pdeft;
 use gradkit_partition::plan as pplan;
 use gradkit_sparsify::kernels::Kernels;
 use gradkit_sparsify::resident::{self, DVec, DeviceKernels};
-use gradkit_sparsify::{deft, Leaves, Method as SMethod, Residual, Selector};
+use gradkit_sparsify::selection::Configured;
+use gradkit_sparsify::{deft, Leaves, Method, Residual, Selector};
 
-use crate::{Cli, KSpec, MethodArg, Scope};
+use crate::{Cli, Scope};
 
 /// What gradselect says when its input is not a dense trace.
 const NEEDS: &str = "gradselect needs a dense tensor/1 trace, e.g. from `gradtrace synthetic`";
 
-pub(crate) fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
+pub(crate) fn body(a: &Cli, configured: Configured, keep: Option<Keep>) -> Result<()> {
     check_paths(a)?;
     // Before anything is read or created: `--device cuda` without a usable GPU is one line.
     let kernels = gradkit_cuda::kernels_for(a.device)?;
@@ -37,11 +39,8 @@ pub(crate) fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
         Some(path) => Some(load_plan(path, &trace.layout, p, trace.steps())?),
         None => None,
     };
-    let algo = match a.method {
-        MethodArg::Deft => "deft",
-        _ => method.name(),
-    };
-    let meta = out_meta(a, &method, kspec, algo, p);
+    let algo = configured.selection().name();
+    let meta = out_meta(a, &configured, keep, p);
     // Outputs are written as the steps complete; each appears at its path only when finished.
     let mut w = Writers::create(
         &output,
@@ -50,7 +49,7 @@ pub(crate) fn body(a: &Cli, method: SMethod, kspec: KSpec) -> Result<()> {
         &meta,
         algo,
     )?;
-    let mut run = Run::new(a, (method, kernels), kspec, &trace.layout, p, plan, algo);
+    let mut run = Run::new(a, (configured, kernels), keep, &trace.layout, p, plan);
     run.resident = gradkit_cuda::resident_for(a.device)?;
     let steps = trace.steps().to_vec();
     let pb = cli::progress("gradselect", steps.len() as u64, a.io.quiet);
@@ -90,58 +89,58 @@ fn check_paths(a: &Cli) -> Result<()> {
 }
 
 /// The selection's metadata: the method and every parameter it read.
-fn out_meta(a: &Cli, method: &SMethod, kspec: KSpec, algo: &str, p: usize) -> Meta {
+fn out_meta(a: &Cli, configured: &Configured, keep: Option<Keep>, p: usize) -> Meta {
     let mut meta = Meta::producer("gradselect");
-    meta.set("method", algo)
+    meta.set("method", configured.selection().name())
         .set("world_size", p)
         .set("scope", format!("{:?}", a.scope).to_lowercase())
         .set("residual", !a.no_residual);
-    match kspec {
-        KSpec::Density(d) => {
+    match keep {
+        Some(Keep::Density(d)) => {
             meta.set("density", d);
         }
-        KSpec::Count(k) => {
+        Some(Keep::K(k)) => {
             meta.set("k", k);
         }
-        KSpec::None => {}
+        None => {}
     }
-    match method {
-        SMethod::Threshold(t) if a.method == MethodArg::Threshold => {
+    match configured {
+        Configured::Local(Method::Threshold(t)) => {
             meta.set("threshold", t);
         }
-        SMethod::OkTopk { reeval, adjust } => {
+        Configured::Local(Method::OkTopk { reeval, adjust }) => {
             meta.set("reeval", reeval).set("adjust", adjust.label());
         }
-        SMethod::Dgc { sample } => {
+        Configured::Local(Method::Dgc { sample }) => {
             meta.set("sample", sample);
         }
-        SMethod::RandomK { seed } => {
+        Configured::Local(Method::RandomK { seed }) => {
             meta.set("seed", seed);
         }
-        _ => {}
-    }
-    if a.method == MethodArg::Deft {
-        let plan = a.plan.as_ref();
-        meta.set(
-            "plan",
-            plan.map_or("in-process".to_string(), |p| p.display().to_string()),
-        )
-        .set("topup", a.topup);
+        Configured::Local(Method::Topk | Method::GaussianK) => {}
+        Configured::Deft { topup } => {
+            let plan = a.plan.as_ref();
+            meta.set(
+                "plan",
+                plan.map_or("in-process".to_string(), |p| p.display().to_string()),
+            )
+            .set("topup", topup);
+        }
     }
     meta
 }
 
 /// The run's name in the metrics: `--run`, else the method and what it keeps
 /// (`topk-d0.01`, `topk-k1000`).
-fn run_name(a: &Cli, algo: &str, kspec: KSpec) -> String {
-    a.run.clone().unwrap_or_else(|| {
-        let keep = match kspec {
-            KSpec::Density(d) => Some(cli::Keep::Density(d)),
-            KSpec::Count(k) => Some(cli::Keep::K(k as u64)),
-            KSpec::None => None,
-        };
-        cli::default_run_name(algo, keep)
-    })
+fn run_name(a: &Cli, algo: &str, keep: Option<Keep>) -> String {
+    a.run
+        .clone()
+        .unwrap_or_else(|| cli::default_run_name(algo, keep))
+}
+
+/// k of `n` entries: what `keep` says, 0 with nothing to keep (threshold selects no k).
+fn k_of(keep: Option<Keep>, n: usize) -> usize {
+    keep.map_or(0, |keep| keep.k(n as u64) as usize)
 }
 
 /// The run's outputs, written as the steps complete.
@@ -232,15 +231,21 @@ struct Out {
     time: f64,
 }
 
-/// The selection across steps: every rank's selectors and residual, DEFT's pieces and plan.
-struct Run {
-    states: Vec<RankState>,
-    kspec: KSpec,
-    deft: bool,
+/// DEFT's part of a run: its pieces of the model, `--plan`'s plan (absent: planned by each
+/// step's leader) and `--topup`.
+struct DeftRun {
     topup: bool,
-    residual_on: bool,
     pieces: Vec<pdeft::Piece>,
     plan: Option<Plan>,
+}
+
+/// The selection across steps: every rank's selectors (none for DEFT) and residual, DEFT's
+/// pieces and plan.
+struct Run {
+    states: Vec<RankState>,
+    keep: Option<Keep>,
+    deft: Option<DeftRun>,
+    residual_on: bool,
     sink: MetricSink,
     n: usize,
     total: usize,
@@ -251,49 +256,60 @@ struct Run {
 impl Run {
     fn new(
         a: &Cli,
-        (method, kernels): (SMethod, &'static dyn Kernels),
-        kspec: KSpec,
+        (configured, kernels): (Configured, &'static dyn Kernels),
+        keep: Option<Keep>,
         layout: &Layout,
         p: usize,
         plan: Option<Plan>,
-        algo: &str,
     ) -> Self {
         let residual_on = !a.no_residual;
         let n = layout.total() as usize;
+        let algo = configured.selection().name();
+        let settings = gradkit_core::RunSettings {
+            density: keep.and_then(Keep::density_of),
+            seed: match configured {
+                Configured::Local(Method::RandomK { seed }) => Some(seed),
+                _ => None,
+            },
+            ..Default::default()
+        };
+        let sink = MetricSink::new(&run_name(a, algo, keep), "gradselect", algo, p as u32)
+            .with_settings(settings);
+        // A local method gets a selector per rank and index space; DEFT selects in its plan's
+        // ranges instead.
+        let (method, deft) = match configured {
+            Configured::Local(m) => (Some(m), None),
+            Configured::Deft { topup } => {
+                let pieces = pdeft::pieces(layout, p);
+                (
+                    None,
+                    Some(DeftRun {
+                        topup,
+                        pieces,
+                        plan,
+                    }),
+                )
+            }
+        };
+        let selectors = |m: &Method| match a.scope {
+            Scope::Global => vec![Selector::with_kernels(m.clone(), 0, kernels)],
+            Scope::Layer => (layout.layers.iter())
+                .map(|l| Selector::with_kernels(m.clone(), l.layer_id as u64, kernels))
+                .collect(),
+        };
         let states = (0..p)
             .map(|_| RankState {
-                selectors: match a.scope {
-                    Scope::Global => vec![Selector::with_kernels(method.clone(), 0, kernels)],
-                    Scope::Layer => layout
-                        .layers
-                        .iter()
-                        .map(|l| Selector::with_kernels(method.clone(), l.layer_id as u64, kernels))
-                        .collect(),
-                },
+                selectors: method.as_ref().map_or_else(Vec::new, selectors),
                 residual: Residual::zeros(if residual_on { n } else { 0 }),
                 dres: None,
             })
             .collect();
         Run {
             states,
-            kspec,
-            deft: a.method == MethodArg::Deft,
-            topup: a.topup,
+            keep,
+            deft,
             residual_on,
-            pieces: pdeft::pieces(layout, p),
-            plan,
-            sink: MetricSink::new(&run_name(a, algo, kspec), "gradselect", algo, p as u32)
-                .with_settings(gradkit_core::RunSettings {
-                    density: match kspec {
-                        KSpec::Density(d) => Some(d),
-                        _ => None,
-                    },
-                    seed: match method {
-                        SMethod::RandomK { seed } => Some(seed),
-                        _ => None,
-                    },
-                    ..Default::default()
-                }),
+            sink,
             n,
             total: 0,
             resident: None,
@@ -316,7 +332,7 @@ impl Run {
     /// accumulator alive at a time (docs/MEMORY.md).
     fn step(&mut self, step: u32, trace: &mut TraceReader, w: &mut Writers) -> Result<()> {
         let mut rows = trace.by_rank(step);
-        if self.deft {
+        if self.deft.is_some() {
             let accs = self.accumulators(&mut rows, trace)?;
             let plan = self.deft_plan(step, &accs, &trace.layout)?;
             for (r, (acc, sq)) in accs.into_iter().enumerate() {
@@ -358,13 +374,14 @@ impl Run {
         accs: &[(Vec<f32>, f64)],
         layout: &Layout,
     ) -> Result<Vec<(pdeft::Piece, usize)>> {
-        if let Some(pl) = &self.plan {
+        let deft = self.deft.as_ref().expect("a DEFT run");
+        if let Some(pl) = &deft.plan {
             return Ok(plan_for_step(pl, step).to_vec());
         }
         let p = self.states.len();
-        let k = self.kspec.k(self.n) as u64;
+        let k = k_of(self.keep, self.n) as u64;
         let leader = &accs[step as usize % p].0;
-        let rows = pdeft::plan_step(layout, &self.pieces, leader, k, p, step, self.topup);
+        let rows = pdeft::plan_step(layout, &deft.pieces, leader, k, p, step, deft.topup);
         plan_pieces(&rows, layout)
     }
 
@@ -382,10 +399,12 @@ impl Run {
         layout: &Layout,
         w: &mut Writers,
     ) -> Result<()> {
-        let (n, kspec, residual_on) = (self.n, self.kspec, self.residual_on);
+        let (n, keep, residual_on) = (self.n, self.keep, self.residual_on);
+        let topup = self.deft.as_ref().is_some_and(|d| d.topup);
         let st = &mut self.states[r];
         if let (Some(dev), None) = (self.resident, plan) {
-            if let Some((o, rn)) = select_resident(dev, st, acc.as_slice(), kspec.k(n), residual_on)
+            if let Some((o, rn)) =
+                select_resident(dev, st, acc.as_slice(), k_of(keep, n), residual_on)
             {
                 self.record(step, r as u32, &o, rn);
                 self.total += o.sparse.len();
@@ -400,8 +419,8 @@ impl Run {
             None => 0.0,
         };
         let o = match plan {
-            Some(sp) => select_deft(&acc, layout, sp, r, kspec.k(n), self.topup),
-            None => select_plain(&mut st.selectors, step, &acc, layout, kspec),
+            Some(sp) => select_deft(&acc, layout, sp, r, k_of(keep, n), topup),
+            None => select_plain(&mut st.selectors, step, &acc, layout, keep),
         };
         let rn = match residual_on {
             true => {
@@ -447,11 +466,13 @@ fn select_resident(
     k: usize,
     residual_on: bool,
 ) -> Option<(Out, f64)> {
-    let supported = matches!(
-        st.selectors[0].method(),
-        SMethod::Topk | SMethod::Threshold(_) | SMethod::OkTopk { .. } | SMethod::GaussianK
-    );
-    if st.selectors.len() != 1 || !supported {
+    let supported = |m: &Method| {
+        matches!(
+            m,
+            Method::Topk | Method::Threshold(_) | Method::OkTopk { .. } | Method::GaussianK
+        )
+    };
+    if st.selectors.len() != 1 || !supported(st.selectors[0].method()) {
         return None;
     }
     let t0 = Instant::now();
@@ -485,11 +506,11 @@ fn select_plain(
     step: u32,
     acc: &[f32],
     layout: &Layout,
-    kspec: KSpec,
+    keep: Option<Keep>,
 ) -> Out {
     let t0 = Instant::now();
     if sels.len() == 1 {
-        let s = sels[0].select(step, acc, kspec.k(acc.len()));
+        let s = sels[0].select(step, acc, k_of(keep, acc.len()));
         return Out {
             time: t0.elapsed().as_secs_f64(),
             k_target: s.info.k_target,
@@ -506,7 +527,7 @@ fn select_plain(
     for (sel, l) in sels.iter_mut().zip(&layout.layers) {
         let off = l.offset as usize;
         let slice = &acc[off..off + l.numel as usize];
-        let s = sel.select(step, slice, kspec.k(slice.len()));
+        let s = sel.select(step, slice, k_of(keep, slice.len()));
         k_target += s.info.k_target;
         exact &= s.info.exact_topk;
         sparse

@@ -276,7 +276,7 @@ struct Cli {
     /// `--features cuda` on a GPU node: gradkit's CUDA kernels, the sparse and 1-bit
     /// exchanges' tensors kept on the GPU; without a usable GPU it stops with one line saying
     /// why — docs/GPU.md). The model: candle CPU, or GPU 0 in a `candle-cuda` build
-    #[arg(long, value_name = "cpu|cuda[:N]", default_value = "cpu", value_parser = device)]
+    #[arg(long, value_name = "cpu|cuda[:N]", default_value = "cpu", value_parser = gradkit_cuda::Device::parse_flag)]
     device: gradkit_cuda::Device,
     /// Which backend carries the run's messages: mpi (MPI under mpirun, in-process threads
     /// otherwise) or nccl (a `--features cuda` build on a GPU node with NCCL, one GPU per
@@ -288,11 +288,6 @@ struct Cli {
     quiet: bool,
     #[command(flatten)]
     memory: gradkit_core::budget::MemoryArgs,
-}
-
-/// `--device`'s parser: a typo is a usage error (exit 2) listing the values.
-fn device(s: &str) -> Result<gradkit_cuda::Device, String> {
-    s.parse()
 }
 
 /// The `Comm` each rank trains over for `--backend`: NCCL's, opened over the world's.

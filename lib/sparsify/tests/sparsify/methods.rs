@@ -47,7 +47,7 @@ fn adversarial() -> Vec<Vec<f32>> {
     ]
 }
 
-fn check_threshold_or_topk(x: &[f32], k: usize, s: &gradkit_sparsify::Selection, what: &str) {
+fn check_threshold_or_topk(x: &[f32], k: usize, s: &gradkit_sparsify::Selected, what: &str) {
     let th = s.info.threshold.expect("threshold reported");
     if s.info.exact_topk {
         assert_eq!(s.indices, ref_topk(x, k), "{what}: exact top-k");

@@ -9,6 +9,7 @@ use clap::Args;
 use gradkit_collectives::registry::{Adjust, Balance, ReevalStepD, Split};
 use gradkit_collectives::{Algo, Knob, Op, Params};
 use gradkit_core::cli::IoArgs;
+use gradkit_core::keep::{Keep, DEFAULT_DENSITY};
 use gradkit_core::{read_table, Input, PlanRow};
 
 #[derive(Args, Clone, Debug)]
@@ -40,7 +41,7 @@ pub struct ReduceArgs {
     #[arg(long, value_name = "PATH")]
     pub comm_trace: Option<PathBuf>,
     /// Density for algorithms that select from dense input (0 < d ≤ 1)
-    #[arg(long, default_value_t = 0.01)]
+    #[arg(long, default_value_t = DEFAULT_DENSITY)]
     pub density: f64,
     /// Select exactly K entries instead of --density
     #[arg(long)]
@@ -83,7 +84,7 @@ pub struct ReduceArgs {
     /// Where selection and compression run: cpu, or cuda / cuda:N (a build with
     /// `--features cuda` on a GPU node: gradkit's CUDA kernels, compiled at start by NVRTC;
     /// without a usable GPU it stops with one line saying why — docs/GPU.md)
-    #[arg(long, value_name = "cpu|cuda[:N]", default_value = "cpu", value_parser = device)]
+    #[arg(long, value_name = "cpu|cuda[:N]", default_value = "cpu", value_parser = gradkit_cuda::Device::parse_flag)]
     pub device: gradkit_cuda::Device,
     /// Which backend carries the reducer's messages: mpi (MPI under mpirun, in-process
     /// threads otherwise) or nccl (a `--features cuda` build on a GPU node with NCCL, one
@@ -92,11 +93,6 @@ pub struct ReduceArgs {
     pub backend: gradkit_cuda::backend::CommBackend,
     #[command(flatten)]
     pub memory: gradkit_core::budget::MemoryArgs,
-}
-
-/// `--device`'s parser: a typo is a usage error (exit 2) listing the values.
-pub(super) fn device(s: &str) -> std::result::Result<gradkit_cuda::Device, String> {
-    s.parse()
 }
 
 /// `--algo`'s values, from [`Algo::ALL`]: `--help` lists every name with its family and
@@ -153,14 +149,11 @@ impl ReduceArgs {
     /// for an algorithm that does not read them (refused rather than silently ignored).
     pub fn check_flags(&self, m: &clap::ArgMatches) -> Result<()> {
         gradkit_comm::launch::check_ranks_flag(self.ranks)?;
-        if !(self.density > 0.0 && self.density <= 1.0) {
-            bail!(
-                "--density must lie in (0, 1], got {} (flag --density)",
-                self.density
-            );
+        if let Err(e) = Keep::density(self.density) {
+            bail!("{e} (flag --density)");
         }
-        if self.k == Some(0) {
-            bail!("--k must be at least 1 (flag --k)");
+        if let Some(Err(e)) = self.k.map(Keep::count) {
+            bail!("{e} (flag --k)");
         }
         if self.state.as_deref().is_some_and(|p| p.as_os_str() == "-") {
             bail!("--state names a file that is read and written back, which stdin/stdout cannot be: give --state FILE (flag --state)");
@@ -190,8 +183,7 @@ impl ReduceArgs {
 
     /// What a sparse algorithm keeps of dense input (`--k`, else `--density`); nothing for the
     /// others.
-    pub fn keep(&self) -> Option<gradkit_core::cli::Keep> {
-        use gradkit_core::cli::Keep;
+    pub fn keep(&self) -> Option<Keep> {
         (self.algo.family() == gradkit_collectives::Family::Sparse).then_some(match self.k {
             Some(k) => Keep::K(k),
             None => Keep::Density(self.density),
