@@ -168,9 +168,8 @@ pub struct Params {
     /// gradkit-sparsify's CPU reference unless a device implementation is given.
     pub kernels: &'static dyn gradkit_sparsify::kernels::Kernels,
     /// A device that keeps the step's tensors resident (docs/GPU.md §7): the sparse reducers
-    /// that select from dense input (topka, topkdsa, gtopk, gaussiank, oktopk, deft, cltk,
-    /// topk-union) upload the gradient once, select and keep the residual on it, and
-    /// download the selection; the 1-bit reducers (onebit, onebit-naive) keep their worker
+    /// (every one selects from dense input) upload the gradient once, select and keep the
+    /// residual on it, and download the selection; the 1-bit reducers keep their worker
     /// and server errors on it and move only packed signs besides the gradient and the
     /// result. `None`: host memory, the `kernels` above.
     pub resident: Option<&'static dyn gradkit_sparsify::resident::DeviceKernels>,

@@ -47,12 +47,29 @@ impl Input {
     }
 }
 
+/// `--algo`'s help: the registry's dense, 1-bit and sparse algorithms (EmbRace's needs an
+/// embedding layer a size sweep does not have).
+fn algo_help() -> String {
+    use gradkit_collectives::{Algo, Family};
+    let of = |f: Family| {
+        let names: Vec<&str> = Algo::ALL
+            .iter()
+            .filter(|a| a.family() == f)
+            .map(|a| a.name())
+            .collect();
+        names.join(", ")
+    };
+    format!(
+        "Comma-separated algorithms: dense ({}), 1-bit ({}) or sparse ({})",
+        of(Family::Dense),
+        of(Family::Compressed),
+        of(Family::Sparse)
+    )
+}
+
 #[derive(Args, Clone, Debug)]
 pub struct BenchArgs {
-    /// Comma-separated algorithms: dense (ring, rabenseifner, tree, native), 1-bit (onebit,
-    /// onebit-naive) or sparse (oktopk, topka, topkdsa, gtopk, gaussiank, deft, cltk,
-    /// topk-union)
-    #[arg(long, default_value = "ring,rabenseifner,tree,native")]
+    #[arg(long, default_value = "ring,rabenseifner,tree,native", help = algo_help())]
     pub algo: String,
     /// What the sparse algorithms are given, comma-separated: dense (each rank's gradient;
     /// the algorithm selects inside the timed call) and/or topk (its exact top-k of the

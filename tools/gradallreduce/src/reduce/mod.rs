@@ -572,8 +572,9 @@ impl StepCtx<'_> {
             Flat::Sparse(s) => s.len(),
         };
         sink.push(step, rank, "nnz", nnz as f64);
-        // The paper's formula beside the measurement (Ok-Topk Table 1: TopkDSA's best case,
-        // Ok-Topk's worst case; k = the target for dense input, the input's nnz for sparse).
+        // The paper's formula beside the measurement (the descriptor's: Table 1's best case
+        // where it gives an interval, Ok-Topk's worst; k = the target for dense input, the
+        // input's nnz for sparse).
         if let Some(c) = self.args.algo.cost(comm.size(), n as f64, k_in as f64) {
             sink.push(step, rank, "model_bytes_sent", c.bytes());
         }
