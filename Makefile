@@ -109,17 +109,29 @@ demo: deps build
 ## Their output is shown if they fail. The test binaries run their tests on at least 4
 ## threads ($(TEST_THREADS)), for the same reason.
 TEST_THREADS := $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -lt 4 ] && n=4; echo $$n)
+# The test binaries run in two groups at once (cargo runs one binary at a time, and most of
+# them wait on processes): TEST_APART, the CUDA emulation's and two of the slowest CLI suites,
+# then the doc tests; and every other one (TEST_REST: each test target of the workspace that
+# is not in TEST_APART, read from cargo metadata, so a new one joins by itself). Both select
+# the whole workspace, so no dependency's features change.
+TEST_APART := emulation resident gradreport gradtrace
+TEST_REST = $(shell $(CARGO) metadata --no-deps --format-version 1 --offline | python3 -c 'import json, sys; apart = set(sys.argv[1:]); print(" ".join(sorted({"--test " + t["name"] for p in json.load(sys.stdin)["packages"] for t in p["targets"] if "test" in t["kind"] and t["name"] not in apart})))' $(TEST_APART))
 test: deps build
 	$(CARGO) fmt --all -- --check
 	python3 pipelines/check-shape.py
 	$(MAKE) --no-print-directory check-docs
 	$(CARGO) test $(CARGO_FLAGS) --workspace --no-run
 	@mkdir -p target; $(LINT_CUDA) > target/lint-cuda.log 2>&1 & lint=$$!; \
-	  trap 'kill $$lint $${py:-} $${walk:-} 2>/dev/null' EXIT; \
+	  trap 'kill $$lint $${py:-} $${walk:-} $${apart:-} 2>/dev/null' EXIT; \
 	  echo "make test: clippy with the cuda feature runs meanwhile (target/lint-cuda.log)"; \
 	  echo "make test: CONTRIBUTING.md's walk-through runs meanwhile (target/check-contributing.log)"; \
 	  $(MAKE) --no-print-directory check-contributing > target/check-contributing.log 2>&1 & walk=$$!; \
-	  RUST_TEST_THREADS=$(TEST_THREADS) $(CARGO) test $(CARGO_FLAGS) --workspace || exit 1; \
+	  echo "make test: $(TEST_APART) and the doc tests run meanwhile (target/test-apart.log)"; \
+	  { RUST_TEST_THREADS=$(TEST_THREADS) $(CARGO) test $(CARGO_FLAGS) --workspace $(addprefix --test ,$(TEST_APART)) \
+	    && $(CARGO) test $(CARGO_FLAGS) --workspace --doc; } > target/test-apart.log 2>&1 & apart=$$!; \
+	  RUST_TEST_THREADS=$(TEST_THREADS) $(CARGO) test $(CARGO_FLAGS) --workspace --lib --bins $(TEST_REST) || exit 1; \
+	  if ! wait $$apart; then cat target/test-apart.log; echo "error: the tests of target/test-apart.log failed (above)" >&2; exit 1; fi; \
+	  grep -E '^ +Running|^test result' target/test-apart.log; \
 	  echo "make test: the Python package's tests run meanwhile (target/test-py.log)"; \
 	  $(MAKE) --no-print-directory test-py > target/test-py.log 2>&1 & py=$$!; \
 	  $(MAKE) --no-print-directory FAST=1 repro; rc=$$?; \
