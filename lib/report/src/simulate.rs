@@ -60,14 +60,19 @@ pub struct SimulateOpts {
     pub format: Format,
 }
 
-/// A rate: `<number><unit>` with unit bps, Kbps, Mbps, Gbps (bits) or Bps, KBps, MBps, GBps
-/// (bytes), or kbit, mbit, gbit (tc's spelling); bytes per second.
-pub fn parse_rate(s: &str, flag: &str) -> Result<f64> {
+/// `s` (trimmed) cut where its leading number (digits, `.`, an exponent's `e`) ends.
+fn number_and_unit(s: &str) -> (&str, &str) {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == 'e' || c == 'E'))
         .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
+    t.split_at(split)
+}
+
+/// A rate: `<number><unit>` with unit bps, Kbps, Mbps, Gbps (bits) or Bps, KBps, MBps, GBps
+/// (bytes), or kbit, mbit, gbit (tc's spelling); bytes per second.
+pub fn parse_rate(s: &str, flag: &str) -> Result<f64> {
+    let (num, unit) = number_and_unit(s);
     let v: f64 = num
         .parse()
         .ok()
@@ -144,11 +149,7 @@ pub fn check_smpi_cfg(c: &str) -> Result<()> {
 
 /// A time: `<number><unit>` with unit s, ms, us, ns; seconds.
 pub fn parse_time(s: &str, flag: &str) -> Result<f64> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == 'e' || c == 'E'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
+    let (num, unit) = number_and_unit(s);
     let v: f64 = num
         .parse()
         .ok()
