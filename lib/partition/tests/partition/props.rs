@@ -67,7 +67,7 @@ fn world() -> impl Strategy<Value = (u64, usize, Vec<Vec<u32>>)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(gradkit_testkit::proptest_config(64))]
 
     #[test]
     fn oktopk_cut_points_are_p_minus_1_ascending_indices((n, p, sels) in world()) {

@@ -539,7 +539,7 @@ fn value() -> impl Strategy<Value = f32> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(gradkit_testkit::proptest_config(64))]
 
     #[test]
     fn prop_topk_and_kth_match_the_sort_reference(

@@ -222,7 +222,7 @@ fn course() -> impl proptest::strategy::Strategy<Value = Course> {
 }
 
 proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+    #![proptest_config(gradkit_testkit::proptest_config(48))]
     /// The ladder's band, whatever the gradients do: with error feedback and a threshold
     /// reused for a whole run (τ' beyond the run), every step that finds at least k non-zeros
     /// in the accumulator selects between 2k/3 and 4k/3 of them (the exact top-k where the
