@@ -674,6 +674,28 @@ macro_rules! tool_version {
     };
 }
 
+/// clap's value parser over the names of an option type (`ALL`, `name`, `help`; the type's
+/// `FromStr`, from [`crate::named!`], turns the name back): `--help` lists the names with
+/// their help lines, and a typo is clap's usage error (exit 2) listing them.
+pub fn named<T>(
+    all: &'static [T],
+    name: fn(T) -> &'static str,
+    help: fn(T) -> Option<&'static str>,
+) -> impl clap::builder::TypedValueParser<Value = T>
+where
+    T: Copy + Send + Sync + 'static + std::str::FromStr<Err = String>,
+{
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(all.iter().map(move |v| {
+        let pv = PossibleValue::new(name(*v));
+        match help(*v) {
+            Some(h) => pv.help(h),
+            None => pv,
+        }
+    }))
+    .try_map(|s| s.parse::<T>())
+}
+
 #[cfg(test)]
 mod tests {
     use super::{chain_text, cluster_rate_gbps};

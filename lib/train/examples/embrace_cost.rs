@@ -5,7 +5,7 @@
 //! cargo run --release -p gradkit-train --example embrace_cost -- V D DENSITY [ALPHA_US GBPS]
 //! (DENSITY = αM/M, e.g. tokens per rank / V). Prints a Markdown table.
 
-use gradkit_collectives::cost::{embrace_allgather, embrace_alltoall, ring};
+use gradkit_collectives::cost::{ring, sparse_allgather, sparse_alltoall};
 
 fn main() {
     let a: Vec<String> = std::env::args().skip(1).collect();
@@ -24,12 +24,12 @@ fn main() {
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for p in 2..=8usize {
         let (x, g, r) = (
-            embrace_alltoall(p, m, dens),
-            embrace_allgather(p, m, dens),
+            sparse_alltoall(p, m, dens),
+            sparse_allgather(p, m, dens),
             ring(p, m),
         );
         // Both times are linear in the density: t = lat·α + dens·w1·β.
-        let (x1, g1) = (embrace_alltoall(p, m, 1.0), embrace_allgather(p, m, 1.0));
+        let (x1, g1) = (sparse_alltoall(p, m, 1.0), sparse_allgather(p, m, 1.0));
         let slope = (g1.words - x1.words) * beta;
         let cross = if slope > 0.0 {
             format!("{:.2e}", (x.latency - g.latency) * alpha / slope)

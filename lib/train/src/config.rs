@@ -17,7 +17,7 @@ pub use gradkit_collectives::registry::ReevalStepD;
 
 use crate::data::DataSpec;
 use crate::model::ModelSpec;
-use crate::optim::{Decay, OptConfig};
+use crate::optim::{Decay, Method, OptConfig};
 
 /// How a run exchanges its gradients (`--exchange`): an algorithm of gradkit-collectives
 /// that gradtrain runs (its descriptor's [`AsExchange`]: the help line, old spellings), or
@@ -358,8 +358,8 @@ impl TrainConfig {
             ),
             e => parts.push(default_run_name(e.name(), keep)),
         }
-        if self.opt.name != "sgd" || parts.is_empty() {
-            parts.push(self.opt.name.clone());
+        if self.opt.method != Method::Sgd || parts.is_empty() {
+            parts.push(self.opt.method.name().into());
         }
         if self.exchange.is_embedding() && self.schedule != Schedule::Fifo {
             parts.push(self.schedule.name().into());
@@ -373,7 +373,7 @@ impl TrainConfig {
     pub fn run_settings(&self) -> gradkit_core::RunSettings {
         gradkit_core::RunSettings {
             density: self.exchange.is_sparse().then_some(self.density),
-            optimizer: Some(self.opt.name.clone()),
+            optimizer: Some(self.opt.method.name().into()),
             model: Some(self.model.name.clone()),
             seed: Some(self.seed),
         }

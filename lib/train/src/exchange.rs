@@ -23,7 +23,7 @@ use gradkit_core::trace::Layout;
 use crate::config::TrainConfig;
 use crate::data::Batch;
 use crate::model::Model;
-use crate::optim::{Opt, Sgd};
+use crate::optim::{Method, Opt, Sgd};
 
 /// What one step measured, filled by the exchange and written by the loop as metrics.
 #[derive(Debug, Default)]
@@ -294,7 +294,7 @@ pub struct Sparse {
 impl Sparse {
     fn new(cfg: &TrainConfig, rep: Replica, reducer: Box<dyn Reducer>, layout: Layout) -> Self {
         let n = rep.params.len();
-        let fold_lr = (cfg.opt.name == "sgd").then(|| Sgd {
+        let fold_lr = (cfg.opt.method == Method::Sgd).then(|| Sgd {
             momentum: cfg.opt.momentum,
             nesterov: cfg.opt.nesterov,
             weight_decay: 0.0,

@@ -9,26 +9,73 @@
 
 use anyhow::{bail, Result};
 
-/// `--optimizer` values.
-pub const OPTIMIZERS: &[(&str, &str)] = &[
-    ("sgd", "SGD with --momentum, --nesterov and --weight-decay (L2)"),
-    ("adam", "Adam with bias correction; --weight-decay adds L2 to the gradient"),
-    ("adamw", "Adam with decoupled weight decay"),
-    ("lamb", "LAMB: per-tensor trust ratio ‖x‖/‖u‖ clipped to [--lamb-min, --lamb-max]"),
-    (
-        "onebit-lamb",
-        "1-bit LAMB: LAMB for --freeze-step steps, then 1-bit compressed momentum (needs --exchange onebit)",
-    ),
-    (
-        "onebit-adam",
-        "1-bit Adam: Adam for --freeze-step steps, then frozen variance and 1-bit momentum (needs --exchange onebit)",
-    ),
-];
+/// An optimiser (`--optimizer`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Method {
+    #[default]
+    Sgd,
+    Adam,
+    AdamW,
+    Lamb,
+    /// 1-bit LAMB (onebit-lamb.md Algorithm 1).
+    OnebitLamb,
+    /// 1-bit Adam, the 1-bit LAMB paper's baseline.
+    OnebitAdam,
+}
+
+impl Method {
+    /// Every optimiser, in the order `--help` lists them.
+    pub const ALL: &'static [Method] = &[
+        Method::Sgd,
+        Method::Adam,
+        Method::AdamW,
+        Method::Lamb,
+        Method::OnebitLamb,
+        Method::OnebitAdam,
+    ];
+
+    /// The `--optimizer` name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Method::Sgd => "sgd",
+            Method::Adam => "adam",
+            Method::AdamW => "adamw",
+            Method::Lamb => "lamb",
+            Method::OnebitLamb => "onebit-lamb",
+            Method::OnebitAdam => "onebit-adam",
+        }
+    }
+
+    /// One line for `--help`.
+    pub const fn help(self) -> &'static str {
+        match self {
+            Method::Sgd => "SGD with --momentum, --nesterov and --weight-decay (L2)",
+            Method::Adam => "Adam with bias correction; --weight-decay adds L2 to the gradient",
+            Method::AdamW => "Adam with decoupled weight decay",
+            Method::Lamb => {
+                "LAMB: per-tensor trust ratio ‖x‖/‖u‖ clipped to [--lamb-min, --lamb-max]"
+            }
+            Method::OnebitLamb => {
+                "1-bit LAMB: LAMB for --freeze-step steps, then 1-bit compressed momentum (needs --exchange onebit)"
+            }
+            Method::OnebitAdam => {
+                "1-bit Adam: Adam for --freeze-step steps, then frozen variance and 1-bit momentum (needs --exchange onebit)"
+            }
+        }
+    }
+
+    /// Whether it is a 1-bit optimiser (its momentum goes through `--exchange onebit`).
+    pub const fn is_onebit(self) -> bool {
+        matches!(self, Method::OnebitLamb | Method::OnebitAdam)
+    }
+}
+
+gradkit_core::named!(Method, "--optimizer", suffix = " (flag --optimizer)");
 
 /// Every optimiser knob; each method reads the ones it documents.
 #[derive(Clone, Debug)]
 pub struct OptConfig {
-    pub name: String,
+    pub method: Method,
     pub momentum: f32,
     pub nesterov: bool,
     pub weight_decay: f32,
@@ -64,7 +111,7 @@ pub struct OptConfig {
 impl Default for OptConfig {
     fn default() -> Self {
         OptConfig {
-            name: "sgd".into(),
+            method: Method::Sgd,
             momentum: 0.0,
             nesterov: false,
             weight_decay: 0.0,
@@ -580,35 +627,28 @@ pub enum Opt {
 }
 
 impl Opt {
-    /// Builds `cfg.name` for parameters with the given per-tensor segments.
+    /// Builds `cfg.method` for parameters with the given per-tensor segments.
     pub fn new(cfg: &OptConfig, segments: Vec<(usize, usize)>) -> Result<Opt> {
         let n = segments.last().map_or(0, |(o, l)| o + l);
-        Ok(match cfg.name.as_str() {
-            "sgd" => Opt::Plain(Box::new(Sgd {
+        Ok(match cfg.method {
+            Method::Sgd => Opt::Plain(Box::new(Sgd {
                 momentum: cfg.momentum,
                 nesterov: cfg.nesterov,
                 weight_decay: cfg.weight_decay,
                 buf: vec![0.0; n],
             })),
-            "adam" | "adamw" => Opt::Plain(Box::new(Adam {
+            Method::Adam | Method::AdamW => Opt::Plain(Box::new(Adam {
                 beta1: cfg.beta1,
                 beta2: cfg.beta2,
                 eps: cfg.eps,
                 weight_decay: cfg.weight_decay,
-                decoupled: cfg.name == "adamw",
+                decoupled: cfg.method == Method::AdamW,
                 m: vec![0.0; n],
                 v: vec![0.0; n],
             })),
-            "lamb" => Opt::Plain(Box::new(Lamb::new(cfg, segments, n))),
-            "onebit-lamb" => Opt::OnebitLamb(OnebitLamb::new(cfg, segments, n)),
-            "onebit-adam" => Opt::OnebitAdam(OnebitAdam::new(cfg, n)),
-            other => {
-                let names: Vec<&str> = OPTIMIZERS.iter().map(|o| o.0).collect();
-                bail!(
-                    "unknown --optimizer `{other}` (known: {})",
-                    names.join(", ")
-                )
-            }
+            Method::Lamb => Opt::Plain(Box::new(Lamb::new(cfg, segments, n))),
+            Method::OnebitLamb => Opt::OnebitLamb(OnebitLamb::new(cfg, segments, n)),
+            Method::OnebitAdam => Opt::OnebitAdam(OnebitAdam::new(cfg, n)),
         })
     }
     /// Whether `step` runs the 1-bit compression stage.

@@ -52,25 +52,17 @@ pub struct TrainReport {
 /// Validates the combination of flags before any work.
 pub fn check_config(cfg: &TrainConfig) -> Result<()> {
     crate::model::check_name(&cfg.model.name)?;
-    if !crate::optim::OPTIMIZERS.iter().any(|o| o.0 == cfg.opt.name) {
-        let names: Vec<&str> = crate::optim::OPTIMIZERS.iter().map(|o| o.0).collect();
-        bail!(
-            "unknown --optimizer `{}` (known: {}) (flag --optimizer)",
-            cfg.opt.name,
-            names.join(", ")
-        );
-    }
-    let onebit_opt = matches!(cfg.opt.name.as_str(), "onebit-lamb" | "onebit-adam");
+    let onebit_opt = cfg.opt.method.is_onebit();
     if cfg.exchange.is_compressed() && !onebit_opt {
         bail!(
             "--exchange onebit compresses the momentum of a 1-bit optimiser; it needs --optimizer onebit-lamb or onebit-adam, not `{}` (flag --optimizer)",
-            cfg.opt.name
+            cfg.opt.method
         );
     }
     if onebit_opt && !cfg.exchange.is_compressed() {
         bail!(
             "--optimizer {} needs --exchange onebit, not `{}` (flag --exchange)",
-            cfg.opt.name,
+            cfg.opt.method,
             cfg.exchange
         );
     }
@@ -249,7 +241,7 @@ fn run_meta(cfg: &TrainConfig, p: usize, n: usize) -> Vec<(String, String)> {
         ("model".into(), cfg.model.name.clone()),
         ("data".into(), cfg.data.name.clone()),
         ("exchange".into(), cfg.exchange.to_string()),
-        ("optimizer".into(), cfg.opt.name.clone()),
+        ("optimizer".into(), cfg.opt.method.to_string()),
         ("ranks".into(), p.to_string()),
         ("n_params".into(), n.to_string()),
         ("seed".into(), cfg.seed.to_string()),

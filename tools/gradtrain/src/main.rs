@@ -13,7 +13,7 @@ use gradkit_core::cli::{self, fmt_num};
 use gradkit_core::io::{write_table, Meta, Output};
 use gradkit_train::data::DataSpec;
 use gradkit_train::model::ModelSpec;
-use gradkit_train::optim::{Decay, OptConfig};
+use gradkit_train::optim::{Decay, Method, OptConfig};
 use gradkit_train::{Exchange, TrainConfig, TrainReport};
 
 const ABOUT: &str =
@@ -352,10 +352,15 @@ take --optimizer sgd (no momentum) or adam, applied lazily to the embedding rows
     AFTER.replace("{exchanges}\n", &(list + "\n"))
 }
 
+/// `--optimizer`, parsed.
+fn optimizer(a: &Cli) -> anyhow::Result<Method> {
+    a.optimizer.parse().map_err(anyhow::Error::msg)
+}
+
 /// The optimiser's knobs from the flags (`--onebit-exact` is clip off and mask none).
-fn opt_config(a: &Cli) -> OptConfig {
-    OptConfig {
-        name: a.optimizer.clone(),
+fn opt_config(a: &Cli) -> anyhow::Result<OptConfig> {
+    Ok(OptConfig {
+        method: optimizer(a)?,
         momentum: a.momentum,
         nesterov: a.nesterov,
         weight_decay: a.weight_decay,
@@ -369,7 +374,7 @@ fn opt_config(a: &Cli) -> OptConfig {
         onebit_mask: !a.onebit_exact && a.onebit_mask.as_deref() != Some("none"),
         onebit_basic: a.onebit_basic,
         ..OptConfig::default()
-    }
+    })
 }
 
 /// The run's configuration; the names (--exchange, --schedule, --lookup) parsed here, once.
@@ -405,7 +410,7 @@ fn config(a: &Cli) -> anyhow::Result<TrainConfig> {
             .as_deref()
             .and_then(|s| s.parse().ok())
             .unwrap_or_default(),
-        opt: opt_config(a),
+        opt: opt_config(a)?,
         lr: a.lr,
         warmup: a.warmup,
         decay: match a.decay {
@@ -447,7 +452,7 @@ fn config(a: &Cli) -> anyhow::Result<TrainConfig> {
 fn summary(cfg: &TrainConfig, r: &TrainReport, p: usize) {
     gradkit_core::noteln!(
         "gradtrain: {} on {} · {} ranks · exchange {} · optimizer {} · {} parameters · steps {}..{}",
-        cfg.model.name, cfg.data.name, p, cfg.exchange, cfg.opt.name, r.n_params, r.first_step, r.last_step
+        cfg.model.name, cfg.data.name, p, cfg.exchange, cfg.opt.method, r.n_params, r.first_step, r.last_step
     );
     gradkit_core::noteln!(
         "  train loss (last 10 steps, mean over ranks): {}",
@@ -524,7 +529,7 @@ fn check_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
         );
     }
     if (a.onebit_exact || a.onebit_clip.is_some() || a.onebit_mask.is_some())
-        && !a.optimizer.starts_with("onebit-")
+        && !optimizer(a)?.is_onebit()
     {
         let flag = if a.onebit_exact {
             "--onebit-exact"
@@ -538,13 +543,13 @@ fn check_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
             a.optimizer
         );
     }
-    if a.onebit_basic && a.optimizer != "onebit-lamb" {
+    if a.onebit_basic && optimizer(a)? != Method::OnebitLamb {
         anyhow::bail!(
             "--onebit-basic is an ablation of 1-bit LAMB; it needs --optimizer onebit-lamb, not `{}` (flag --onebit-basic)",
             a.optimizer
         );
     }
-    if (a.momentum != 0.0 || a.nesterov) && a.optimizer != "sgd" {
+    if (a.momentum != 0.0 || a.nesterov) && optimizer(a)? != Method::Sgd {
         anyhow::bail!(
             "--momentum and --nesterov apply to --optimizer sgd only, not `{}` (it uses --beta1) (flag --momentum)",
             a.optimizer
@@ -567,9 +572,8 @@ fn ignored_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
     let embrace = Exchange::all().iter().find(|e| e.is_embrace()).copied();
     let embrace_only = format!("--exchange {}", embrace.map_or("", |e| e.name()));
     let oktopk_only = format!("--exchange {}", Knob::Period.readers().join(" or "));
-    let opt = a.optimizer.as_str();
     // (argument id, whether it has an effect, what it applies to, the value it lacks)
-    let rules: [(&str, bool, &str, &str); 13] = [
+    let rules: [(&str, bool, &str, &str); 7] = [
         ("schedule", exchange.is_embrace(), &embrace_only, ex),
         ("lookup", exchange.is_embrace(), &embrace_only, ex),
         ("density", sparse, &sparse_list, ex),
@@ -582,44 +586,13 @@ fn ignored_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
             "dense allreduces (--exchange dense, onebit, embrace, allgather, allgather-raw, or a --dense-warmup)",
             ex,
         ),
-        (
-            "freeze_step",
-            matches!(opt, "onebit-lamb" | "onebit-adam"),
-            "--optimizer onebit-lamb or onebit-adam",
-            opt,
-        ),
-        (
-            "beta1",
-            opt != "sgd",
-            "the Adam-family optimisers (adam, adamw, lamb, onebit-lamb, onebit-adam)",
-            opt,
-        ),
-        (
-            "beta2",
-            opt != "sgd",
-            "the Adam-family optimisers (adam, adamw, lamb, onebit-lamb, onebit-adam)",
-            opt,
-        ),
-        (
-            "eps",
-            opt != "sgd",
-            "the Adam-family optimisers (adam, adamw, lamb, onebit-lamb, onebit-adam)",
-            opt,
-        ),
-        (
-            "lamb_min",
-            matches!(opt, "lamb" | "onebit-lamb"),
-            "--optimizer lamb or onebit-lamb",
-            opt,
-        ),
-        (
-            "lamb_max",
-            matches!(opt, "lamb" | "onebit-lamb"),
-            "--optimizer lamb or onebit-lamb",
-            opt,
-        ),
     ];
-    for (id, applies, to, have) in rules.into_iter().chain(model_rules(a)) {
+    let opt = optimizer(a)?;
+    let all = rules
+        .into_iter()
+        .chain(optimizer_rules(opt))
+        .chain(model_rules(a));
+    for (id, applies, to, have) in all {
         if !applies && given.value_source(id) == Some(clap::parser::ValueSource::CommandLine) {
             let flag = format!("--{}", id.replace('_', "-"));
             anyhow::bail!(
@@ -633,6 +606,44 @@ fn ignored_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// [`ignored_flags`]' rules for the optimiser's flags: (argument id, whether `method` reads
+/// it, what it applies to, its name).
+fn optimizer_rules(method: Method) -> [(&'static str, bool, &'static str, &'static str); 6] {
+    let opt = method.name();
+    let (sgd, lamb) = (
+        method == Method::Sgd,
+        matches!(method, Method::Lamb | Method::OnebitLamb),
+    );
+    [
+        (
+            "freeze_step",
+            method.is_onebit(),
+            "--optimizer onebit-lamb or onebit-adam",
+            opt,
+        ),
+        (
+            "beta1",
+            !sgd,
+            "the Adam-family optimisers (adam, adamw, lamb, onebit-lamb, onebit-adam)",
+            opt,
+        ),
+        (
+            "beta2",
+            !sgd,
+            "the Adam-family optimisers (adam, adamw, lamb, onebit-lamb, onebit-adam)",
+            opt,
+        ),
+        (
+            "eps",
+            !sgd,
+            "the Adam-family optimisers (adam, adamw, lamb, onebit-lamb, onebit-adam)",
+            opt,
+        ),
+        ("lamb_min", lamb, "--optimizer lamb or onebit-lamb", opt),
+        ("lamb_max", lamb, "--optimizer lamb or onebit-lamb", opt),
+    ]
 }
 
 /// [`ignored_flags`]' rules for the model's and the data's flags: (argument id, whether it has
@@ -732,7 +743,7 @@ fn metrics_meta(cfg: &TrainConfig) -> Meta {
     meta.set("model", &cfg.model.name)
         .set("data", &cfg.data.name)
         .set("exchange", cfg.exchange)
-        .set("optimizer", &cfg.opt.name)
+        .set("optimizer", cfg.opt.method.name())
         .set("density", cfg.density)
         .set("seed", cfg.seed);
     meta

@@ -74,7 +74,11 @@ impl Embrace {
         let cols = if allgather { 0..d } else { slice(d, p, rank) };
         let twidth = cols.len();
         let table = model.embedding_init(cols)?;
-        let adam = (cfg.opt.name == "adam").then_some((cfg.opt.beta1, cfg.opt.beta2, cfg.opt.eps));
+        let adam = (cfg.opt.method == crate::optim::Method::Adam).then_some((
+            cfg.opt.beta1,
+            cfg.opt.beta2,
+            cfg.opt.eps,
+        ));
         let mut ex = Embrace {
             allgather,
             raw: cfg.exchange == ExchangeName::AllGather { raw: true },

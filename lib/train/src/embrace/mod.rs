@@ -84,7 +84,7 @@ use anyhow::{bail, Result};
 use crate::config::Lookup;
 use crate::config::TrainConfig;
 use crate::data::Shard;
-use crate::optim::Opt;
+use crate::optim::{Method, Opt};
 
 mod exchange;
 mod rows;
@@ -102,10 +102,10 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
             cfg.model.name
         );
     }
-    match cfg.opt.name.as_str() {
-        "sgd" if cfg.opt.momentum == 0.0 && !cfg.opt.nesterov => {}
-        "adam" => {}
-        "sgd" => bail!(
+    match cfg.opt.method {
+        Method::Sgd if cfg.opt.momentum == 0.0 && !cfg.opt.nesterov => {}
+        Method::Adam => {}
+        Method::Sgd => bail!(
             "--exchange {} updates embedding rows lazily and supports plain SGD only (no --momentum/--nesterov) (flag --momentum)",
             cfg.exchange
         ),

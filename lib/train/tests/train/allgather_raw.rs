@@ -123,7 +123,7 @@ fn tiny(exchange: &str) -> TrainConfig {
         },
         exchange: exchange.parse().unwrap(),
         opt: OptConfig {
-            name: "sgd".into(),
+            method: "sgd".parse().unwrap(),
             ..OptConfig::default()
         },
         lr: 0.5,

@@ -17,7 +17,7 @@ fn tiny(exchange: &str, opt: &str) -> TrainConfig {
         exchange: exchange.parse().unwrap(),
         density: 0.05,
         opt: OptConfig {
-            name: opt.into(),
+            method: opt.parse().unwrap(),
             momentum: if opt == "sgd" { 0.9 } else { 0.0 },
             ..OptConfig::default()
         },

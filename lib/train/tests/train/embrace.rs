@@ -35,7 +35,7 @@ fn tiny(exchange: &str, opt: &str, d_model: usize) -> TrainConfig {
         // shift-invariant), and with ε = 1e-8 Adam turns that rounding noise into lr-sized
         // steps that differ with summation order.
         opt: OptConfig {
-            name: opt.into(),
+            method: opt.parse().unwrap(),
             eps: 1e-4,
             ..OptConfig::default()
         },
@@ -107,7 +107,7 @@ fn reference(p: usize, cfg: &TrainConfig) -> Vec<f32> {
             if in_emb && !touched.contains(&(((i - eo) / d) as u32)) {
                 continue;
             }
-            if cfg.opt.name == "sgd" {
+            if cfg.opt.method == gradkit_train::optim::Method::Sgd {
                 w[i] -= cfg.lr * g[i];
             } else {
                 m[i] = b1 * m[i] + (1.0 - b1) * g[i];

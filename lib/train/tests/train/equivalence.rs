@@ -29,7 +29,7 @@ fn config(exchange: &str) -> TrainConfig {
         period: 2,
         reeval: 2,
         opt: OptConfig {
-            name: "sgd".into(),
+            method: "sgd".parse().unwrap(),
             momentum: MU,
             ..OptConfig::default()
         },

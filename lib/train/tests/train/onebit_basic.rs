@@ -23,7 +23,7 @@ fn config(basic: bool) -> TrainConfig {
         },
         exchange: "onebit".parse().unwrap(),
         opt: OptConfig {
-            name: "onebit-lamb".into(),
+            method: "onebit-lamb".parse().unwrap(),
             freeze_step: FREEZE,
             onebit_basic: basic,
             ..OptConfig::default()

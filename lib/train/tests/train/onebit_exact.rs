@@ -62,7 +62,7 @@ const LR: f64 = 0.02;
 
 fn lamb_cfg(clip: bool) -> OptConfig {
     OptConfig {
-        name: "onebit-lamb".into(),
+        method: "onebit-lamb".parse().unwrap(),
         weight_decay: WD as f32,
         freeze_step: WARM as u32,
         onebit_clip: clip,
@@ -180,7 +180,7 @@ fn onebit_lamb_clip_on_holds_the_bound() {
 
 fn adam_run(clip: bool, mask: bool) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let cfg = OptConfig {
-        name: "onebit-adam".into(),
+        method: "onebit-adam".parse().unwrap(),
         freeze_step: WARM as u32,
         onebit_clip: clip,
         onebit_mask: mask,

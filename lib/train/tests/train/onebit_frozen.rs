@@ -53,7 +53,7 @@ fn bound_holds_for_adam_and_is_tight() {
 #[test]
 fn compressed_step_clips_the_ratio_of_a_tiny_frozen_variance() {
     let cfg = OptConfig {
-        name: "onebit-adam".into(),
+        method: "onebit-adam".parse().unwrap(),
         freeze_step: 1,
         ..OptConfig::default()
     };
@@ -78,7 +78,7 @@ fn compressed_step_clips_the_ratio_of_a_tiny_frozen_variance() {
 
     // 1-bit LAMB: the same entry gets at most the bound before the layer coefficient
     let cfg = OptConfig {
-        name: "onebit-lamb".into(),
+        method: "onebit-lamb".parse().unwrap(),
         freeze_step: 1,
         ..OptConfig::default()
     };
@@ -109,7 +109,7 @@ fn onebit_optimisers_on_digits_stay_finite_with_the_default_eps() {
             },
             exchange: "onebit".parse().unwrap(),
             opt: OptConfig {
-                name: opt.into(),
+                method: opt.parse().unwrap(),
                 freeze_step: 80,
                 ..OptConfig::default()
             },

@@ -7,7 +7,7 @@ const G: [f32; 2] = [0.5, 0.25];
 
 fn step(name: &str, f: impl FnOnce(&mut OptConfig)) -> Vec<f32> {
     let mut cfg = OptConfig {
-        name: name.into(),
+        method: name.parse().unwrap(),
         ..OptConfig::default()
     };
     f(&mut cfg);
@@ -85,7 +85,7 @@ fn onebit_adam_warmup_step() {
 #[test]
 fn onebit_lamb_warmup_then_compressed_step() {
     let cfg = OptConfig {
-        name: "onebit-lamb".into(),
+        method: "onebit-lamb".parse().unwrap(),
         freeze_step: 1,
         ..OptConfig::default()
     };

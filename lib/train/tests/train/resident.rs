@@ -73,7 +73,7 @@ fn onebit_exchange_on_the_counting_device_trains_exactly_as_on_the_host() {
     for opt in ["onebit-lamb", "onebit-adam"] {
         let cfg = |dev: Option<&'static dyn DeviceKernels>| TrainConfig {
             opt: OptConfig {
-                name: opt.into(),
+                method: opt.parse().unwrap(),
                 freeze_step: 2,
                 ..OptConfig::default()
             },

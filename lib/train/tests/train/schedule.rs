@@ -37,7 +37,7 @@ fn tiny(schedule: &str, opt: &str) -> TrainConfig {
         schedule: schedule.parse().unwrap(),
         // ε = 1e-4 as in tests/embrace.rs: Adam must not turn rounding noise into steps.
         opt: OptConfig {
-            name: opt.into(),
+            method: opt.parse().unwrap(),
             eps: 1e-4,
             ..OptConfig::default()
         },
@@ -202,7 +202,7 @@ fn schedules_are_checked() {
     );
     // Block-wise updates need an elementwise optimiser: the exchange allows no other.
     let mut c = tiny("2d", "lamb");
-    c.opt.name = "lamb".into();
+    c.opt.method = gradkit_train::optim::Method::Lamb;
     let e = check_config(&c).unwrap_err().to_string();
     assert!(e.contains("--optimizer"), "{e}");
 }

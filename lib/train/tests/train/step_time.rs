@@ -18,7 +18,7 @@ fn cfg(exchange: &str, opt: &str) -> TrainConfig {
         },
         exchange: exchange.parse().unwrap(),
         opt: OptConfig {
-            name: opt.into(),
+            method: opt.parse().unwrap(),
             freeze_step: 2,
             ..OptConfig::default()
         },

@@ -16,7 +16,7 @@ fn tiny_mlp(exchange: &str, opt: &str) -> TrainConfig {
         },
         exchange: exchange.parse().unwrap(),
         opt: OptConfig {
-            name: opt.into(),
+            method: opt.parse().unwrap(),
             ..OptConfig::default()
         },
         lr: 0.1,
@@ -86,7 +86,7 @@ fn onebit_lamb_without_compression_equals_lamb() {
     lamb.lr = 0.01;
     let mut ob = lamb.clone();
     ob.exchange = "onebit".parse().unwrap();
-    ob.opt.name = "onebit-lamb".into();
+    ob.opt.method = gradkit_train::optim::Method::OnebitLamb;
     ob.opt.freeze_step = lamb.steps; // freeze-step ≥ steps: never compresses
     assert_eq!(params(&w, &ob), params(&w, &lamb), "bit-identical to LAMB");
     // with compression after 3 steps it must differ, and still agree across ranks

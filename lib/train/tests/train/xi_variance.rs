@@ -19,7 +19,7 @@ fn tiny(exchange: &str, opt: &str, steps: u32) -> TrainConfig {
         exchange: exchange.parse().unwrap(),
         density: 0.05,
         opt: OptConfig {
-            name: opt.into(),
+            method: opt.parse().unwrap(),
             freeze_step: 3,
             ..OptConfig::default()
         },

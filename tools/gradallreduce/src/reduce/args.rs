@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+use clap::builder::{PossibleValue, TypedValueParser};
 use clap::Args;
 use gradkit_collectives::registry::{Adjust, Balance, ReevalStepD, Split};
 use gradkit_collectives::{Algo, Knob, Op, Params};
@@ -24,7 +24,7 @@ pub struct ReduceArgs {
     #[arg(hide_short_help = true, long, value_name = "f32|fp16", default_value = "f32", value_parser = ["f32", "fp16"])]
     pub wire: String,
     /// sum or mean (the sum divided by P); not for the 1-bit algorithms, which always average
-    #[arg(hide_short_help = true, long, default_value_t = Op::Sum, value_parser = named(Op::ALL, Op::name, Op::help))]
+    #[arg(hide_short_help = true, long, default_value_t = Op::Sum, value_parser = gradkit_core::cli::named(Op::ALL, Op::name, Op::help))]
     pub op: Op,
     /// Ranks P to run: in-process ranks (threads) when not started by mpirun, where MPI
     /// gives the count; must equal the trace's ranks [default: the trace's ranks; 1 for stdin]
@@ -59,12 +59,12 @@ pub struct ReduceArgs {
     #[arg(hide_short_help = true, long, value_name = "POLICY", default_value = "ladder", value_parser = clap::builder::PossibleValuesParser::new(Adjust::NAMES))]
     pub adjust: String,
     /// Ok-Topk: data balancing in balance_and_allgatherv
-    #[arg(hide_short_help = true, long, default_value_t = Balance::Auto, value_parser = named(Balance::ALL, Balance::name, Balance::help))]
+    #[arg(hide_short_help = true, long, default_value_t = Balance::Auto, value_parser = gradkit_core::cli::named(Balance::ALL, Balance::name, Balance::help))]
     pub balance: Balance,
     /// Ok-Topk: Step D on the re-evaluation steps (every --reeval steps): skip (the authors'
     /// code: the exact top-k of the gathered values is the result) or run (Algorithm 1 line 13
     /// on every step)
-    #[arg(hide_short_help = true, long, default_value_t = ReevalStepD::Skip, value_parser = named(ReevalStepD::ALL, ReevalStepD::name, ReevalStepD::help))]
+    #[arg(hide_short_help = true, long, default_value_t = ReevalStepD::Skip, value_parser = gradkit_core::cli::named(ReevalStepD::ALL, ReevalStepD::name, ReevalStepD::help))]
     pub reeval_step_d: ReevalStepD,
     /// A plan/1 file (gradpartition) for oktopk regions or DEFT ranges
     #[arg(long, value_name = "PLAN")]
@@ -76,7 +76,7 @@ pub struct ReduceArgs {
     #[arg(long, value_name = "FILE")]
     pub state: Option<PathBuf>,
     /// AlltoAll: split embedding tables by columns (the paper) or rows
-    #[arg(hide_short_help = true, long, default_value_t = Split::Columns, value_parser = named(Split::ALL, Split::name, Split::help))]
+    #[arg(hide_short_help = true, long, default_value_t = Split::Columns, value_parser = gradkit_core::cli::named(Split::ALL, Split::name, Split::help))]
     pub split: Split,
     /// Seed for algorithms with randomness
     #[arg(hide_short_help = true, long, default_value_t = 0)]
@@ -122,26 +122,6 @@ impl TypedValueParser for AlgoParser {
             PossibleValue::new(a.name()).help(format!("{}: {}", a.family(), a.description()))
         })))
     }
-}
-
-/// A value parser over the names of one of the collectives' enums (`ALL`, `name`, `help`):
-/// `--help` lists them, a typo is clap's usage error listing them.
-pub(super) fn named<T>(
-    all: &'static [T],
-    name: fn(T) -> &'static str,
-    help: fn(T) -> Option<&'static str>,
-) -> impl TypedValueParser<Value = T>
-where
-    T: Copy + Send + Sync + 'static + std::str::FromStr<Err = String>,
-{
-    PossibleValuesParser::new(all.iter().map(move |v| {
-        let pv = PossibleValue::new(name(*v));
-        match help(*v) {
-            Some(h) => pv.help(h),
-            None => pv,
-        }
-    }))
-    .try_map(|s| s.parse::<T>())
 }
 
 impl ReduceArgs {
