@@ -180,7 +180,7 @@ def embrace_section():
           f"{P}) of ring(n − V·d) for lm_head and the other dense layers plus EmbRace Table 2 for "
           "the embedding at density α = tokens per rank / V: dense = ring(n); allgather = "
           "+ (P−1)α + (P−1)·α·M words; embrace = + 2(P−1)α + 2(P−1)/P·α·M words "
-          "(`collectives::cost::{ring, embrace_allgather, embrace_alltoall}`); "
+          "(`collectives::cost::{ring, sparse_allgather, sparse_alltoall}`); "
           "`pred. on meas. bytes` = messages·α + bytes_sent·β.\n")
     verdict = []
     for rate in RATES:

@@ -64,13 +64,13 @@ fn table1_words(algo: &str, p: usize, nf: f64, kf: f64) -> String {
     match algo {
         "topkdsa" => format!(
             "{:.0} … {:.0}",
-            cost::topkdsa_best(p, kf).words,
-            cost::topkdsa_worst(p, nf, kf).words
+            gradkit_collectives::sparse::topkdsa::cost_best(p, kf).words,
+            gradkit_collectives::sparse::topkdsa::cost_worst(p, nf, kf).words
         ),
         "oktopk" => format!(
             "{:.0} … {:.0}",
-            cost::oktopk_best(p, kf).words,
-            cost::oktopk_worst(p, kf).words
+            gradkit_collectives::sparse::oktopk::cost_best(p, kf).words,
+            gradkit_collectives::sparse::oktopk::cost_worst(p, kf).words
         ),
         a => gradkit_collectives::Algo::cost_by_name(a, p, nf, kf)
             .map_or("–".into(), |c| format!("{:.0}", c.words)),

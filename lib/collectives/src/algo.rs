@@ -165,6 +165,9 @@ pub struct Descriptor {
     /// Its formula (Table 1's best case where Table 1 gives an interval, Ok-Topk's worst
     /// case), or `None` where there is none.
     pub cost: Option<CostFn>,
+    /// Its best and worst case where its paper gives an interval (two rows of Ok-Topk's Table 1), or `None`:
+    /// `gradallreduce model` prints both.
+    pub bounds: Option<(CostFn, CostFn)>,
     /// How gradtrain runs it as an `--exchange`, or `None` where gradtrain does not.
     pub exchange: Option<AsExchange>,
     /// The reducer, with the options of `params` it reads.
@@ -202,6 +205,7 @@ impl Descriptor {
             dense_input_only: false,
             plan: None,
             cost: None,
+            bounds: None,
             exchange: None,
             make,
         }
@@ -248,6 +252,14 @@ impl Algo {
     /// formula.
     pub fn cost(self, p: usize, n: f64, k: f64) -> Option<Cost> {
         self.0.cost.map(|f| f(p, n, k))
+    }
+
+    /// Its best and worst case for P ranks, n elements and k selected, where its paper gives
+    /// an interval ([`Descriptor::bounds`]).
+    pub fn bounds(self, p: usize, n: f64, k: f64) -> Option<(Cost, Cost)> {
+        self.0
+            .bounds
+            .map(|(best, worst)| (best(p, n, k), worst(p, n, k)))
     }
 
     /// [`Algo::cost`] for an `--algo` name (as metrics/1 files record it); `None` for a name

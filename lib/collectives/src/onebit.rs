@@ -38,12 +38,14 @@ use anyhow::{bail, Result};
 use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::Layout;
 
+use gradkit_cost::{pf, Cost};
+
 use crate::{Flat, Reducer, StepOutput};
 
 mod place;
 use place::{Place, Unpack};
 
-fn gcd(a: usize, b: usize) -> usize {
+fn gcd(a: u128, b: u128) -> u128 {
     if b == 0 {
         a
     } else {
@@ -51,12 +53,35 @@ fn gcd(a: usize, b: usize) -> usize {
     }
 }
 
-/// Length of the fused buffer after DeepSpeed's padding: the next multiple of
-/// `P·lcm(P, 8)` (so every server chunk is a whole number of bytes).
+/// Length of the fused buffer after DeepSpeed's padding: n rounded up to a multiple of
+/// `P·lcm(P, 8)` (so every server chunk is a whole number of bytes); in u128, where it cannot
+/// overflow for any P of a u32 (saturating beyond), as the cost model asks it of any n.
+pub fn padded(p: usize, n: usize) -> u128 {
+    let p = p.max(1) as u128;
+    let unit = (p * 8 / gcd(p, 8)).saturating_mul(p);
+    (n as u128).div_ceil(unit).saturating_mul(unit)
+}
+
+/// [`padded`] of a buffer that exists (its padded length fits in memory).
 pub fn padded_len(p: usize, n: usize) -> usize {
-    let lcm = p * 8 / gcd(p, 8);
-    let unit = p * lcm;
-    n.div_ceil(unit) * unit
+    usize::try_from(padded(p, n)).expect("a padded length that fits in memory")
+}
+
+/// The compressed allreduce's formula (onebit-lamb.md §2): an alltoall of sign chunks and an
+/// allgather of server chunks (each (P−1)/P·padded/8 bytes) and two allgathers of one f32
+/// scale per rank. Exact bytes sent per rank: 2(P−1)/P·padded/8 + 2(P−1)·4.
+pub fn cost(p: usize, n: usize) -> Cost {
+    if p <= 1 {
+        return Cost {
+            latency: 0.0,
+            words: 0.0,
+        };
+    }
+    let bytes = 2.0 * (pf(p) - 1.0) / pf(p) * padded(p, n) as f64 / 8.0 + 2.0 * (pf(p) - 1.0) * 4.0;
+    Cost {
+        latency: 4.0 * (pf(p) - 1.0),
+        words: bytes / 4.0,
+    }
 }
 
 // The pure 1-bit kernels (compress with error feedback, sign packing, decompression) live in
@@ -427,7 +452,7 @@ pub const ONEBIT: crate::algo::Descriptor = crate::algo::Descriptor {
     ..onebit_algo(
         "onebit",
         "DeepSpeed's error-compensated 1-bit allreduce (average)",
-        Some(|p, n, _| gradkit_cost::onebit(p, n as usize)),
+        Some(|p, n, _| cost(p, n as usize)),
         |params| make_onebit(Variant::Server, params),
     )
 };

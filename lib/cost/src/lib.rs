@@ -1,23 +1,22 @@
-//! The α-β cost model: predicted per-rank latency terms and volume of every allreduce of the
-//! four papers, so measurements here can be checked against the papers' formulas and
-//! projected to P = 256 and beyond.
+//! The α-β cost model's common ground: [`Cost`] (latency terms and words per rank), the
+//! collective patterns that several algorithms are built of, and the fit of α and β to
+//! measurements. Each algorithm's own formula (Ok-Topk Table 1's rows, CLT-k's, Top-k
+//! (union)'s, DeepSpeed's 1-bit volume) is written in the algorithm's module in
+//! gradkit-collectives, next to its code, and named by its descriptor
+//! (`gradkit_collectives::algo::Descriptor::cost`); `gradallreduce model` and `gradreport`
+//! reach them through the registry.
 //!
-//! * Ok-Topk Table 1 (oktopk.md §2): dense, TopkA, TopkDSA (best/worst), gTopk, Gaussiank,
-//!   Ok-Topk (best/worst), in *words* (4 bytes; COO = 2 words per non-zero).
-//! * DeepSpeed's 1-bit compressed allreduce (onebit-lamb.md §2): packed sign bytes plus
-//!   the worker and server scales.
-//! * EmbRace Table 2 (embrace.md §3): AlltoAll, ring AllReduce, AllGather, PS.
-//! * CLT-k (deft.md §2): binomial broadcast of the leader's k indices + ring allreduce of
-//!   the k values.
-//! * Top-k (union) (DEFT Algorithm 1 with Top-k; deft.md §1.0): ring allgatherv of every
-//!   rank's k indices + ring allreduce of the values at their union.
+//! Here:
+//! * the dense allreduces of Ok-Topk Table 1 (oktopk.md §2): Rabenseifner's ([`dense`], the
+//!   table's row), the ring's and the binomial tree's, and [`ring_bytes_sent`], exact per
+//!   rank (DEFT and Top-k (union) allreduce their values with the ring);
+//! * EmbRace Table 2's patterns (embrace.md §3): a sparse AlltoAll and a sparse AllGather;
+//! * [`fit_alpha_beta`].
 //!
 //! A [`Cost`] is `latency·α + words·β` with α in seconds per message and β in seconds per
-//! word. `log P` is ⌈log2 P⌉ (Table 1 assumes P a power of two).
-//!
-//! Pure math, depending on nothing. Which formula belongs to which algorithm is said by the
-//! algorithm's descriptor (`gradkit_collectives::algo::Descriptor::cost`), next to its code;
-//! gradkit-collectives re-exports this crate as `gradkit_collectives::cost`.
+//! word (4 bytes; COO = 2 words per non-zero). `log P` is ⌈log2 P⌉ (Table 1 assumes P a
+//! power of two). Pure math, depending on nothing; gradkit-collectives re-exports this crate
+//! as `gradkit_collectives::cost`.
 
 /// Predicted cost of one allreduce on one rank.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -47,7 +46,8 @@ pub fn log2p(p: usize) -> f64 {
     }
 }
 
-fn pf(p: usize) -> f64 {
+/// P as f64.
+pub fn pf(p: usize) -> f64 {
     p as f64
 }
 
@@ -76,141 +76,9 @@ pub fn tree(p: usize, n: f64) -> Cost {
     }
 }
 
-/// TopkA: allgather of every rank's k-COO: 2k(P−1) words, log P α.
-pub fn topka(p: usize, k: f64) -> Cost {
-    Cost {
-        latency: log2p(p),
-        words: 2.0 * k * (pf(p) - 1.0),
-    }
-}
-
-/// TopkDSA (SparCML) best case: fully overlapping, uniformly spread indices: 4k(P−1)/P.
-pub fn topkdsa_best(p: usize, k: f64) -> Cost {
-    Cost {
-        latency: pf(p) + 2.0 * log2p(p),
-        words: 4.0 * k * (pf(p) - 1.0) / pf(p),
-    }
-}
-
-/// TopkDSA worst case: fill-in makes it switch to a dense allgather: (2k+n)(P−1)/P.
-pub fn topkdsa_worst(p: usize, n: f64, k: f64) -> Cost {
-    Cost {
-        latency: pf(p) + 2.0 * log2p(p),
-        words: (2.0 * k + n) * (pf(p) - 1.0) / pf(p),
-    }
-}
-
-/// gTopk: reduction tree and broadcast tree of k-COO: 4k log P words, 2 log P α.
-pub fn gtopk(p: usize, k: f64) -> Cost {
-    Cost {
-        latency: 2.0 * log2p(p),
-        words: 4.0 * k * log2p(p),
-    }
-}
-
-/// Gaussiank: TopkA's communication: 2k(P−1) words, 2 log P α.
-pub fn gaussiank(p: usize, k: f64) -> Cost {
-    Cost {
-        latency: 2.0 * log2p(p),
-        words: 2.0 * k * (pf(p) - 1.0),
-    }
-}
-
-/// Ok-Topk best case (the lower bound of Theorem 3.1): 2k(P−1)/P words.
-pub fn oktopk_best(p: usize, k: f64) -> Cost {
-    Cost {
-        latency: 2.0 * pf(p) + 2.0 * log2p(p),
-        words: 2.0 * k * (pf(p) - 1.0) / pf(p),
-    }
-}
-
-/// Ok-Topk worst case with balanced regions: 6k(P−1)/P words.
-pub fn oktopk_worst(p: usize, k: f64) -> Cost {
-    Cost {
-        latency: 2.0 * pf(p) + 2.0 * log2p(p),
-        words: 6.0 * k * (pf(p) - 1.0) / pf(p),
-    }
-}
-
-/// CLT-k (DEFT §1, §3.1; Chen et al. 2020): the leader's k `u32` indices broadcast down a
-/// binomial tree (⌈log2 P⌉ messages from the leader, the busiest rank, k words each), then a
-/// ring allreduce of the k `f32` values: ⌈log2 P⌉ + 2(P−1) α, k⌈log2 P⌉ + 2k(P−1)/P words.
-/// Exact for the leader's bytes when P divides k (the ring's chunks are then equal).
-pub fn cltk(p: usize, k: f64) -> Cost {
-    Cost {
-        latency: log2p(p) + 2.0 * (pf(p) - 1.0),
-        words: k * log2p(p) + 2.0 * k * (pf(p) - 1.0) / pf(p),
-    }
-}
-
-/// Top-k (union) (DEFT Algorithm 1 with Top-k as `Sparsify`; deft.md §1.0) with a union of
-/// `u` indices (k ≤ u ≤ min(Pk, n)): the ring allgatherv of every rank's k `u32` indices
-/// (P−1 messages, k(P−1) words) then the ring allreduce of the u `f32` values (2(P−1)
-/// messages, 2u(P−1)/P words): 3(P−1) α, k(P−1) + 2u(P−1)/P words. Exact per rank when P
-/// divides u; [`topk_union_bytes_sent`] is exact for every rank.
-pub fn topk_union(p: usize, k: f64, u: f64) -> Cost {
-    if p <= 1 {
-        return Cost {
-            latency: 0.0,
-            words: 0.0,
-        };
-    }
-    Cost {
-        latency: 3.0 * (pf(p) - 1.0),
-        words: k * (pf(p) - 1.0) + 2.0 * u * (pf(p) - 1.0) / pf(p),
-    }
-}
-
-/// Exact bytes rank `r` sends in gradkit's Top-k (union) exchange
-/// (`collectives::sparse::topk_union`) when every rank selects k entries and their union has
-/// u: 4k(P−1) for the allgatherv plus [`ring_bytes_sent`]`(P, u, r)`.
-pub fn topk_union_bytes_sent(p: usize, k: usize, u: usize, r: usize) -> u64 {
-    if p <= 1 {
-        return 0;
-    }
-    4 * (k as u64) * (p as u64 - 1) + ring_bytes_sent(p, u, r)
-}
-
-/// Length of the 1-bit buffer after padding n to a multiple of P·lcm(P, 8); in u128, where
-/// it cannot overflow for any P of a u32 (saturating beyond).
-pub fn onebit_padded(p: usize, n: usize) -> u128 {
-    let l = lcm(p.max(1) as u128, 8).saturating_mul(p.max(1) as u128);
-    (n as u128).div_ceil(l).saturating_mul(l)
-}
-
-fn gcd(a: u128, b: u128) -> u128 {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
-}
-
-fn lcm(a: u128, b: u128) -> u128 {
-    a / gcd(a, b) * b
-}
-
-/// DeepSpeed's compressed allreduce: alltoall of sign chunks + allgather of server chunks
-/// (each (P−1)/P·padded/8 bytes) and two allgathers of one f32 scale per rank.
-/// Exact bytes sent per rank: 2(P−1)/P·padded/8 + 2(P−1)·4.
-pub fn onebit(p: usize, n: usize) -> Cost {
-    if p <= 1 {
-        return Cost {
-            latency: 0.0,
-            words: 0.0,
-        };
-    }
-    let padded = onebit_padded(p, n) as f64;
-    let bytes = 2.0 * (pf(p) - 1.0) / pf(p) * padded / 8.0 + 2.0 * (pf(p) - 1.0) * 4.0;
-    Cost {
-        latency: 4.0 * (pf(p) - 1.0),
-        words: bytes / 4.0,
-    }
-}
-
-/// EmbRace Table 2, AlltoAll: two AlltoAlls (lookup data + gradients) of αM/N per pair.
+/// EmbRace Table 2, AlltoAll (the pattern of `--algo embrace`'s embedding rows): two AlltoAlls (lookup data + gradients) of αM/N per pair.
 /// `m_words` is the dense embedding size M in words; `density` is α.
-pub fn embrace_alltoall(p: usize, m_words: f64, density: f64) -> Cost {
+pub fn sparse_alltoall(p: usize, m_words: f64, density: f64) -> Cost {
     Cost {
         latency: 2.0 * (pf(p) - 1.0),
         words: 2.0 * (pf(p) - 1.0) / pf(p) * density * m_words,
@@ -218,7 +86,7 @@ pub fn embrace_alltoall(p: usize, m_words: f64, density: f64) -> Cost {
 }
 
 /// EmbRace Table 2, sparse AllGather: N−1 exchanges of αM.
-pub fn embrace_allgather(p: usize, m_words: f64, density: f64) -> Cost {
+pub fn sparse_allgather(p: usize, m_words: f64, density: f64) -> Cost {
     Cost {
         latency: pf(p) - 1.0,
         words: (pf(p) - 1.0) * density * m_words,
@@ -266,70 +134,27 @@ pub fn fit_alpha_beta(points: &[(f64, f64, f64)]) -> Option<(f64, f64)> {
 mod tests {
     use super::*;
 
-    /// Table 1 of Ok-Topk, typed in from oktopk.md §2, for P = 16, n = 2^24, k = n/100.
+    /// Table 1 of Ok-Topk's dense row, typed in from oktopk.md §2, for P = 16, n = 2^24 (the
+    /// sparse rows are checked through the registry, lib/collectives/tests/collectives/algo.rs).
     #[test]
-    fn reproduces_table1() {
-        let (p, n, k) = (16usize, (1u64 << 24) as f64, ((1u64 << 24) / 100) as f64);
+    fn reproduces_table1_dense_row() {
+        let (p, n) = (16usize, (1u64 << 24) as f64);
         let pp = p as f64;
         let lg = 4.0;
         assert_eq!(dense(p, n).words, 2.0 * n * (pp - 1.0) / pp);
         assert_eq!(dense(p, n).latency, 2.0 * lg);
-        assert_eq!(topka(p, k).words, 2.0 * k * (pp - 1.0));
-        assert_eq!(topka(p, k).latency, lg);
-        assert_eq!(topkdsa_best(p, k).words, 4.0 * k * (pp - 1.0) / pp);
-        assert_eq!(
-            topkdsa_worst(p, n, k).words,
-            (2.0 * k + n) * (pp - 1.0) / pp
-        );
-        assert_eq!(topkdsa_best(p, k).latency, pp + 2.0 * lg);
-        assert_eq!(gtopk(p, k).words, 4.0 * k * lg);
-        assert_eq!(gtopk(p, k).latency, 2.0 * lg);
-        assert_eq!(gaussiank(p, k).words, 2.0 * k * (pp - 1.0));
-        assert_eq!(gaussiank(p, k).latency, 2.0 * lg);
-        assert_eq!(oktopk_best(p, k).words, 2.0 * k * (pp - 1.0) / pp);
-        assert_eq!(oktopk_worst(p, k).words, 6.0 * k * (pp - 1.0) / pp);
-        assert_eq!(oktopk_worst(p, k).latency, 2.0 * pp + 2.0 * lg);
-        // Ok-Topk's worst case beats TopkA's volume for every P > 3.
-        assert!(oktopk_worst(p, k).words < topka(p, k).words);
-    }
-
-    #[test]
-    fn onebit_volume_is_32x_below_ring_for_large_n() {
-        let n = 16usize << 20;
-        let ratio = ring(4, n as f64).bytes() / onebit(4, n).bytes();
-        assert!(ratio > 31.9 && ratio <= 32.0, "{ratio}");
-        assert_eq!(onebit_padded(3, 1), 72);
-        assert_eq!(onebit_padded(8, 65), 128);
-    }
-
-    /// Where P·lcm(P, 8) or the padded length passes 2^64 the padding is still the
-    /// definition's (n rounded up to a multiple of P·lcm(P, 8)), never a wrapped 0 (a divide
-    /// by zero) or a wrapped small length (an absurd speedup).
-    #[test]
-    fn onebit_padding_does_not_overflow() {
-        let p = 1usize << 32;
-        // lcm(2^32, 8) = 2^32, so the multiple is 2^64.
-        assert_eq!(onebit_padded(p, 1), 1u128 << 64);
-        assert_eq!(onebit_padded(p, usize::MAX), 1u128 << 64);
-        // n = 2^64 − 1 on 256 ranks: the multiple is 256·256 = 2^16, padded to 2^64.
-        assert_eq!(onebit_padded(256, usize::MAX), 1u128 << 64);
-        let c = onebit(256, usize::MAX);
-        // At least its sign bytes: 2(P−1)/P · n/8.
-        assert!(
-            c.bytes() >= 2.0 * 255.0 / 256.0 * (usize::MAX as f64) / 8.0,
-            "{c:?}"
-        );
-        let ratio = ring(256, usize::MAX as f64).bytes() / c.bytes();
-        assert!(ratio > 31.9 && ratio <= 32.0, "{ratio}");
+        assert_eq!(ring(p, n).words, dense(p, n).words);
+        assert_eq!(ring(p, n).latency, 2.0 * (pp - 1.0));
+        assert_eq!(tree(p, n).words, n * lg);
     }
 
     #[test]
     fn embrace_crossovers() {
         // AlltoAll <= AllReduce volume iff density <= 1; AllGather wins at N = 2.
         let m = 1e6;
-        assert!(embrace_alltoall(4, m, 0.5).words < ring(4, m).words);
-        assert_eq!(embrace_alltoall(4, m, 1.0).words, ring(4, m).words);
-        assert!(embrace_allgather(2, m, 0.3).words < embrace_alltoall(2, m, 0.3).words + 1.0);
+        assert!(sparse_alltoall(4, m, 0.5).words < ring(4, m).words);
+        assert_eq!(sparse_alltoall(4, m, 1.0).words, ring(4, m).words);
+        assert!(sparse_allgather(2, m, 0.3).words < sparse_alltoall(2, m, 0.3).words + 1.0);
     }
 
     #[test]

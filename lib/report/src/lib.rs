@@ -10,7 +10,7 @@
 //! grouping and statistics.
 //!
 //! The cost model's predictions are read from `model_<metric>` rows that the producing tools
-//! write next to their measurements; [`model`] computes them with `gradkit_cost`
+//! write next to their measurements; [`model`] computes them with the algorithms' formulas
 //! when the input lacks them and the gradient size is given. [`simulate`] replays a
 //! `commtrace/1` recording on SimGrid ([`simgrid`]: TI traces, platforms, smpirun). Not here:
 //! running algorithms, command lines (no clap: the tool maps its value lists onto

@@ -1,5 +1,5 @@
 //! The cost model's predictions as `metrics/1` rows (`model_bytes_sent`, `model_time_s`),
-//! computed with `gradkit_cost` (the α-β model; no MPI linked) for inputs that do not carry them.
+//! computed with each algorithm's formula (`gradkit_collectives::Algo::cost`; no MPI linked) for inputs that do not carry them.
 //!
 //! Tools that know the run's `n` and `k` write these rows themselves; here they are computed
 //! from `--n`/`--density`, α and the bandwidth given on the command line.

@@ -1,7 +1,7 @@
 //! `gradreport volume`: measured bytes per rank and step next to the cost model's formula.
 //!
 //! The formula value comes from `model_<metric>` rows in the input (written by the tool that
-//! ran the algorithm, from `gradkit_cost`); groups without them show `-`.
+//! ran the algorithm, from its formula); groups without them show `-`.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -20,7 +20,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use gradkit_collectives::{cost, dense, make_reducer, Algo, Family, Flat, Op, Params, Reducer};
+use gradkit_collectives::{cost, reducer_for, Algo, Family, Flat, Op, Params, Reducer};
 use gradkit_comm::{huge_vec, Backend, Comm, CommExt, World};
 use gradkit_core::cli::{fmt_num, Format, TextTable};
 use gradkit_core::keep::{Keep, DEFAULT_DENSITY};
@@ -138,6 +138,19 @@ fn kernels(args: &BenchArgs) -> &'static dyn gradkit_sparsify::kernels::Kernels 
 }
 
 impl BenchArgs {
+    /// `--algo`'s algorithms, in the order given: the command line's names turned into the
+    /// registry's handles once, here; nothing past this point reads a name.
+    pub fn algos(&self) -> Result<Vec<Algo>> {
+        self.algo
+            .split(',')
+            .map(str::trim)
+            .map(|name| match name.parse::<Algo>() {
+                Ok(a) if a.family() != Family::Embedding => Ok(a),
+                _ => bail!("bench supports {SUPPORTED}; not `{name}` (flag --algo)"),
+            })
+            .collect()
+    }
+
     /// Checks made on the command line alone, before any rank starts.
     pub fn check_flags(&self, _m: &clap::ArgMatches) -> Result<()> {
         gradkit_comm::launch::check_ranks_flag(self.ranks)?;
@@ -146,9 +159,9 @@ impl BenchArgs {
             bail!("--iters must be at least 1: with 0 nothing would be timed or verified (flag --iters)");
         }
         self.cost.check()?;
-        for a in self.algo.split(',').map(str::trim) {
-            let k = kind(a)?;
-            if k == Kind::Sparse && !takes_selection(a) && !self.input.contains(&Input::Dense) {
+        for a in self.algos()? {
+            if kind(a) == Kind::Sparse && !takes_selection(a) && !self.input.contains(&Input::Dense)
+            {
                 bail!("{a} selects for itself and runs on dense input only: give --input dense (flag --input)");
             }
         }
@@ -168,7 +181,7 @@ impl BenchArgs {
 
 /// One measured (algorithm, input, size) point, as rank 0 sees it.
 struct Point {
-    algo: String,
+    algo: Algo,
     /// What a sparse algorithm was given; `None` for the dense and 1-bit ones.
     input: Option<Input>,
     /// Median over iterations of the slowest rank's `time_select_s` (sparse algorithms
@@ -292,29 +305,19 @@ enum Kind {
 const SUPPORTED: &str =
     "ring, rabenseifner, tree, native, onebit, onebit-naive and the sparse algorithms";
 
-/// The kind of `algo`; an error naming the flag for the rest.
-fn kind(algo: &str) -> Result<Kind> {
-    if algo
-        .parse::<Algo>()
-        .is_ok_and(|a| a.family() == Family::Compressed)
-    {
-        return Ok(Kind::OneBit);
-    }
-    if dense::by_name(algo).is_some() {
-        return Ok(Kind::Exact);
-    }
-    match algo.parse::<Algo>() {
-        Ok(a) if a.family() == Family::Sparse => Ok(Kind::Sparse),
-        _ => bail!("bench supports {SUPPORTED}; not `{algo}` (flag --algo)"),
+/// How `algo` (one of [`BenchArgs::algos`]) is measured, from its family.
+fn kind(algo: Algo) -> Kind {
+    match algo.family() {
+        Family::Dense => Kind::Exact,
+        Family::Compressed => Kind::OneBit,
+        Family::Sparse | Family::Embedding => Kind::Sparse,
     }
 }
 
-/// Whether the sparse `algo` takes a selection as input (DEFT, CLT-k and the top-k union
-/// select for themselves from dense input).
-fn takes_selection(algo: &str) -> bool {
-    !algo
-        .parse::<Algo>()
-        .is_ok_and(|a| a.descriptor().dense_input_only)
+/// Whether the sparse `algo` takes a selection as input (the ones that select for themselves
+/// from dense input do not: its descriptor's `dense_input_only`).
+fn takes_selection(algo: Algo) -> bool {
+    !algo.descriptor().dense_input_only
 }
 
 /// The sparse algorithms' parameters: `--density`, error feedback on (as gradselect and
@@ -333,20 +336,21 @@ fn sparse_params(args: &BenchArgs) -> Params {
 }
 
 /// The reducer for `algo`.
-fn bench_reducer(algo: &str, args: &BenchArgs) -> Result<Box<dyn Reducer>> {
-    match kind(algo)? {
-        Kind::Exact => Ok(Box::new(dense::DenseReducer::new(algo, Op::Sum)?)),
-        Kind::OneBit => make_reducer(
-            algo,
-            &Params {
-                kernels: kernels(args),
-                // The errors on the device, as in a reduction (docs/GPU.md §7).
-                resident: gradkit_cuda::resident_for(args.device).ok().flatten(),
-                ..Params::default()
-            },
-        ),
-        Kind::Sparse => make_reducer(algo, &sparse_params(args)),
-    }
+fn bench_reducer(algo: Algo, args: &BenchArgs) -> Result<Box<dyn Reducer>> {
+    let params = match kind(algo) {
+        Kind::Exact => Params {
+            op: Op::Sum,
+            ..Params::default()
+        },
+        Kind::OneBit => Params {
+            kernels: kernels(args),
+            // The errors on the device, as in a reduction (docs/GPU.md §7).
+            resident: gradkit_cuda::resident_for(args.device).ok().flatten(),
+            ..Params::default()
+        },
+        Kind::Sparse => sparse_params(args),
+    };
+    reducer_for(algo, &params)
 }
 
 /// Page faults (minor, major) so far, from `getrusage`: of the calling thread when ranks are
@@ -464,7 +468,7 @@ impl Timing {
     fn point(
         self,
         comm: &dyn Comm,
-        algo: &str,
+        algo: Algo,
         input: Option<Input>,
         bytes: u64,
         checked: bool,
@@ -489,7 +493,7 @@ impl Timing {
             median(self.majflt),
         ])?;
         Ok(Point {
-            algo: algo.to_string(),
+            algo,
             input,
             select_s: (select.len() == iters && iters > 0).then(|| median(select)),
             bytes,
@@ -505,12 +509,12 @@ impl Timing {
 }
 
 /// A dense or 1-bit algorithm on [`pattern`], the same input every call.
-fn measure(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> Result<Point> {
+fn measure(comm: &dyn Comm, algo: Algo, bytes: u64, args: &BenchArgs) -> Result<Point> {
     let (p, r) = (comm.size(), comm.rank());
     let n = (bytes / 4) as usize;
     let pristine = pattern(r, n);
     let layout = Layout::new(vec![(0, "buffer".into(), n as u64, None)]);
-    let exact = kind(algo)? == Kind::Exact;
+    let exact = kind(algo) == Kind::Exact;
     let mut reducer = bench_reducer(algo, args)?;
     let mut timing = Timing::new(comm, args.iters, format!("{algo} {bytes}B"));
     let mut data = huge_vec(n);
@@ -532,7 +536,7 @@ fn measure(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> Result<
 /// A sparse algorithm on each rank's own synthetic gradient, one step per iteration, once
 /// per `--input` in each step (side by side, on the same gradient, first one then the other
 /// first).
-fn measure_sparse(comm: &dyn Comm, algo: &str, bytes: u64, args: &BenchArgs) -> Result<Vec<Point>> {
+fn measure_sparse(comm: &dyn Comm, algo: Algo, bytes: u64, args: &BenchArgs) -> Result<Vec<Point>> {
     let (p, r) = (comm.size(), comm.rank());
     let n = (bytes / 4) as usize;
     let layout = Layout::new(vec![(0, "buffer".into(), n as u64, None)]);
@@ -631,20 +635,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let world = World::init(args.ranks)?;
     let p = world.size();
     // An agreement point: a bad flag is reported once under mpirun.
-    let algos: Vec<String> = args.algo.split(',').map(|s| s.trim().to_string()).collect();
-    let sizes = world.agree((|| {
+    let (algos, sizes) = world.agree((|| {
+        let algos = args.algos()?;
         gradkit_cuda::kernels_for(args.device)?;
         gradkit_cuda::backend::check(args.backend)?;
         let mut sparse = false;
-        for a in &algos {
-            sparse |= kind(a)? == Kind::Sparse;
+        for &a in &algos {
+            sparse |= kind(a) == Kind::Sparse;
             bench_reducer(a, &args)?;
         }
         let sizes = sizes(&args.sizes, args.factor)?;
         let ranks_here = world.backend().ranks_per_process(p);
         check_memory(&sizes, ranks_here, &args.sizes, sparse)?;
         check_outputs(&args)?;
-        Ok(sizes)
+        Ok((algos, sizes))
     })())?;
     let points = world.run(|host| {
         // `--backend nccl`: every call (and its barriers) over NCCL.
@@ -655,8 +659,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         let mut pts = Vec::new();
         for &b in &sizes {
-            for a in &algos {
-                if kind(a)? == Kind::Sparse {
+            for &a in &algos {
+                if kind(a) == Kind::Sparse {
                     pts.extend(measure_sparse(comm, a, b, &args)?);
                 } else {
                     pts.push(measure(comm, a, b, &args)?);
@@ -702,7 +706,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
 /// What the model column assumed: the given α and β, and each algorithm's fit.
 fn model_note(
     args: &BenchArgs,
-    fits: &BTreeMap<String, (f64, f64)>,
+    fits: &BTreeMap<&'static str, (f64, f64)>,
     p: usize,
     backend: impl std::fmt::Display,
 ) {
@@ -724,20 +728,20 @@ fn model_note(
 }
 
 /// --fit: per algorithm, t ≈ α·messages + β·bytes over its sizes (least squares).
-fn fits(args: &BenchArgs, algos: &[String], points: &[Point]) -> BTreeMap<String, (f64, f64)> {
+fn fits(args: &BenchArgs, algos: &[Algo], points: &[Point]) -> BTreeMap<&'static str, (f64, f64)> {
     let mut fits = BTreeMap::new();
     if !args.fit {
         return fits;
     }
-    for a in algos {
+    for &a in algos {
         let pts: Vec<(f64, f64, f64)> = points
             .iter()
-            .filter(|pt| &pt.algo == a && pt.max_msgs > 0)
+            .filter(|pt| pt.algo == a && pt.max_msgs > 0)
             .map(|pt| (pt.max_msgs as f64, pt.max_bytes_sent as f64, pt.time_s))
             .collect();
         match cost::fit_alpha_beta(&pts) {
             Some((al, be)) if al > 0.0 && be > 0.0 => {
-                fits.insert(a.clone(), (al, be));
+                fits.insert(a.name(), (al, be));
             }
             other if !args.quiet => gradkit_core::noteln!(
                 "gradallreduce bench: {a}: no usable α-β fit ({other:?}); its model column uses the given α and β"
@@ -752,7 +756,7 @@ fn fits(args: &BenchArgs, algos: &[String], points: &[Point]) -> BTreeMap<String
 fn report(
     args: &BenchArgs,
     points: &[Point],
-    fits: &BTreeMap<String, (f64, f64)>,
+    fits: &BTreeMap<&'static str, (f64, f64)>,
     p: usize,
 ) -> Result<MetricSink> {
     let (alpha, beta) = (args.cost.alpha_s(), args.cost.beta_byte_s());
@@ -777,17 +781,19 @@ fn report(
     for pt in points {
         let algbw = pt.bytes as f64 / pt.time_s / 1e9;
         let busbw = algbw * 2.0 * (p as f64 - 1.0) / p as f64;
-        let (al, be) = fits.get(&pt.algo).copied().unwrap_or((alpha, beta));
+        let (al, be) = fits.get(pt.algo.name()).copied().unwrap_or((alpha, beta));
         let k = match pt.input {
             Some(_) => sparse_params(args).k_for(pt.count as u64) as f64,
             None => 0.0,
         };
-        let model = Algo::cost_by_name(&pt.algo, p, pt.count as f64, k)
+        let model = pt
+            .algo
+            .cost(p, pt.count as f64, k)
             .map(|c| c.latency * al + c.bytes() * be);
         table.push([
             pt.bytes.to_string(),
             pt.count.to_string(),
-            pt.algo.clone(),
+            pt.algo.to_string(),
             pt.input.map_or("-", Input::name).to_string(),
             fmt_num(pt.time_s * 1e6, 4),
             pt.select_s.map_or("-".into(), |t| fmt_num(t * 1e6, 4)),
@@ -809,7 +815,7 @@ fn report(
 
 /// One point's metric rows (its size in bytes as the step).
 fn record_point(sink: &mut MetricSink, pt: &Point, algbw: f64, busbw: f64, model: Option<f64>) {
-    sink.algo = pt.algo.clone();
+    sink.algo = pt.algo.to_string();
     sink.run = match pt.input {
         Some(i) => format!("bench/{}-input", i.name()),
         None => "bench".into(),

@@ -64,6 +64,7 @@ enum Cmd {
     /// Size sweep with the nccl-tests columns, exact bytes per rank and the model's prediction
     Bench(bench::BenchArgs),
     /// The α-β model's prediction table for every algorithm at any P
+    #[command(after_help = model::after_help())]
     Model(model::ModelArgs),
 }
 

@@ -3,6 +3,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use gradkit_collectives::cost::{self, Cost};
+use gradkit_collectives::Algo;
 use gradkit_core::cli::{fmt_num, Format, TextTable};
 use gradkit_core::keep::{Keep, DEFAULT_DENSITY};
 
@@ -62,19 +63,7 @@ pub fn run(a: ModelArgs) -> Result<()> {
     let (p, k) = (a.ranks, Keep::Density(a.density).k(n) as f64);
     let n = n as f64;
     let (alpha, beta_word) = (a.cost.alpha_s(), a.cost.beta_word_s());
-    let rows: Vec<(&str, Cost)> = vec![
-        ("dense (rabenseifner)", cost::dense(p, n)),
-        ("dense (ring)", cost::ring(p, n)),
-        ("dense (tree)", cost::tree(p, n)),
-        ("topka", cost::topka(p, k)),
-        ("topkdsa best", cost::topkdsa_best(p, k)),
-        ("topkdsa worst", cost::topkdsa_worst(p, n, k)),
-        ("gtopk", cost::gtopk(p, k)),
-        ("gaussiank", cost::gaussiank(p, k)),
-        ("oktopk best", cost::oktopk_best(p, k)),
-        ("oktopk worst", cost::oktopk_worst(p, k)),
-        ("onebit", cost::onebit(p, n as usize)),
-    ];
+    let rows = formulas(p, n, k);
     let dense_t = cost::dense(p, n).time(alpha, beta_word);
     let mut t = TextTable::new([
         "algo",
@@ -89,7 +78,7 @@ pub fn run(a: ModelArgs) -> Result<()> {
     for (name, c) in rows {
         let time = c.time(alpha, beta_word);
         t.push([
-            name.to_string(),
+            name,
             p.to_string(),
             (n as u64).to_string(),
             (k as u64).to_string(),
@@ -100,4 +89,37 @@ pub fn run(a: ModelArgs) -> Result<()> {
         ]);
     }
     t.print(a.format)
+}
+
+/// One row per formula of the registry, in its order: `NAME`, or `NAME best` and `NAME worst`
+/// where the paper gives an interval.
+fn formulas(p: usize, n: f64, k: f64) -> Vec<(String, Cost)> {
+    let mut rows = Vec::new();
+    for a in Algo::ALL {
+        match (a.bounds(p, n, k), a.cost(p, n, k)) {
+            (Some((best, worst)), _) => {
+                rows.push((format!("{a} best"), best));
+                rows.push((format!("{a} worst"), worst));
+            }
+            (None, Some(c)) => rows.push((a.to_string(), c)),
+            (None, None) => {}
+        }
+    }
+    rows
+}
+
+/// `gradallreduce model --help`'s text after the options: what the rows are, from the
+/// registry.
+pub fn after_help() -> String {
+    let none: Vec<&str> = Algo::ALL
+        .iter()
+        .filter(|a| a.cost(2, 1.0, 1.0).is_none())
+        .map(|a| a.name())
+        .collect();
+    format!(
+        "One row per algorithm with a formula, in --algo's order (two, `best` and `worst`, where \
+         the paper gives an interval); speedup_vs_dense is against Table 1's dense row \
+         (Rabenseifner). No formula: {}.",
+        none.join(", ")
+    )
 }

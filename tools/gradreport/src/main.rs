@@ -120,7 +120,7 @@ gradreport plot loss train.parquet --x time --smooth 5 -o loss.pdf --also png --
     /// Measured bytes per rank and step next to the cost model's formula, and their ratio
     #[command(
         after_help = "The formula's value comes from `model_<metric>` rows in the input or, with \
---n, from gradkit_cost (Ok-Topk Table 1, DeepSpeed's 1-bit volume; `oktopk` is \
+--n, from each algorithm's formula (Ok-Topk Table 1, DeepSpeed's 1-bit volume; `oktopk` is \
 Table 1's worst case 6k(P-1)/P) for the algorithms without such rows; groups with neither \
 show `-`. The measured column is the median over steps and ranks, with min and max; \
 ratio = measured / model (1.00 means exact).\n\nExample:\n  \
@@ -173,7 +173,7 @@ gradreport volume m*.parquet --n 669706 --density 0.01 --phases --format csv"
 #[command(next_help_heading = "Cost model (for inputs without model_* rows)")]
 struct ModelArgs {
     /// Gradient size n in elements (e.g. 110M = 110,000,000, or 16Mi = 2^24): compute model_bytes_sent and model_time_s with
-    /// gradkit_cost for algorithms whose rows the input lacks
+    /// each algorithm's formula for algorithms whose rows the input lacks
     #[arg(long, value_name = "SIZE")]
     n: Option<String>,
     /// Density k/n of the sparse algorithms

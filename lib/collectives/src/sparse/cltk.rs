@@ -15,7 +15,7 @@
 //!
 //! Traffic per step: the broadcast sends 4k bytes to each of a rank's children in the
 //! binomial tree rooted at the leader (⌈log2 P⌉ messages from the leader), and the ring
-//! allreduce of k f32 sends 2(P−1) messages per rank (`cost::ring_bytes_sent` bytes).
+//! allreduce of k f32 sends 2(P−1) messages per rank (`gradkit_cost::ring_bytes_sent` bytes).
 //!
 //! Needs dense input: the selection is made from the leader's dense accumulator, so a
 //! sparse selection (e.g. from gradselect) is refused.
@@ -25,6 +25,7 @@ use std::time::Instant;
 use anyhow::Result;
 use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::{Layout, Sparse};
+use gradkit_cost::{log2p, pf, Cost};
 
 use super::{k_of, output, secs, Acc, Feedback};
 use crate::{Flat, Params, Reducer, StepOutput};
@@ -71,6 +72,17 @@ fn exchange_acc(
     super::allreduce_at_acc(comm, "cltk", &what, acc, indices)
 }
 
+/// CLT-k's formula (DEFT §1, §3.1; Chen et al. 2020): the leader's k `u32` indices broadcast
+/// down a binomial tree (⌈log2 P⌉ messages from the leader, the busiest rank, k words each),
+/// then a ring allreduce of the k `f32` values: ⌈log2 P⌉ + 2(P−1) α, k⌈log2 P⌉ + 2k(P−1)/P
+/// words. Exact for the leader's bytes when P divides k (the ring's chunks are then equal).
+pub fn cost(p: usize, k: f64) -> Cost {
+    Cost {
+        latency: log2p(p) + 2.0 * (pf(p) - 1.0),
+        words: k * log2p(p) + 2.0 * k * (pf(p) - 1.0) / pf(p),
+    }
+}
+
 /// `--algo cltk`.
 pub const DESCRIPTOR: crate::algo::Descriptor = {
     use crate::algo::{Descriptor, Family, Knob};
@@ -81,7 +93,7 @@ pub const DESCRIPTOR: crate::algo::Descriptor = {
         description: "CLT-k: the cyclic leader's top-k indices broadcast, every rank's values there allreduced",
         reads: &[Knob::Op],
         dense_input_only: true,
-        cost: Some(|p, _, k| gradkit_cost::cltk(p, k)),
+        cost: Some(|p, _, k| cost(p, k)),
         exchange: crate::algo::AsExchange::new("CLT-k: cyclic leader's top-k indices, every rank's values there allreduced"),
         ..Descriptor::base(|params| Ok(Box::new(CltK::new(params)?)))
     }

@@ -10,10 +10,19 @@
 use anyhow::Result;
 use gradkit_comm::Comm;
 use gradkit_core::trace::Layout;
+use gradkit_cost::{log2p, pf, Cost};
 
 use super::topka::allgather_sum;
 use super::Feedback;
 use crate::{Flat, Params, Reducer, StepOutput};
+
+/// Gaussiank's formula (Ok-Topk Table 1): TopkA's communication, 2k(P−1) words, 2 log P α.
+pub fn cost(p: usize, k: f64) -> Cost {
+    Cost {
+        latency: 2.0 * log2p(p),
+        words: 2.0 * k * (pf(p) - 1.0),
+    }
+}
 
 /// `--algo gaussiank`.
 pub const DESCRIPTOR: crate::algo::Descriptor = {
@@ -25,7 +34,7 @@ pub const DESCRIPTOR: crate::algo::Descriptor = {
         description: "Gaussian-threshold selection + TopkA communication",
         reads: &[Knob::Op],
         dense_input_only: false,
-        cost: Some(|p, _, k| gradkit_cost::gaussiank(p, k)),
+        cost: Some(|p, _, k| cost(p, k)),
         exchange: crate::algo::AsExchange::new("Gaussian-threshold selection, TopkA communication"),
         ..Descriptor::base(|params| Ok(Box::new(GaussianK::new(params)?)))
     }

@@ -54,6 +54,7 @@ use anyhow::{ensure, Context, Result};
 use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::{Layout, Sparse};
 use gradkit_core::PlanRow;
+use gradkit_cost::{log2p, pf, Cost};
 use gradkit_partition::oktopk::{cut_points, region};
 use gradkit_sparsify::kernels::Kernels;
 use gradkit_sparsify::oktopk::{Adjust, OkTopk as LocalReuse};
@@ -438,9 +439,25 @@ pub fn plan_bounds(layout: &Layout, rows: &[&PlanRow], p: usize, n: u64) -> Resu
         .collect())
 }
 
+/// Ok-Topk's best case (Ok-Topk Table 1; the lower bound of Theorem 3.1): 2k(P−1)/P words,
+/// 2P + 2 log P α.
+pub fn cost_best(p: usize, k: f64) -> Cost {
+    Cost {
+        latency: 2.0 * pf(p) + 2.0 * log2p(p),
+        words: 2.0 * k * (pf(p) - 1.0) / pf(p),
+    }
+}
+
+/// Ok-Topk's worst case with balanced regions (Ok-Topk Table 1): 6k(P−1)/P words.
+pub fn cost_worst(p: usize, k: f64) -> Cost {
+    Cost {
+        latency: 2.0 * pf(p) + 2.0 * log2p(p),
+        words: 6.0 * k * (pf(p) - 1.0) / pf(p),
+    }
+}
+
 /// `--algo oktopk`.
-/// The formula is the worst case with balanced regions (`gradkit_cost::oktopk_best` is the
-/// lower bound).
+/// The formula is the worst case with balanced regions; `bounds` gives both ends.
 pub const DESCRIPTOR: crate::algo::Descriptor = {
     use crate::algo::{Descriptor, Family, Knob};
     Descriptor {
@@ -459,7 +476,8 @@ pub const DESCRIPTOR: crate::algo::Descriptor = {
         ],
         dense_input_only: false,
         plan: Some(crate::plan::PlanKind::Oktopk),
-        cost: Some(|p, _, k| gradkit_cost::oktopk_worst(p, k)),
+        cost: Some(|p, _, k| cost_worst(p, k)),
+        bounds: Some((|p, _, k| cost_best(p, k), |p, _, k| cost_worst(p, k))),
         exchange: crate::algo::AsExchange::new(
             "Ok-Topk: split_and_reduce + balance_and_allgatherv (Algorithm 2)",
         ),

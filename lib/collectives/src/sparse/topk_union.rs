@@ -16,8 +16,8 @@
 //! rank did not select in its residual, every rank here contributes at every union index.
 //!
 //! Traffic per rank and step: the allgatherv sends 4k(P−1) bytes in P−1 messages; the ring
-//! allreduce of the u = |∪ idx_i| values sends `cost::ring_bytes_sent(P, u, r)` bytes in
-//! 2(P−1) messages (`cost::topk_union_bytes_sent`).
+//! allreduce of the u = |∪ idx_i| values sends `gradkit_cost::ring_bytes_sent(P, u, r)` bytes in
+//! 2(P−1) messages ([`bytes_sent`]).
 //!
 //! Needs dense input: every rank sends its values at indices other ranks selected, which a
 //! sparse selection does not have.
@@ -27,6 +27,7 @@ use std::time::Instant;
 use anyhow::Result;
 use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::{Layout, Sparse};
+use gradkit_cost::{pf, Cost};
 
 use super::{allreduce_at, allreduce_at_acc, k_of, output, secs, Acc, Feedback};
 use crate::{Flat, Params, Reducer, StepOutput};
@@ -54,6 +55,33 @@ fn exchange_acc(comm: &dyn Comm, acc: &Acc, sel: Vec<u32>) -> Result<Sparse> {
     allreduce_at_acc(comm, "topk-union", "the gathered indices", acc, union)
 }
 
+/// Top-k (union)'s formula (DEFT Algorithm 1 with Top-k as `Sparsify`; deft.md §1.0) with a
+/// union of `u` indices (k ≤ u ≤ min(Pk, n)): the ring allgatherv of every rank's k `u32`
+/// indices (P−1 messages, k(P−1) words) then the ring allreduce of the u `f32` values (2(P−1)
+/// messages, 2u(P−1)/P words): 3(P−1) α, k(P−1) + 2u(P−1)/P words. Exact per rank when P
+/// divides u; [`bytes_sent`] is exact for every rank.
+pub fn cost(p: usize, k: f64, u: f64) -> Cost {
+    if p <= 1 {
+        return Cost {
+            latency: 0.0,
+            words: 0.0,
+        };
+    }
+    Cost {
+        latency: 3.0 * (pf(p) - 1.0),
+        words: k * (pf(p) - 1.0) + 2.0 * u * (pf(p) - 1.0) / pf(p),
+    }
+}
+
+/// Exact bytes rank `r` sends when every rank selects k entries and their union has u:
+/// 4k(P−1) for the allgatherv plus `gradkit_cost::ring_bytes_sent(P, u, r)`.
+pub fn bytes_sent(p: usize, k: usize, u: usize, r: usize) -> u64 {
+    if p <= 1 {
+        return 0;
+    }
+    4 * (k as u64) * (p as u64 - 1) + gradkit_cost::ring_bytes_sent(p, u, r)
+}
+
 /// `--algo topk-union`.
 /// The formula is the best case: the ranks' top-k coincide (a union of k); the worst is
 /// min(Pk, n).
@@ -66,7 +94,7 @@ pub const DESCRIPTOR: crate::algo::Descriptor = {
         description: "Top-k (union): every rank's top-k indices allgathered, all ranks' values at the union allreduced",
         reads: &[Knob::Op],
         dense_input_only: true,
-        cost: Some(|p, _, k| gradkit_cost::topk_union(p, k, k)),
+        cost: Some(|p, _, k| cost(p, k, k)),
         exchange: crate::algo::AsExchange::new("Top-k (union): every rank's top-k indices allgathered, all ranks' values at the union allreduced, the union zeroed in every residual"),
         ..Descriptor::base(|params| Ok(Box::new(TopkUnion::new(params)?)))
     }

@@ -8,6 +8,7 @@
 use anyhow::Result;
 use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::{Layout, Sparse};
+use gradkit_cost::{log2p, pf, Cost};
 
 use super::{allgatherv_sparse, sum_sparse, Feedback};
 use crate::{Flat, Params, Reducer, StepOutput};
@@ -17,6 +18,15 @@ pub fn allgather_sum(comm: &dyn Comm, mine: Sparse) -> Result<Sparse> {
     let _ph = comm.phase("allgatherv");
     let all = allgatherv_sparse(comm, mine)?;
     Ok(sum_sparse(&all))
+}
+
+/// TopkA's formula (Ok-Topk Table 1): an allgather of every rank's k-COO: 2k(P−1) words,
+/// log P α.
+pub fn cost(p: usize, k: f64) -> Cost {
+    Cost {
+        latency: log2p(p),
+        words: 2.0 * k * (pf(p) - 1.0),
+    }
 }
 
 /// `--algo topka`.
@@ -29,7 +39,7 @@ pub const DESCRIPTOR: crate::algo::Descriptor = {
         description: "allgatherv of every rank's COO, then sum (TopkA)",
         reads: &[Knob::Op],
         dense_input_only: false,
-        cost: Some(|p, _, k| gradkit_cost::topka(p, k)),
+        cost: Some(|p, _, k| cost(p, k)),
         exchange: Some(crate::algo::AsExchange {
             help: "local top-k of residual+gradient, allgatherv (TopkA)",
             aliases: &["topk"],

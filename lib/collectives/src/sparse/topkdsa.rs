@@ -14,6 +14,7 @@
 use anyhow::Result;
 use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::{Layout, Sparse};
+use gradkit_cost::{log2p, pf, Cost};
 use gradkit_partition::oktopk::{naive_boundaries, region};
 
 use super::oktopk::split_and_reduce;
@@ -63,7 +64,25 @@ pub fn sparse_allreduce(comm: &dyn Comm, sel: &Sparse, n: u64) -> Result<(Sparse
 }
 
 /// `--algo topkdsa`.
-/// The formula is Table 1's best case (`gradkit_cost::topkdsa_worst` is the other end).
+/// TopkDSA's best case (Ok-Topk Table 1): fully overlapping, uniformly spread indices:
+/// 4k(P−1)/P words, P + 2 log P α.
+pub fn cost_best(p: usize, k: f64) -> Cost {
+    Cost {
+        latency: pf(p) + 2.0 * log2p(p),
+        words: 4.0 * k * (pf(p) - 1.0) / pf(p),
+    }
+}
+
+/// TopkDSA's worst case (Ok-Topk Table 1): fill-in makes it switch to a dense allgather:
+/// (2k + n)(P−1)/P words.
+pub fn cost_worst(p: usize, n: f64, k: f64) -> Cost {
+    Cost {
+        latency: pf(p) + 2.0 * log2p(p),
+        words: (2.0 * k + n) * (pf(p) - 1.0) / pf(p),
+    }
+}
+
+/// The formula is Table 1's best case; `bounds` gives both ends.
 pub const DESCRIPTOR: crate::algo::Descriptor = {
     use crate::algo::{Descriptor, Family, Knob};
     Descriptor {
@@ -73,7 +92,8 @@ pub const DESCRIPTOR: crate::algo::Descriptor = {
         description: "SparCML's static regions, reduce, sparse/dense allgatherv (TopkDSA)",
         reads: &[Knob::Op],
         dense_input_only: false,
-        cost: Some(|p, _, k| gradkit_cost::topkdsa_best(p, k)),
+        cost: Some(|p, _, k| cost_best(p, k)),
+        bounds: Some((|p, _, k| cost_best(p, k), cost_worst)),
         exchange: crate::algo::AsExchange::new(
             "SparCML's static regions, sparse/dense allgatherv (TopkDSA)",
         ),

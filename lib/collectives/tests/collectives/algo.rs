@@ -120,6 +120,92 @@ fn each_descriptor_names_its_formula() {
     assert_eq!(Algo::cost_by_name("nope", p, n, k), None);
 }
 
+/// Ok-Topk Table 1, typed in from oktopk.md §2 for P = 16, n = 2^24, k = n/100, through the
+/// descriptors: each row's formula, and both ends where the table gives an interval (TopkDSA,
+/// Ok-Topk); its other rows have none.
+#[test]
+fn descriptors_reproduce_table1() {
+    let (p, n, k) = (16usize, (1u64 << 24) as f64, ((1u64 << 24) / 100) as f64);
+    let (pp, lg) = (p as f64, 4.0);
+    let cost = |name: &str| {
+        let c = name.parse::<Algo>().unwrap().cost(p, n, k).unwrap();
+        (c.latency, c.words)
+    };
+    assert_eq!(cost("rabenseifner"), (2.0 * lg, 2.0 * n * (pp - 1.0) / pp));
+    assert_eq!(cost("topka"), (lg, 2.0 * k * (pp - 1.0)));
+    assert_eq!(cost("topkdsa"), (pp + 2.0 * lg, 4.0 * k * (pp - 1.0) / pp));
+    assert_eq!(cost("gtopk"), (2.0 * lg, 4.0 * k * lg));
+    assert_eq!(cost("gaussiank"), (2.0 * lg, 2.0 * k * (pp - 1.0)));
+    assert_eq!(
+        cost("oktopk"),
+        (2.0 * pp + 2.0 * lg, 6.0 * k * (pp - 1.0) / pp)
+    );
+    let bounds = |a: Algo| {
+        a.bounds(p, n, k)
+            .map(|(b, w)| ((b.latency, b.words), (w.latency, w.words)))
+    };
+    for name in [
+        "rabenseifner",
+        "topka",
+        "topkdsa",
+        "gtopk",
+        "gaussiank",
+        "oktopk",
+    ] {
+        let a: Algo = name.parse().unwrap();
+        let want = match name {
+            "topkdsa" => Some((
+                (pp + 2.0 * lg, 4.0 * k * (pp - 1.0) / pp),
+                (pp + 2.0 * lg, (2.0 * k + n) * (pp - 1.0) / pp),
+            )),
+            "oktopk" => Some((
+                (2.0 * pp + 2.0 * lg, 2.0 * k * (pp - 1.0) / pp),
+                (2.0 * pp + 2.0 * lg, 6.0 * k * (pp - 1.0) / pp),
+            )),
+            _ => None,
+        };
+        assert_eq!(bounds(a), want, "{a}");
+    }
+    // Ok-Topk's worst case beats TopkA's volume for every P > 3.
+    assert!(cost("oktopk").1 < cost("topka").1);
+}
+
+/// DeepSpeed's 1-bit volume: 32× below the ring's for large n; the padding to a multiple of
+/// P·lcm(P, 8) typed in; and where P·lcm(P, 8) or the padded length passes 2^64 the padding
+/// is still the definition's, never a wrapped 0 (a divide by zero) or a wrapped small length
+/// (an absurd speedup).
+#[test]
+fn onebit_formula_pads_as_deepspeed_and_never_wraps() {
+    use gradkit_collectives::onebit::padded;
+    let onebit = |p: usize, n: usize| {
+        "onebit"
+            .parse::<Algo>()
+            .unwrap()
+            .cost(p, n as f64, 0.0)
+            .unwrap()
+    };
+    let ring = |p: usize, n: f64| "ring".parse::<Algo>().unwrap().cost(p, n, 0.0).unwrap();
+    let n = 16usize << 20;
+    let ratio = ring(4, n as f64).bytes() / onebit(4, n).bytes();
+    assert!(ratio > 31.9 && ratio <= 32.0, "{ratio}");
+    assert_eq!(padded(3, 1), 72);
+    assert_eq!(padded(8, 65), 128);
+    // lcm(2^32, 8) = 2^32, so the multiple is 2^64.
+    let p = 1usize << 32;
+    assert_eq!(padded(p, 1), 1u128 << 64);
+    assert_eq!(padded(p, usize::MAX), 1u128 << 64);
+    // n = 2^64 − 1 on 256 ranks: the multiple is 256·256 = 2^16, padded to 2^64.
+    assert_eq!(padded(256, usize::MAX), 1u128 << 64);
+    let c = onebit(256, usize::MAX);
+    // At least its sign bytes: 2(P−1)/P · n/8.
+    assert!(
+        c.bytes() >= 2.0 * 255.0 / 256.0 * (usize::MAX as f64) / 8.0,
+        "{c:?}"
+    );
+    let ratio = ring(256, usize::MAX as f64).bytes() / c.bytes();
+    assert!(ratio > 31.9 && ratio <= 32.0, "{ratio}");
+}
+
 /// Every algorithm appears in the `--algo` table of docs/gradallreduce.md, and the table
 /// names no algorithm that does not exist.
 #[test]

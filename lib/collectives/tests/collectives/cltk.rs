@@ -163,7 +163,7 @@ fn cltk_matches_a_dense_reference_and_its_traffic() {
                     if r == leader {
                         // The leader is the busiest rank: the cost model's messages exactly,
                         // and its words exactly when P divides k (equal ring chunks).
-                        let c = cost::cltk(p, k as f64);
+                        let c = gradkit_collectives::sparse::cltk::cost(p, k as f64);
                         assert_eq!(kids as f64, cost::log2p(p), "{ctx}");
                         let total_msgs = b.msgs_sent + a.msgs_sent;
                         assert_eq!(total_msgs as f64, c.latency, "{ctx}: α terms");

@@ -172,7 +172,7 @@ fn check_volume(
                 } else {
                     *nnz.iter().max().unwrap()
                 };
-                let bound = 4.0 * cost::topka(p, kk as f64).words;
+                let bound = 4.0 * gradkit_collectives::sparse::topka::cost(p, kk as f64).words;
                 prop_assert!(total as f64 <= bound, "{}: {} B > {} B", ctx, total, bound);
             }
             // Table 1: reduction tree and broadcast of ≤ k entries: 4k log P words.
@@ -184,7 +184,7 @@ fn check_volume(
                     "{}",
                     ctx
                 );
-                let bound = 4.0 * cost::gtopk(p, k as f64).words;
+                let bound = 4.0 * gradkit_collectives::sparse::gtopk::cost(p, k as f64).words;
                 prop_assert!(total as f64 <= bound, "{}: {} B > {} B", ctx, total, bound);
             }
             // SparCML: static regions i·n/P; the entries outside the own region go out in the

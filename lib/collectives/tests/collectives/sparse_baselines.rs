@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use gradkit_collectives::registry::Params;
-use gradkit_collectives::{cost, make_reducer, Flat, StepOutput};
+use gradkit_collectives::{make_reducer, Flat, StepOutput};
 use gradkit_comm::{run_local, PhaseCounts};
 use gradkit_core::trace::{Layout, Sparse};
 
@@ -121,7 +121,7 @@ fn topka_volume_is_table1s_2k_p_minus_1_with_k_entries_each() {
         assert!(ins.iter().all(|s| s.len() == k));
         let flats: Vec<Flat> = ins.iter().cloned().map(Flat::Sparse).collect();
         let outs = run_step("topka", &Params::default(), &layout(n), &flats);
-        let words = cost::topka(p, k as f64).words;
+        let words = gradkit_collectives::sparse::topka::cost(p, k as f64).words;
         for (_, t) in &outs {
             assert_eq!(total(t).bytes_sent as f64, 4.0 * words);
         }

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use gradkit_collectives::registry::{Balance, Params};
 use gradkit_collectives::sparse::oktopk::balance_and_allgatherv;
-use gradkit_collectives::{cost, make_reducer, Flat, StepOutput};
+use gradkit_collectives::{make_reducer, Flat, StepOutput};
 use gradkit_comm::{run_local, Comm, PhaseCounts};
 use gradkit_core::trace::{flatten_dense, Layout, Sparse};
 use gradkit_core::PlanRow;
@@ -585,7 +585,7 @@ fn volume_on_a_balanced_synthetic_trace_is_within_6k_and_below_topka() {
         };
         let k = params.k_for(n) as f64;
         let outs = run(&params, &lay, &inputs);
-        let bound = cost::oktopk_worst(p, k).words;
+        let bound = gradkit_collectives::sparse::oktopk::cost_worst(p, k).words;
         for r in 0..p {
             // Step 1 reuses both thresholds: split_and_reduce + balance_and_allgatherv.
             let tr = &outs[r][1].1;
@@ -604,7 +604,10 @@ fn volume_on_a_balanced_synthetic_trace_is_within_6k_and_below_topka() {
                 recv as f64 <= 4.0 * bound + slack,
                 "P={p} rank {r}: recv {recv} B > {bound} words"
             );
-            assert!((sent as f64) < 4.0 * cost::topka(p, k).words, "below TopkA");
+            assert!(
+                (sent as f64) < 4.0 * gradkit_collectives::sparse::topka::cost(p, k).words,
+                "below TopkA"
+            );
         }
         // TopkA on the same input moves exactly 2k(P−1) words per rank.
         let topka = run_local(p, |comm| {
@@ -615,7 +618,7 @@ fn volume_on_a_balanced_synthetic_trace_is_within_6k_and_below_topka() {
         .unwrap();
         assert!(topka
             .iter()
-            .all(|&b| b as f64 == 4.0 * cost::topka(p, k).words));
+            .all(|&b| b as f64 == 4.0 * gradkit_collectives::sparse::topka::cost(p, k).words));
     }
 }
 
@@ -721,7 +724,7 @@ fn check_adjust(p: usize, scale: impl Fn(usize) -> f32) -> (usize, usize) {
             3 * c <= 4 * k && 3 * c >= 2 * k,
             "P={p} t={t}: count {c}, k {k}"
         );
-        let bound = cost::oktopk_worst(p, k as f64).words;
+        let bound = gradkit_collectives::sparse::oktopk::cost_worst(p, k as f64).words;
         for r in 0..p {
             assert_eq!(bits(res(&outs[r][t].0)), bits(res(o0)), "P={p} t={t} r={r}");
             let tr = &outs[r][t].1;

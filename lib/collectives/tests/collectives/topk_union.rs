@@ -3,13 +3,13 @@
 //! sorting), the result is the f64 sum over ranks of their accumulators at the union of the
 //! picks, every residual is its accumulator with the union zeroed; every rank's bytes and
 //! messages per phase follow the ring allgatherv of k indices + the ring allreduce of the
-//! union's values, held against `cost::topk_union_bytes_sent` (every rank) and
-//! `cost::topk_union` (when P divides the union).
+//! union's values, held against `sparse::topk_union::bytes_sent` (every rank) and
+//! `sparse::topk_union::cost` (when P divides the union).
 
 #![allow(clippy::needless_range_loop)] // ranks × steps tables read clearest by index
 
 use gradkit_collectives::registry::Params;
-use gradkit_collectives::{cost, make_reducer, Flat, Op};
+use gradkit_collectives::{make_reducer, Flat, Op};
 use gradkit_comm::run_local;
 use gradkit_core::trace::{Layout, Sparse};
 
@@ -154,10 +154,11 @@ fn topk_union_matches_a_dense_reference_and_its_traffic() {
                         let msgs: u64 = tr.values().map(|c| c.msgs_sent).sum();
                         assert_eq!(
                             total,
-                            cost::topk_union_bytes_sent(p, k, u, r),
+                            gradkit_collectives::sparse::topk_union::bytes_sent(p, k, u, r),
                             "{ctx}: exact bytes"
                         );
-                        let c = cost::topk_union(p, k as f64, u as f64);
+                        let c =
+                            gradkit_collectives::sparse::topk_union::cost(p, k as f64, u as f64);
                         assert_eq!(msgs as f64, c.latency, "{ctx}: α terms");
                         if u.is_multiple_of(p) {
                             assert_eq!(total as f64, c.bytes(), "{ctx}: words");
