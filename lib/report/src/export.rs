@@ -667,6 +667,19 @@ pub enum FigFormat {
 }
 
 impl FigFormat {
+    /// Every format, in the order `--help` lists them.
+    pub const ALL: &'static [FigFormat] = &[FigFormat::Svg, FigFormat::Pdf, FigFormat::Png];
+
+    /// Its name on the command line (`--also`), its file extension.
+    pub const fn name(self) -> &'static str {
+        self.ext()
+    }
+
+    /// One line for `--help` (none: the name says it).
+    pub const fn help(self) -> Option<&'static str> {
+        None
+    }
+
     /// The format of `path` by its extension (case-insensitive), None when it names none
     /// of them.
     pub fn of_path(path: &std::path::Path) -> Option<Self> {
@@ -679,7 +692,7 @@ impl FigFormat {
         }
     }
 
-    pub fn ext(self) -> &'static str {
+    pub const fn ext(self) -> &'static str {
         match self {
             FigFormat::Svg => "svg",
             FigFormat::Pdf => "pdf",
@@ -696,6 +709,8 @@ impl FigFormat {
         }
     }
 }
+
+gradkit_core::named!(FigFormat, "--also");
 
 /// `-o PATH` plus `--also` formats: each file with its format, `PATH` first, the others
 /// beside it with their own extension (duplicates dropped).

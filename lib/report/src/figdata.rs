@@ -38,6 +38,29 @@ pub enum XAxis {
 }
 
 impl XAxis {
+    /// Every axis, in the order `--help` lists them.
+    pub const ALL: &'static [XAxis] = &[XAxis::Step, XAxis::Time, XAxis::Bytes];
+
+    /// Its `--x` name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            XAxis::Step => "step",
+            XAxis::Time => "time",
+            XAxis::Bytes => "bytes",
+        }
+    }
+
+    /// One line for `--help`.
+    pub const fn help(self) -> Option<&'static str> {
+        Some(match self {
+            XAxis::Step => "Training step",
+            XAxis::Time => {
+                "Wall time since the start of the run: per step, the slowest rank's time, summed"
+            }
+            XAxis::Bytes => "Bytes sent per rank (median over ranks), summed over the steps",
+        })
+    }
+
     pub fn label(self) -> &'static str {
         match self {
             XAxis::Step => "step (iterations)",
@@ -54,6 +77,8 @@ impl XAxis {
         }
     }
 }
+
+gradkit_core::named!(XAxis, "--x");
 
 /// The phases of a training step that gradtrain times; their sum is the step's time when
 /// the input has no `time_step_s`.

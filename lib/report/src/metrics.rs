@@ -263,11 +263,47 @@ pub enum Stat {
 }
 
 impl Stat {
+    /// Every statistic, in the order `--help` lists them.
+    pub const ALL: &'static [Stat] = &[
+        Stat::Median,
+        Stat::Mean,
+        Stat::Min,
+        Stat::Max,
+        Stat::Sum,
+        Stat::Last,
+    ];
+
+    /// Its `--stat` name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Stat::Median => "median",
+            Stat::Mean => "mean",
+            Stat::Min => "min",
+            Stat::Max => "max",
+            Stat::Sum => "sum",
+            Stat::Last => "last",
+        }
+    }
+
+    /// One line for `--help`.
+    pub const fn help(self) -> Option<&'static str> {
+        Some(match self {
+            Stat::Median => "Median over every (run, step, rank) sample of the group",
+            Stat::Mean => "Arithmetic mean over the samples",
+            Stat::Min => "Smallest sample",
+            Stat::Max => "Largest sample",
+            Stat::Sum => "Sum of the samples (e.g. total bytes of all ranks over all steps)",
+            Stat::Last => "Median over the samples of the group's last step (e.g. final loss)",
+        })
+    }
+
     /// Whether min–max is shown beside the value (where a spread is what people read).
     pub fn shows_range(self) -> bool {
         matches!(self, Stat::Median | Stat::Mean)
     }
 }
+
+gradkit_core::named!(Stat, "--stat");
 
 /// Median of a non-empty slice (mean of the two middle values for an even count).
 pub fn median(values: &[f64]) -> f64 {

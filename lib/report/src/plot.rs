@@ -29,6 +29,39 @@ pub enum Kind {
     Scaling,
 }
 
+impl Kind {
+    /// Every kind, in the order `--help` lists them.
+    pub const ALL: &'static [Kind] = &[Kind::Loss, Kind::Breakdown, Kind::Volume, Kind::Scaling];
+
+    /// Its name on the command line.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Kind::Loss => "loss",
+            Kind::Breakdown => "breakdown",
+            Kind::Volume => "volume",
+            Kind::Scaling => "scaling",
+        }
+    }
+
+    /// One line for `--help`.
+    pub const fn help(self) -> Option<&'static str> {
+        Some(match self {
+            Kind::Loss => "Loss (and accuracy, when present) vs step, one line per run",
+            Kind::Breakdown => {
+                "Stacked compute / select / comm time per step, one bar per algorithm and P"
+            }
+            Kind::Volume => {
+                "Bytes per rank and step vs P, measured points on the cost model's lines (log-log)"
+            }
+            Kind::Scaling => {
+                "The cost model's projected time per step vs P, one line per algorithm (log-log)"
+            }
+        })
+    }
+}
+
+gradkit_core::named!(Kind, "figure kind");
+
 /// Options of `gradreport plot`.
 #[derive(Clone, Debug)]
 pub struct PlotOpts {

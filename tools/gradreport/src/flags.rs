@@ -1,18 +1,18 @@
 //! gradreport's command-line vocabulary that is not the subcommands themselves: the
 //! `simulate` flags ([`SimulateArgs`], checked into the library's
-//! [`gradkit_report::simulate::SimulateOpts`]) and the value lists of the library's enums
-//! (clap's `ValueEnum`, mapped onto them: the library has no clap).
+//! [`gradkit_report::simulate::SimulateOpts`]). The library's option enums (`plot::Kind`,
+//! `export::FigFormat`, `figdata::XAxis`, `metrics::Stat`) carry their names and help lines
+//! themselves; clap lists them through `gradkit_core::cli::named`.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use gradkit_core::cli::Format;
 use gradkit_report::simgrid::{self, Compute, Platform, Topology};
 use gradkit_report::simulate::{
     check_piecewise, check_smpi_cfg, parse_rate, parse_time, SimulateOpts, MAX_NODES,
 };
-use gradkit_report::{export, figdata, metrics, plot};
 
 /// `gradreport simulate`'s flags (docs/SIMULATE.md).
 #[derive(Args, Clone, Debug)]
@@ -189,74 +189,5 @@ impl SimulateArgs {
             output: self.output.clone(),
             format: self.format,
         })
-    }
-}
-
-/// Defines a clap value list with the variants (and their help) of a library enum, and maps
-/// it onto that enum.
-macro_rules! value_enum {
-    ($(#[$m:meta])* $name:ident => $lib:path { $($(#[$vm:meta])* $v:ident),* $(,)? }) => {
-        $(#[$m])*
-        #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-        pub enum $name {
-            $($(#[$vm])* $v,)*
-        }
-
-        impl From<$name> for $lib {
-            fn from(v: $name) -> Self {
-                match v {
-                    $($name::$v => <$lib>::$v,)*
-                }
-            }
-        }
-    };
-}
-
-value_enum! {
-    /// Which figure to draw.
-    Kind => plot::Kind {
-        /// Loss (and accuracy, when present) vs step, one line per run
-        Loss,
-        /// Stacked compute / select / comm time per step, one bar per algorithm and P
-        Breakdown,
-        /// Bytes per rank and step vs P, measured points on the cost model's lines (log-log)
-        Volume,
-        /// The cost model's projected time per step vs P, one line per algorithm (log-log)
-        Scaling,
-    }
-}
-
-value_enum! {
-    /// A figure file format, named by `--also`.
-    FigFormat => export::FigFormat { Svg, Pdf, Png }
-}
-
-value_enum! {
-    /// The x axis of a loss plot.
-    XAxis => figdata::XAxis {
-        /// Training step
-        Step,
-        /// Wall time since the start of the run: per step, the slowest rank's time, summed
-        Time,
-        /// Bytes sent per rank (median over ranks), summed over the steps
-        Bytes,
-    }
-}
-
-value_enum! {
-    /// How the samples of one group become one number.
-    Stat => metrics::Stat {
-        /// Median over every (run, step, rank) sample of the group
-        Median,
-        /// Arithmetic mean over the samples
-        Mean,
-        /// Smallest sample
-        Min,
-        /// Largest sample
-        Max,
-        /// Sum of the samples (e.g. total bytes of all ranks over all steps)
-        Sum,
-        /// Median over the samples of the group's last step (e.g. final loss)
-        Last,
     }
 }

@@ -11,13 +11,13 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
-use gradkit_core::cli::{self, Format};
+use gradkit_core::cli::{self, named, Format};
 use gradkit_core::io::TensorStream;
 use gradkit_core::MetricRow;
 use gradkit_core::{Input, Output, ReadOptions};
 use gradkit_report::export::{self, FigFormat};
 use gradkit_report::figdata::{self, XAxis};
-use gradkit_report::metrics;
+use gradkit_report::metrics::{self, Stat};
 use gradkit_report::model::{self, ModelParams};
 use gradkit_report::plot::{self, Kind, PlotOpts};
 use gradkit_report::table::{self, TableOpts};
@@ -89,8 +89,8 @@ gradreport table r?.parquet --per-file --metric time_comm_s,bytes_sent"
         #[arg(long, value_name = "NAMES", value_delimiter = ',')]
         metric: Option<Vec<String>>,
         /// How the samples of a group become one number
-        #[arg(long, value_enum, default_value_t = flags::Stat::Median)]
-        stat: flags::Stat,
+        #[arg(long, default_value_t = Stat::Median, value_parser = named(Stat::ALL, Stat::name, Stat::help))]
+        stat: Stat,
         /// Do not show min–max beside medians and means
         #[arg(long)]
         no_range: bool,
@@ -225,8 +225,8 @@ fn with_model(mut rows: Vec<MetricRow>, a: &ModelArgs, figure: bool) -> Result<V
 #[derive(clap::Args)]
 struct PlotArgs {
     /// Which figure
-    #[arg(value_enum)]
-    kind: flags::Kind,
+    #[arg(value_parser = named(Kind::ALL, Kind::name, Kind::help))]
+    kind: Kind,
     /// metrics/1 files (stdin when none)
     #[arg(value_name = "METRICS")]
     files: Vec<PathBuf>,
@@ -235,15 +235,15 @@ struct PlotArgs {
     #[arg(short = 'o', long = "output", value_name = "FIG")]
     output: PathBuf,
     /// Also write these formats beside -o (its name, their extension): svg, pdf, png
-    #[arg(long, value_enum, value_name = "FORMATS", value_delimiter = ',')]
-    also: Vec<flags::FigFormat>,
+    #[arg(long, value_name = "FORMATS", value_delimiter = ',', value_parser = named(FigFormat::ALL, FigFormat::name, FigFormat::help))]
+    also: Vec<FigFormat>,
     /// Write the plotted values as CSV (panel, series, x, y, y_min, y_max, y_smooth)
     #[arg(long, value_name = "FILE")]
     csv: Option<PathBuf>,
     /// plot loss: the x axis (step; time: wall time; bytes: bytes sent per rank, both
     /// summed over the steps)
-    #[arg(long = "x", value_enum, default_value_t = flags::XAxis::Step)]
-    x: flags::XAxis,
+    #[arg(long = "x", default_value_t = XAxis::Step, value_parser = named(XAxis::ALL, XAxis::name, XAxis::help))]
+    x: XAxis,
     /// plot loss: draw the trailing mean over N points (the raw line faint beneath)
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=100000))]
@@ -314,8 +314,6 @@ fn plot_figure(p: PlotArgs) -> Result<()> {
         size,
         model,
     } = p;
-    let (kind, x): (Kind, XAxis) = (kind.into(), x.into());
-    let also: Vec<FigFormat> = also.into_iter().map(FigFormat::from).collect();
     let to_stdout = output.as_os_str() == "-";
     let targets = plot_targets(kind, x, smooth, &output, &also);
     let inputs: Vec<_> = files
@@ -421,7 +419,7 @@ fn body(args: Args) -> Result<()> {
             let opts = TableOpts {
                 by: metrics::parse_cols(&by)?,
                 metrics: metric,
-                stat: stat.into(),
+                stat,
                 range: !no_range,
                 format,
             };
