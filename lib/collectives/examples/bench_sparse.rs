@@ -169,7 +169,7 @@ fn bench_p(p: usize, model: &str, scale: f64, density: f64) -> anyhow::Result<()
     let (layout, dense) = synth_dense(model, scale, p)?;
     let n = layout.total();
     let params = Params {
-        density,
+        keep: gradkit_core::keep::Keep::Density(density),
         residual: true,
         ..Params::default()
     };

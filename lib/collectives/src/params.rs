@@ -145,10 +145,10 @@ gradkit_core::named!(Split, "--split");
 #[derive(Clone, Debug)]
 pub struct Params {
     pub op: Op,
-    /// Target density for algorithms that select (dense input) or keep top-k (gtopk).
-    pub density: f64,
-    /// Exact k instead of density.
-    pub k: Option<u64>,
+    /// What the algorithms that select (dense input) or keep top-k (gtopk) keep: a density
+    /// k/n or an exact k (`--density`, `--k`), checked where it is built ([`Keep::density`],
+    /// [`Keep::count`]).
+    pub keep: Keep,
     /// Ok-Topk: space repartition period τ.
     pub period: u32,
     /// Ok-Topk: global threshold re-evaluation period τ'.
@@ -179,8 +179,7 @@ impl Default for Params {
     fn default() -> Self {
         Params {
             op: Op::Sum,
-            density: DEFAULT_DENSITY,
-            k: None,
+            keep: Keep::Density(DEFAULT_DENSITY),
             period: 64,
             reeval: 32,
             adjust: Adjust::Ladder,
@@ -197,17 +196,9 @@ impl Default for Params {
 }
 
 impl Params {
-    /// What is kept of dense input: `k`, else `density`.
-    pub fn keep(&self) -> Keep {
-        match self.k {
-            Some(k) => Keep::K(k),
-            None => Keep::Density(self.density),
-        }
-    }
-
     /// k for a model of n elements: `--k`, else floor(density·n), at least 1 when n > 0
     /// ([`Keep::k`], the one rule).
     pub fn k_for(&self, n: u64) -> u64 {
-        self.keep().k(n)
+        self.keep.k(n)
     }
 }

@@ -7,6 +7,7 @@
 use gradkit_collectives::registry::Params;
 use gradkit_collectives::{make_reducer, Flat};
 use gradkit_comm::run_local;
+use gradkit_core::keep::Keep;
 use gradkit_core::trace::{Layout, Sparse};
 use gradkit_cuda::check;
 use gradkit_cuda::resident::Resident;
@@ -63,7 +64,7 @@ fn sparse_reducers_on_an_emulated_gpu_equal_the_host() {
         let run = |device: bool| -> Vec<Vec<Sparse>> {
             run_local(2, |comm| {
                 let params = Params {
-                    density: 0.02,
+                    keep: Keep::Density(0.02),
                     reeval: 2,
                     resident: device
                         .then(|| emulated(Variant::Plain) as &'static dyn DeviceKernels),

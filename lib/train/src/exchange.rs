@@ -121,7 +121,7 @@ pub fn make(cfg: &TrainConfig, model: &Model) -> Result<Box<dyn Exchange>> {
     let algo = cfg.exchange.algo();
     let params = Params {
         op: Op::Sum,
-        density: cfg.density,
+        keep: gradkit_core::keep::Keep::Density(cfg.density),
         period: cfg.period,
         reeval: cfg.reeval,
         adjust: cfg.adjust,
@@ -454,7 +454,7 @@ const ONEBIT_PREFIX: &str = "onebit.";
 
 impl Exchange for OneBit {
     fn method(&self) -> String {
-        "onebit".into()
+        self.reducer.name().into()
     }
 
     fn update(&mut self, comm: &dyn Comm, io: &mut StepIo, g: Vec<f32>) -> Result<()> {

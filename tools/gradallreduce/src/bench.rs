@@ -324,7 +324,7 @@ fn takes_selection(algo: Algo) -> bool {
 /// gradallreduce run them), the rest at their defaults.
 fn sparse_params(args: &BenchArgs) -> Params {
     Params {
-        density: args.density,
+        keep: Keep::Density(args.density),
         residual: true,
         seed: args.seed,
         kernels: kernels(args),

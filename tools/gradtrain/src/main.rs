@@ -516,17 +516,19 @@ fn check_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
     gradkit_comm::launch::check_ranks_flag(a.ranks)?;
     gradkit_train::train::check_config(&config(a)?)?;
     ignored_flags(a, given)?;
-    if a.adjust.is_some() && a.exchange != "oktopk" {
-        anyhow::bail!(
-            "--adjust applies to --exchange oktopk only, not `{}` (it would be ignored) (flag --adjust)",
-            a.exchange
-        );
-    }
-    if a.reeval_step_d.is_some() && a.exchange != "oktopk" {
-        anyhow::bail!(
-            "--reeval-step-d applies to --exchange oktopk only, not `{}` (it would be ignored) (flag --reeval-step-d)",
-            a.exchange
-        );
+    let exchange: Exchange = exchange_name(a).parse().map_err(anyhow::Error::msg)?;
+    for (knob, given) in [
+        (Knob::Adjust, a.adjust.is_some()),
+        (Knob::ReevalStepD, a.reeval_step_d.is_some()),
+    ] {
+        if given && !exchange.reads(knob) {
+            let flag = knob.flag();
+            anyhow::bail!(
+                "{flag} applies to --exchange {} only, not `{}` (it would be ignored) (flag {flag})",
+                knob.readers().join(" or "),
+                a.exchange
+            );
+        }
     }
     if (a.onebit_exact || a.onebit_clip.is_some() || a.onebit_mask.is_some())
         && !optimizer(a)?.is_onebit()

@@ -9,6 +9,7 @@
 use gradkit_collectives::registry::Params;
 use gradkit_collectives::{cost, make_reducer, Flat, Op};
 use gradkit_comm::run_local;
+use gradkit_core::keep::Keep;
 use gradkit_core::trace::{Layout, Sparse};
 
 use crate::common;
@@ -75,7 +76,7 @@ fn cltk_matches_a_dense_reference_and_its_traffic() {
         for p in 1..=5usize {
             let g = gradients(100 * ci as u64 + p as u64, case.steps, p, n);
             let params = Params {
-                density: case.density,
+                keep: Keep::Density(case.density),
                 ..Params::default()
             };
             let k = (case.density * n as f64).floor() as usize;
@@ -217,7 +218,7 @@ fn mean_divides_by_p_and_no_feedback_keeps_no_residual() {
     for p in 1..=5usize {
         let g = gradients(7 + p as u64, 3, p, n);
         let params = Params {
-            k: Some(11),
+            keep: Keep::K(11),
             op: Op::Mean,
             residual: false,
             ..Params::default()

@@ -505,7 +505,7 @@ fn cases() -> Vec<(String, Case)> {
 
 fn params(density: f64) -> Params {
     Params {
-        density,
+        keep: gradkit_core::keep::Keep::Density(density),
         period: 3,
         reeval: 2,
         ..Params::default()

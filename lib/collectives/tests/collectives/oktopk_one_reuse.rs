@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 
 use crate::common;
 use common::Rng;
+use gradkit_core::keep::Keep;
 
 /// Heavy-tailed accumulators that grow over the steps (as error feedback makes them), a
 /// different one per rank and step.
@@ -68,7 +69,7 @@ fn collective_and_gradselect_select_the_same_local_sets() {
             // Without the collective's own error feedback its accumulator is the input, the
             // accumulator gradselect would form from the same trace and residuals.
             let params = Params {
-                k: Some(k as u64),
+                keep: Keep::K(k as u64),
                 reeval: tau,
                 adjust,
                 residual: false,
@@ -113,7 +114,7 @@ fn paper_policy_reuses_the_global_threshold_unchanged() {
     for p in 2..=4usize {
         let ins = inputs(p, steps, n, 70 + p as u64);
         let params = Params {
-            k: Some(k as u64),
+            keep: Keep::K(k as u64),
             reeval: tau,
             adjust: Adjust::Paper,
             residual: false,

@@ -29,6 +29,7 @@ use gradkit_comm::{run_local, Comm, PhaseCounts};
 
 use crate::common;
 use common::{res, Rng};
+use gradkit_core::keep::Keep;
 
 type Traffic = BTreeMap<String, PhaseCounts>;
 
@@ -218,7 +219,7 @@ fn step_d_on_reevaluation_steps_matches_a_dense_reference() {
                         let ctx0 = format!("{mode} {balance} P={p} seed {seed} k={k}");
                         let g = gradients(seed * 100 + p as u64, steps, p, n);
                         let params = Params {
-                            k: Some(k as u64),
+                            keep: Keep::K(k as u64),
                             reeval,
                             period: 2,
                             adjust: Adjust::Paper,
@@ -382,7 +383,7 @@ fn default_is_skip_and_run_adds_step_d_traffic_only() {
         })
         .collect();
     let base = Params {
-        k: Some(k as u64),
+        keep: Keep::K(k as u64),
         reeval: 2,
         ..Params::default()
     };

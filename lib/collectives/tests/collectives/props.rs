@@ -120,7 +120,7 @@ fn world() -> impl Strategy<Value = (usize, usize, f64, u64, usize, u32)> {
 
 fn params(density: f64, reeval: u32, seed: u64) -> Params {
     Params {
-        density,
+        keep: gradkit_core::keep::Keep::Density(density),
         reeval,
         period: 2,
         residual: true,

@@ -9,6 +9,7 @@
 use gradkit_collectives::registry::Params;
 use gradkit_collectives::{make_reducer, Flat, StepOutput};
 use gradkit_comm::run_local;
+use gradkit_core::keep::Keep;
 use gradkit_core::trace::Layout;
 use gradkit_sparsify::oktopk::{Adjust, Bands};
 use gradkit_sparsify::resident::{Counting, DeviceKernels, Transfers};
@@ -141,7 +142,7 @@ fn check(algo: &str, params: Params, extra_up: u64, down: impl Fn(usize, &StepOu
 
 fn sparse(reeval: u32, adjust: Adjust) -> Params {
     Params {
-        density: 0.01,
+        keep: Keep::Density(0.01),
         reeval,
         period: 3,
         adjust,

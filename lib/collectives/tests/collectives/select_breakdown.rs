@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use gradkit_collectives::registry::Params;
 use gradkit_collectives::{make_reducer, Flat, StepOutput};
 use gradkit_comm::{run_local, PhaseCounts};
+use gradkit_core::keep::Keep;
 use gradkit_core::trace::Layout;
 use gradkit_core::PlanRow;
 
@@ -60,7 +61,7 @@ fn layout() -> Layout {
 fn deft_times_norms_bin_packing_and_its_top_k_apart() {
     let lay = layout();
     let params = Params {
-        density: 0.02,
+        keep: Keep::Density(0.02),
         ..Params::default()
     };
     for p in [1usize, 2, 3, 4] {
@@ -122,7 +123,7 @@ fn deft_with_a_plan_computes_no_norms_and_packs_nothing() {
 fn the_baselines_time_their_top_k_where_it_runs() {
     let lay = layout();
     let params = Params {
-        density: 0.02,
+        keep: Keep::Density(0.02),
         ..Params::default()
     };
     for p in [1usize, 2, 3] {

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use gradkit_collectives::registry::Params;
 use gradkit_collectives::{make_reducer, Flat, StepOutput};
 use gradkit_comm::{run_local, PhaseCounts};
+use gradkit_core::keep::Keep;
 use gradkit_core::trace::{Layout, Sparse};
 
 use crate::common;
@@ -233,7 +234,7 @@ fn gtopk_equals_the_tree_formula() {
         let ins: Vec<Sparse> = (0..p).map(|_| rand_sparse(&mut rng, n, k)).collect();
         let flats: Vec<Flat> = ins.iter().cloned().map(Flat::Sparse).collect();
         let params = Params {
-            k: Some(k as u64),
+            keep: Keep::K(k as u64),
             ..Params::default()
         };
         let outs = run_step("gtopk", &params, &layout(n), &flats);
@@ -266,7 +267,7 @@ fn gaussiank_selects_above_its_threshold_and_sums_like_topka() {
     let n = 4000usize;
     let p = 3;
     let params = Params {
-        density: 0.01,
+        keep: Keep::Density(0.01),
         ..Params::default()
     };
     let k = params.k_for(n as u64) as usize;
@@ -315,7 +316,7 @@ fn dense_input_error_feedback_conserves_the_gradient() {
     let p = 2;
     let steps = 3;
     let params = Params {
-        k: Some(10),
+        keep: Keep::K(10),
         ..Params::default()
     };
     let mut rng = Rng::new(9);

@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use gradkit_collectives::registry::Params;
 use gradkit_collectives::{make_reducer, Flat, StepOutput};
 use gradkit_comm::{run_local, PhaseCounts};
+use gradkit_core::keep::Keep;
 use gradkit_core::trace::{Layout, Sparse};
 use gradkit_core::PlanRow;
 
@@ -61,7 +62,7 @@ fn deft_sums_every_rank_at_the_disjoint_union() {
             })
             .collect();
         let params = Params {
-            density: 0.02,
+            keep: Keep::Density(0.02),
             ..Params::default()
         };
         let outs = run(p, &params, &lay, &g);

@@ -13,6 +13,7 @@ use common::{layout, res, topk_by_sorting};
 use gradkit_collectives::registry::Params;
 use gradkit_collectives::{make_reducer, Flat, StepOutput};
 use gradkit_comm::run_local;
+use gradkit_core::keep::Keep;
 use gradkit_core::trace::Layout;
 use gradkit_testkit::rng::Rng;
 
@@ -86,7 +87,7 @@ fn every_residual_entry_is_zero_or_exactly_the_accumulator() {
     let (p, n, steps) = (4, 70_001, 4);
     let lay = layout(n as u64, 3);
     let params = Params {
-        density: 0.01,
+        keep: Keep::Density(0.01),
         ..Params::default()
     };
     let g = grads(11, steps, p, n);
@@ -121,7 +122,7 @@ fn topka_is_algorithm_2_written_out() {
     let (p, n, steps, k) = (3, 66_000, 4, 500);
     let lay = layout(n as u64, 2);
     let params = Params {
-        k: Some(k as u64),
+        keep: Keep::K(k as u64),
         ..Params::default()
     };
     let g = grads(12, steps, p, n);
@@ -161,7 +162,7 @@ fn a_run_cut_in_two_by_its_state_equals_one_run() {
     let (p, n, steps) = (4, 70_001, 4);
     let lay = layout(n as u64, 3);
     let params = Params {
-        density: 0.01,
+        keep: Keep::Density(0.01),
         ..Params::default()
     };
     let g = grads(13, steps, p, n);

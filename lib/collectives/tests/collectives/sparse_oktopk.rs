@@ -13,6 +13,7 @@ use gradkit_collectives::registry::{Balance, Params};
 use gradkit_collectives::sparse::oktopk::balance_and_allgatherv;
 use gradkit_collectives::{make_reducer, Flat, StepOutput};
 use gradkit_comm::{run_local, Comm, PhaseCounts};
+use gradkit_core::keep::Keep;
 use gradkit_core::trace::{flatten_dense, Layout, Sparse};
 use gradkit_core::PlanRow;
 
@@ -180,7 +181,7 @@ fn exact_steps_give_topk_of_the_sum_and_reuse_steps_the_recorded_threshold() {
                 .map(|v| v.iter().cloned().map(Flat::Sparse).collect())
                 .collect();
             let params = Params {
-                k: Some(k as u64),
+                keep: Keep::K(k as u64),
                 reeval,
                 period: 2,
                 ..Params::default()
@@ -293,7 +294,7 @@ fn dense_input_error_feedback_is_conserved() {
     let n = 700usize;
     let (p, k, steps) = (3usize, 25usize, 5usize);
     let params = Params {
-        k: Some(k as u64),
+        keep: Keep::K(k as u64),
         reeval: 2,
         ..Params::default()
     };
@@ -370,7 +371,7 @@ fn p1_is_the_local_topk_and_density_one_the_dense_sum() {
     // P = 1, dense input: the exact local top-k, no traffic.
     let g: Vec<f32> = (0..n).map(|_| rng.val()).collect();
     let params = Params {
-        k: Some(20),
+        keep: Keep::K(20),
         ..Params::default()
     };
     let outs = run(&params, &layout(n as u64), &[vec![Flat::Dense(g.clone())]]);
@@ -395,7 +396,7 @@ fn p1_is_the_local_topk_and_density_one_the_dense_sum() {
             .map(|v| v.iter().cloned().map(Flat::Dense).collect())
             .collect();
         let params = Params {
-            density: 1.0,
+            keep: Keep::Density(1.0),
             reeval: 2,
             ..Params::default()
         };
@@ -575,7 +576,7 @@ fn volume_on_a_balanced_synthetic_trace_is_within_6k_and_below_topka() {
             })
             .collect();
         let params = Params {
-            density: 0.01,
+            keep: Keep::Density(0.01),
             reeval: 2,
             // The bound presumes local counts ≈ k: without error feedback the reused local
             // threshold selects about k on the drifting trace (with it, the accumulator grows
@@ -682,7 +683,7 @@ fn check_adjust(p: usize, scale: impl Fn(usize) -> f32) -> (usize, usize) {
         .map(|v| v.iter().cloned().map(Flat::Sparse).collect())
         .collect();
     let params = Params {
-        k: Some(k as u64),
+        keep: Keep::K(k as u64),
         reeval: 8,
         period: 64,
         ..Params::default()

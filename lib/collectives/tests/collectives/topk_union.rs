@@ -11,6 +11,7 @@
 use gradkit_collectives::registry::Params;
 use gradkit_collectives::{make_reducer, Flat, Op};
 use gradkit_comm::run_local;
+use gradkit_core::keep::Keep;
 use gradkit_core::trace::{Layout, Sparse};
 
 use crate::common;
@@ -59,7 +60,7 @@ fn topk_union_matches_a_dense_reference_and_its_traffic() {
             for seed in [1u64, 2] {
                 let g = gradients(1000 * ci as u64 + 10 * p as u64 + seed, steps, p, n, common);
                 let params = Params {
-                    density,
+                    keep: Keep::Density(density),
                     ..Params::default()
                 };
                 let k = (density * n as f64).floor() as usize;
@@ -208,7 +209,7 @@ fn mean_divides_by_p_and_no_feedback_keeps_no_residual() {
     let sum = run(
         p,
         &Params {
-            k: Some(k as u64),
+            keep: Keep::K(k as u64),
             ..Params::default()
         },
         &lay,
@@ -217,7 +218,7 @@ fn mean_divides_by_p_and_no_feedback_keeps_no_residual() {
     let mean = run(
         p,
         &Params {
-            k: Some(k as u64),
+            keep: Keep::K(k as u64),
             op: Op::Mean,
             residual: false,
             ..Params::default()

@@ -79,13 +79,19 @@ impl Embrace {
             cfg.opt.beta2,
             cfg.opt.eps,
         ));
-        let mut ex = Embrace {
+        let ex = Embrace {
             allgather,
             raw: cfg.exchange == ExchangeName::AllGather { raw: true },
             embrace_sched: !allgather && cfg.schedule == Schedule::Embrace,
+            // The row's `method`: EXCHANGE[-unique]-SCHEDULE (the lookup only changes EmbRace's).
             method: format!(
-                "{}-{}",
+                "{}{}-{}",
                 cfg.exchange,
+                if !allgather && cfg.lookup == Lookup::Unique {
+                    "-unique"
+                } else {
+                    ""
+                },
                 if allgather {
                     "fifo"
                 } else {
@@ -120,9 +126,6 @@ impl Embrace {
             overlap_s: 0.0,
             bytes: [0; 4],
         };
-        if ex.method.starts_with("embrace") && ex.lookup_unique {
-            ex.method = ex.method.replacen("embrace", "embrace-unique", 1);
-        }
         Ok(ex)
     }
 

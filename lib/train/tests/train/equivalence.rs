@@ -7,6 +7,7 @@
 
 use gradkit_collectives::{make_reducer, Flat, Op, Params};
 use gradkit_comm::World;
+use gradkit_core::keep::Keep;
 use gradkit_core::trace::{flatten_dense, Layout};
 use gradkit_core::TensorRow;
 use gradkit_train::model::{Model, ModelSpec};
@@ -71,7 +72,7 @@ fn replay(
 ) -> Vec<Replayed> {
     let params = Params {
         op: Op::Sum,
-        density: cfg.density,
+        keep: Keep::Density(cfg.density),
         period: cfg.period,
         reeval: cfg.reeval,
         adjust: cfg.adjust,

@@ -186,8 +186,7 @@ impl ReduceArgs {
         };
         Ok(Params {
             op: self.op,
-            density: self.density,
-            k: self.k,
+            keep: self.k.map_or(Keep::Density(self.density), Keep::K),
             period: self.period,
             reeval: self.reeval,
             adjust: Adjust::parse(&self.adjust).context("--adjust")?,

@@ -60,7 +60,7 @@ fn load(
         );
     }
     let ranks_here = world.backend().ranks_per_process(world.size());
-    check_memory(args.algo.name(), &first, &layout, ranks_here, world.size())
+    check_memory(args.algo, &first, &layout, ranks_here, world.size())
         .with_context(|| format!("in {source}"))?;
     if let Some(path) = &args.plan {
         check_plan(path, args.algo, &layout, world.size(), first_step)
@@ -161,7 +161,7 @@ fn check_plan(
 /// algorithms densify their region (n/P; counted twice for the temporaries) and, for dense
 /// input, keep a residual of the model per rank. `rows`: the first step.
 fn check_memory(
-    algo: &str,
+    algo: Algo,
     rows: &[TensorRow],
     layout: &Layout,
     ranks_here: usize,
@@ -169,10 +169,8 @@ fn check_memory(
 ) -> Result<()> {
     use gradkit_core::budget;
     let n: u128 = layout.layers.iter().map(|l| l.numel as u128).sum();
-    let dense_result = matches!(
-        algo,
-        "ring" | "rabenseifner" | "tree" | "native" | "onebit" | "onebit-naive" | "embrace"
-    );
+    // Every family but the sparse one gives a dense result.
+    let dense_result = algo.family() != Family::Sparse;
     let any_sparse = rows.iter().any(|r| !r.is_dense());
     if (!dense_result || any_sparse) && n > u32::MAX as u128 + 1 {
         bail!(
