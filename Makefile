@@ -95,24 +95,26 @@ demo: deps build
 ## test: formatting, the shape of the code (pipelines/check-shape.py: no function over 80
 ## lines, no import cycle inside a crate), unit, property and CLI tests (also under mpirun), then every reproduction
 ## in FAST mode, then the `cuda` feature (docs/GPU.md): built, its device tests run without
-## any CUDA installed, and `--device cuda` shown to stop with one `error:` line. It leaves the default binaries in target/release, so it
-## passes again in the same checkout, after make demo, make bench or any make repro-*.
+## any CUDA installed, and `--device cuda` shown to stop with one `error:` line. It leaves
+## the default binaries in target/release, so it passes again in the same checkout, after
+## make demo, make bench or any make repro-*.
 ##
 ## Time (a fresh clone after make demo is the slow case: nothing of the tests is compiled
 ## yet; issue 41's goal is 12 minutes on 2 cores): clippy is `make lint`'s, not make test's
 ## (with the cuda feature it checks every dependency again in a target directory of its own:
 ## 363 s of CPU, a fifth of a fresh make test's). CONTRIBUTING.md's executed walk-through (make
 ## check-contributing: it copies the tree first, so the tests' cargo has checked its build and
-## let go of the target directory's lock before the walk-through's cargo asks for it); the
-## Python package's tests run while the reproductions do.
-## Their output is shown if they fail. The test binaries run their tests on at least 4
+## let go of the target directory's lock before the walk-through's cargo asks for it) runs in
+## the background while the tests run, which mostly wait on processes; the Python package's
+## tests run while the reproductions do. Their output is shown if they fail. The test binaries run their tests on at least 4
 ## threads ($(TEST_THREADS)), for the same reason.
 TEST_THREADS := $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -lt 4 ] && n=4; echo $$n)
 # The test binaries run in two groups at once (cargo runs one binary at a time, and most of
 # them wait on processes): TEST_APART, the CUDA emulation's and the slowest CLI suite, then
-# the doc tests (about 240 s on a fresh clone); and every other one (about 225 s) (TEST_REST: each test target of the workspace that
-# is not in TEST_APART, read from cargo metadata, so a new one joins by itself). Both select
-# the whole workspace, so no dependency's features change.
+# the doc tests; and every other one (TEST_REST: each test target of the workspace that is
+# not in TEST_APART, read from cargo metadata, so a new one joins by itself). On a fresh
+# clone the two groups took about 200 s together (they were 283 s with gradreport's tests
+# in the first group). Both select the whole workspace, so no dependency's features change.
 TEST_APART := emulation resident gradtrace
 TEST_REST = $(shell $(CARGO) metadata --no-deps --format-version 1 --offline | python3 -c 'import json, sys; apart = set(sys.argv[1:]); print(" ".join(sorted({"--test " + t["name"] for p in json.load(sys.stdin)["packages"] for t in p["targets"] if "test" in t["kind"] and t["name"] not in apart})))' $(TEST_APART))
 test: deps build

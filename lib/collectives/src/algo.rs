@@ -165,8 +165,8 @@ pub struct Descriptor {
     /// Its formula (Table 1's best case where Table 1 gives an interval, Ok-Topk's worst
     /// case), or `None` where there is none.
     pub cost: Option<CostFn>,
-    /// Its best and worst case where its paper gives an interval (two rows of Ok-Topk's Table 1), or `None`:
-    /// `gradallreduce model` prints both.
+    /// Its best and worst case where its paper gives an interval (two rows of Ok-Topk's
+    /// Table 1), or `None`: `gradallreduce model` prints both.
     pub bounds: Option<(CostFn, CostFn)>,
     /// How gradtrain runs it as an `--exchange`, or `None` where gradtrain does not.
     pub exchange: Option<AsExchange>,

@@ -37,7 +37,6 @@
 use anyhow::{bail, Result};
 use gradkit_comm::{Comm, CommExt};
 use gradkit_core::trace::Layout;
-
 use gradkit_cost::{pf, Cost};
 
 use crate::{Flat, Reducer, StepOutput};

@@ -76,7 +76,8 @@ pub fn tree(p: usize, n: f64) -> Cost {
     }
 }
 
-/// EmbRace Table 2, AlltoAll (the pattern of `--algo embrace`'s embedding rows): two AlltoAlls (lookup data + gradients) of αM/N per pair.
+/// EmbRace Table 2, AlltoAll (the pattern of `--algo embrace`'s embedding rows): two
+/// AlltoAlls (lookup data + gradients) of αM/N per pair.
 /// `m_words` is the dense embedding size M in words; `density` is α.
 pub fn sparse_alltoall(p: usize, m_words: f64, density: f64) -> Cost {
     Cost {

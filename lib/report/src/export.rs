@@ -684,12 +684,7 @@ impl FigFormat {
     /// of them.
     pub fn of_path(path: &std::path::Path) -> Option<Self> {
         let ext = path.extension()?.to_str()?.to_ascii_lowercase();
-        match ext.as_str() {
-            "svg" => Some(FigFormat::Svg),
-            "pdf" => Some(FigFormat::Pdf),
-            "png" => Some(FigFormat::Png),
-            _ => None,
-        }
+        FigFormat::ALL.iter().copied().find(|f| f.ext() == ext)
     }
 
     pub const fn ext(self) -> &'static str {

@@ -113,19 +113,8 @@ fn render(
 fn column_name(metric: &str, stat: Stat, format: Format) -> String {
     match (stat, format) {
         (Stat::Median, _) => metric.to_string(),
-        (s, Format::Md) => format!("{metric} ({})", stat_name(s)),
-        (s, _) => format!("{metric}_{}", stat_name(s)),
-    }
-}
-
-fn stat_name(s: Stat) -> &'static str {
-    match s {
-        Stat::Median => "median",
-        Stat::Mean => "mean",
-        Stat::Min => "min",
-        Stat::Max => "max",
-        Stat::Sum => "sum",
-        Stat::Last => "last",
+        (s, Format::Md) => format!("{metric} ({})", s.name()),
+        (s, _) => format!("{metric}_{}", s.name()),
     }
 }
 

@@ -352,15 +352,10 @@ take --optimizer sgd (no momentum) or adam, applied lazily to the embedding rows
     AFTER.replace("{exchanges}\n", &(list + "\n"))
 }
 
-/// `--optimizer`, parsed.
-fn optimizer(a: &Cli) -> anyhow::Result<Method> {
-    a.optimizer.parse().map_err(anyhow::Error::msg)
-}
-
 /// The optimiser's knobs from the flags (`--onebit-exact` is clip off and mask none).
 fn opt_config(a: &Cli) -> anyhow::Result<OptConfig> {
     Ok(OptConfig {
-        method: optimizer(a)?,
+        method: a.optimizer.parse().map_err(anyhow::Error::msg)?,
         momentum: a.momentum,
         nesterov: a.nesterov,
         weight_decay: a.weight_decay,
@@ -514,24 +509,12 @@ fn limit_threads(ranks: Option<usize>) {
 /// The library's configuration check, and the flags the tool refuses rather than ignores.
 fn check_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
     gradkit_comm::launch::check_ranks_flag(a.ranks)?;
-    gradkit_train::train::check_config(&config(a)?)?;
-    ignored_flags(a, given)?;
-    let exchange: Exchange = exchange_name(a).parse().map_err(anyhow::Error::msg)?;
-    for (knob, given) in [
-        (Knob::Adjust, a.adjust.is_some()),
-        (Knob::ReevalStepD, a.reeval_step_d.is_some()),
-    ] {
-        if given && !exchange.reads(knob) {
-            let flag = knob.flag();
-            anyhow::bail!(
-                "{flag} applies to --exchange {} only, not `{}` (it would be ignored) (flag {flag})",
-                knob.readers().join(" or "),
-                a.exchange
-            );
-        }
-    }
-    if (a.onebit_exact || a.onebit_clip.is_some() || a.onebit_mask.is_some())
-        && !optimizer(a)?.is_onebit()
+    // The flags parsed once; the checks below read the typed configuration.
+    let cfg = config(a)?;
+    gradkit_train::train::check_config(&cfg)?;
+    ignored_flags(a, given, &cfg)?;
+    let method = cfg.opt.method;
+    if (a.onebit_exact || a.onebit_clip.is_some() || a.onebit_mask.is_some()) && !method.is_onebit()
     {
         let flag = if a.onebit_exact {
             "--onebit-exact"
@@ -545,13 +528,13 @@ fn check_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
             a.optimizer
         );
     }
-    if a.onebit_basic && optimizer(a)? != Method::OnebitLamb {
+    if a.onebit_basic && method != Method::OnebitLamb {
         anyhow::bail!(
             "--onebit-basic is an ablation of 1-bit LAMB; it needs --optimizer onebit-lamb, not `{}` (flag --onebit-basic)",
             a.optimizer
         );
     }
-    if (a.momentum != 0.0 || a.nesterov) && optimizer(a)? != Method::Sgd {
+    if (a.momentum != 0.0 || a.nesterov) && method != Method::Sgd {
         anyhow::bail!(
             "--momentum and --nesterov apply to --optimizer sgd only, not `{}` (it uses --beta1) (flag --momentum)",
             a.optimizer
@@ -563,8 +546,8 @@ fn check_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
 /// A flag given on the command line that the chosen exchange, optimiser, model or data never
 /// reads is refused, as `--lookup unique`, `--adjust` and `--wire fp16` are, rather than
 /// silently ignored (also when it is given its default value: it still does nothing).
-fn ignored_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
-    let exchange: Exchange = exchange_name(a).parse().map_err(anyhow::Error::msg)?;
+fn ignored_flags(a: &Cli, given: &clap::ArgMatches, cfg: &TrainConfig) -> anyhow::Result<()> {
+    let exchange = cfg.exchange;
     let ex = exchange.name();
     let sparse = exchange.is_sparse();
     let sparse_list = format!("the sparse exchanges ({})", Exchange::sparse_names());
@@ -573,15 +556,17 @@ fn ignored_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
     // The exchanges the algorithm-specific flags apply to, by what they read.
     let embrace = Exchange::all().iter().find(|e| e.is_embrace()).copied();
     let embrace_only = format!("--exchange {}", embrace.map_or("", |e| e.name()));
-    let oktopk_only = format!("--exchange {}", Knob::Period.readers().join(" or "));
+    // Ok-Topk's knobs: each applies to the exchanges that read it (their descriptors say).
+    let knobs = [Knob::Period, Knob::Reeval, Knob::Adjust, Knob::ReevalStepD];
+    let readers = knobs.map(|k| format!("--exchange {}", k.readers().join(" or ")));
+    let knob_rules =
+        (knobs.iter().zip(&readers)).map(|(k, to)| (k.id(), exchange.reads(*k), to.as_str(), ex));
     // (argument id, whether it has an effect, what it applies to, the value it lacks)
-    let rules: [(&str, bool, &str, &str); 7] = [
+    let rules: [(&str, bool, &str, &str); 5] = [
         ("schedule", exchange.is_embrace(), &embrace_only, ex),
         ("lookup", exchange.is_embrace(), &embrace_only, ex),
         ("density", sparse, &sparse_list, ex),
         ("dense_warmup", sparse, &sparse_list, ex),
-        ("period", exchange.reads(Knob::Period), &oktopk_only, ex),
-        ("reeval", exchange.reads(Knob::Reeval), &oktopk_only, ex),
         (
             "wire",
             dense_part,
@@ -589,10 +574,10 @@ fn ignored_flags(a: &Cli, given: &clap::ArgMatches) -> anyhow::Result<()> {
             ex,
         ),
     ];
-    let opt = optimizer(a)?;
     let all = rules
         .into_iter()
-        .chain(optimizer_rules(opt))
+        .chain(knob_rules)
+        .chain(optimizer_rules(cfg.opt.method))
         .chain(model_rules(a));
     for (id, applies, to, have) in all {
         if !applies && given.value_source(id) == Some(clap::parser::ValueSource::CommandLine) {

@@ -63,7 +63,6 @@ pub fn sparse_allreduce(comm: &dyn Comm, sel: &Sparse, n: u64) -> Result<(Sparse
     Ok((gather(&dense, nz), true))
 }
 
-/// `--algo topkdsa`.
 /// TopkDSA's best case (Ok-Topk Table 1): fully overlapping, uniformly spread indices:
 /// 4k(P−1)/P words, P + 2 log P α.
 pub fn cost_best(p: usize, k: f64) -> Cost {
@@ -82,7 +81,7 @@ pub fn cost_worst(p: usize, n: f64, k: f64) -> Cost {
     }
 }
 
-/// The formula is Table 1's best case; `bounds` gives both ends.
+/// `--algo topkdsa`. The formula is Table 1's best case; `bounds` gives both ends.
 pub const DESCRIPTOR: crate::algo::Descriptor = {
     use crate::algo::{Descriptor, Family, Knob};
     Descriptor {

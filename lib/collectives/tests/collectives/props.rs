@@ -235,9 +235,19 @@ fn check_volume(
                     .iter()
                     .any(|m| m.0 == "th_fallback" && m.1 == 1.0);
                 if fell_back {
+                    // Rank q's reduced entries: the union of every rank's selection inside
+                    // q's region (split_and_reduce keeps every index it received).
                     let reduced: Vec<usize> = outs
                         .iter()
-                        .map(|o| metric(o, "reduced_nnz") as usize)
+                        .map(|o| {
+                            let (a, b) = region_of(o);
+                            let union: std::collections::BTreeSet<u32> = sels
+                                .iter()
+                                .flat_map(|s| s.iter().copied())
+                                .filter(|&i| (i as u64) >= a && (i as u64) < b)
+                                .collect();
+                            union.len()
+                        })
                         .collect();
                     prop_assert_eq!(
                         phase(tr, "th_re_evaluate").bytes_sent,
