@@ -16,7 +16,7 @@ BIN := target/release
 FAST ?= 0
 export FAST
 
-.PHONY: check-contributing lint-cuda all help deps deps-apt deps-rust deps-py deps-cuda-py deps-bench build demo test test-py test-cuda-feature gpu-bundle gpu-bundle-files bench stress-mpi lint fmt clean \
+.PHONY: native-module deps-torch test-torch check-contributing lint-cuda all help deps deps-apt deps-rust deps-py deps-cuda-py deps-bench build demo test test-py test-cuda-feature gpu-bundle gpu-bundle-files bench stress-mpi lint fmt clean \
         docs check-docs golden-record golden-check \
         repro repro-oktopk repro-deft repro-onebit-lamb repro-embrace
 
@@ -37,6 +37,7 @@ help:
 	@echo "make test-cuda-feature   the cuda feature built, its kernels compiled (NVRTC, ptxas) and its device tests run"
 	@echo "make lint-cuda   clippy with the cuda feature (target/clippy-cuda; part of make lint)"
 	@echo "make test-py   the Python package's tests (python/, docs/PYTORCH.md) against target/release"
+	@echo "make test-torch   the PyTorch bridge's tests (DDP hook, torch.distributed transport) in .venv-torch (installs torch: ~6 GB)"
 	@echo "make gpu-bundle   target/gpu-bundle.tar.gz: stripped cuda binaries and tests for pipelines/gpu-check.sh on a GPU node"
 	@echo "make stress-mpi RUNS=200   every mpirun error path under load (docs/RELIABILITY.md)"
 	@echo "make docs    regenerate the numbers the docs quote from their tables    make check-docs   check them"
@@ -67,11 +68,15 @@ deps-rust:
 	    echo "error: rustc $$v is too old; gradkit needs >= 1.88 (rustup update)" >&2; exit 1; fi
 
 # The stamp's name changes when the package list does, so an existing venv gets the new ones.
-deps-py: $(VENV)/.ok-3
-$(VENV)/.ok-3:
+# The gradkit package of python/ goes on the venv's path as an editable install puts it (a
+# .pth file): pip would build its native module again with maturin, which `make build` builds
+# with the tools (one compile of the workspace) and puts beside the package.
+PTH = import site, sys; open(site.getsitepackages()[0] + "/gradkit-dev.pth", "w").write(sys.argv[1] + "\n")
+deps-py: $(VENV)/.ok-4
+$(VENV)/.ok-4:
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check numpy pyarrow pandas polars
-	$(VENV)/bin/pip install -q --disable-pip-version-check -e ./python
+	$(VENV)/bin/python -c '$(PTH)' $(CURDIR)/python
 	touch $@
 
 # NVRTC (libnvrtc.so.13) and ptxas from PyPI, for the compile check of the CUDA kernels in
@@ -79,14 +84,22 @@ $(VENV)/.ok-3:
 # NVRTC 13.5's PTX (.version 9.5) is refused by ptxas 13.0 and by CUDA 13.0 drivers.
 CUDA_WHEELS := 'nvidia-cuda-nvrtc==13.0.*' 'nvidia-cuda-nvcc==13.0.*'
 deps-cuda-py: $(VENV)/.ok-cuda-13.0
-$(VENV)/.ok-cuda-13.0: $(VENV)/.ok-3
+$(VENV)/.ok-cuda-13.0: $(VENV)/.ok-4
 	$(VENV)/bin/pip install -q --disable-pip-version-check $(CUDA_WHEELS)
 	touch $@
 
 ## build: release binaries of the six tools in target/release (the default members: not the
-## test-only CUDA emulation, which `cargo test --workspace` builds)
+## test-only CUDA emulation, which `cargo test --workspace` builds), and the Python package's
+## native module (python/native), put beside the package as python/gradkit/_native<suffix>
+## for the venv's Python (docs/PYTORCH.md; `pip install ./python` builds it with maturin)
 build: deps-apt deps-rust
 	$(CARGO) build $(CARGO_FLAGS)
+	@$(MAKE) --no-print-directory native-module
+
+# The interpreter's extension suffix: another Python does not load a module built for this one.
+NATIVE_SUFFIX = $(shell python3 -c 'import importlib.machinery as m; print(m.EXTENSION_SUFFIXES[0])')
+native-module:
+	@install -m 755 $(BIN)/lib_native.so python/gradkit/_native$(NATIVE_SUFFIX)
 
 ## demo: synthetic trace → selections → plans → every allreduce → short training → report
 demo: deps build
@@ -145,6 +158,19 @@ test: deps build
 ## against the release binaries in $(BIN)
 test-py: deps-py
 	GRADKIT_BIN=$(BIN) $(VENV)/bin/python -m unittest discover -s python/tests -t python/tests
+
+## test-torch: the PyTorch side (python/tests/test_torch*.py: the DDP hook against
+## gradallreduce on its own recording, the torch.distributed transport's conformance, the
+## checkpoint, the recorder's torch inputs) in a venv of its own, with torch from the registry:
+## about 6 GB with its CUDA wheels, so never part of make test, where these tests skip.
+TORCH_VENV := .venv-torch
+deps-torch: $(TORCH_VENV)/.ok-1
+$(TORCH_VENV)/.ok-1:
+	python3 -m venv $(TORCH_VENV)
+	$(TORCH_VENV)/bin/pip install -q --disable-pip-version-check torch numpy pyarrow pandas
+	touch $@
+test-torch: deps-torch build
+	GRADKIT_BIN=$(BIN) OMP_NUM_THREADS=1 PYTHONPATH=$(CURDIR)/python $(TORCH_VENV)/bin/python -m unittest discover -s python/tests -t python/tests -p 'test_torch*.py' -v
 
 # The `cuda` binaries (built for the device tests, which run them) are uplifted to
 # target/release while they are tested; the last line puts the default ones back (fresh, so
@@ -228,7 +254,7 @@ gpu-bundle-files:
 ## deps-bench: mpi4py in the venv, the MPI baseline of make bench (built against
 ## libopenmpi-dev, which deps-apt installs). make test does not need it.
 deps-bench: $(VENV)/.ok-bench-1
-$(VENV)/.ok-bench-1: $(VENV)/.ok-3
+$(VENV)/.ok-bench-1: $(VENV)/.ok-4
 	$(VENV)/bin/pip install -q --disable-pip-version-check mpi4py
 	touch $@
 

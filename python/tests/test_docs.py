@@ -1,5 +1,6 @@
-"""docs/PYTORCH.md as printed: its DDP script is the package's, its shell blocks run in order
-(torchrun only where PyTorch is installed), and its Python blocks run on what they made."""
+"""docs/PYTORCH.md as printed: its DDP and training scripts are the package's, its shell
+blocks run in order (torchrun only where PyTorch is installed), and its Python blocks run on
+what they made (```py blocks are fragments of a script, not run)."""
 
 import os
 import re
@@ -30,6 +31,14 @@ class PytorchDocTest(unittest.TestCase):
         self.assertIn(body, blocks(self.text, "python"),
                       "docs/PYTORCH.md's DDP script differs from python/gradkit/ddp_example.py")
 
+    def test_train_script_is_the_packages(self):
+        path = os.path.join(REPO, "python", "gradkit", "train_example.py")
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+        body = source[source.index("import argparse"):]
+        self.assertIn(body, blocks(self.text, "python"),
+                      "docs/PYTORCH.md's training script differs from python/gradkit/train_example.py")
+
     def test_commands_and_snippets_run(self):
         tool("gradselect")  # skipped or failed here when the binaries are missing
         env = dict(os.environ)
@@ -43,8 +52,8 @@ class PytorchDocTest(unittest.TestCase):
                                    capture_output=True, text=True, timeout=600)
                 self.assertEqual(p.returncode, 0, f"{block}\nfailed:\n{p.stderr}")
             for code in blocks(self.text, "python"):
-                if "Recorder(" in code:
-                    continue  # the recording snippets: run as the package's demo and example
+                if "Recorder(" in code or "def main():" in code:
+                    continue  # the recording snippets and the package's scripts: run by their tests
                 p = subprocess.run([sys.executable, "-c", code], cwd=d, env=env,
                                    capture_output=True, text=True, timeout=300)
                 self.assertEqual(p.returncode, 0, f"{code}\nfailed:\n{p.stderr}")

@@ -23,6 +23,7 @@ pub mod onebit;
 pub mod params;
 pub mod registry;
 pub mod sparse;
+pub mod step;
 
 use anyhow::Result;
 use gradkit_comm::Comm;

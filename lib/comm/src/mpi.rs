@@ -41,6 +41,31 @@ pub(crate) fn finalize() {
     }
 }
 
+/// This process's rank of an MPI job, for a library that lives inside another program (the
+/// Python module, `python/native`): MPI initialised with `MPI_THREAD_SERIALIZED`, since the
+/// host program may call from several threads, one at a time (the caller holds the
+/// communicator behind a lock). The caller finalizes with [`finalize_library`] at exit.
+pub fn init_library() -> anyhow::Result<MpiComm> {
+    if !crate::launch::under_mpi_launcher() {
+        anyhow::bail!("this process was not started by mpirun or mpiexec (no MPI launcher in its environment)");
+    }
+    let Some((universe, _)) = mpi::initialize_with_threading(mpi::Threading::Serialized) else {
+        anyhow::bail!("MPI was already initialised in this process (by mpi4py or another library): gradkit's MPI backend initialises it itself");
+    };
+    let comm = MpiComm::new(universe.world());
+    // Finalized by `finalize_library` at the host program's exit, never by a drop.
+    std::mem::forget(universe);
+    Ok(comm)
+}
+
+/// `MPI_Finalize` for [`init_library`]'s caller (at most once; nothing if MPI was never
+/// initialised), under the same watchdog as the tools'.
+pub fn finalize_library() {
+    if mpi::environment::is_initialized() {
+        finalize();
+    }
+}
+
 /// `MPI_Abort` on the world communicator: ends every rank of the job.
 pub(crate) fn abort_world(code: i32) -> ! {
     unsafe {

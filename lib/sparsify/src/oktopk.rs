@@ -683,6 +683,18 @@ impl OkTopk {
         }
     }
 
+    /// What the selection keeps across calls: the calls made and the reused threshold (for a
+    /// checkpoint; [`OkTopk::restore`] puts it back).
+    pub fn progress(&self) -> (u64, Option<f32>) {
+        (self.calls, self.th)
+    }
+
+    /// Restores [`OkTopk::progress`].
+    pub fn restore(&mut self, calls: u64, th: Option<f32>) {
+        self.calls = calls;
+        self.th = th;
+    }
+
     /// `th_re_evaluate` (Alg. 1 line 2): the exact k-th largest |acc|.
     pub fn th_re_evaluate(acc: &[f32], k: usize) -> Option<f32> {
         (k >= 1 && k <= acc.len()).then(|| topk::kth_largest_abs(acc, k))

@@ -662,7 +662,68 @@ impl Reducer for OkTopk {
     fn name(&self) -> &'static str {
         "oktopk"
     }
-    super::feedback_state!("oktopk");
+    /// The residual, and what Algorithm 1 carries from call to call, so that a run restored
+    /// from it continues exactly: `oktopk.thresholds` (the local, global and local-reuse
+    /// thresholds, NaN where none is set yet), `oktopk.calls` (this reducer's and the local
+    /// selection's call counts) and `oktopk.regions` (the P + 1 region bounds, empty before
+    /// the first call). Counts and bounds are integers: each is stored as the two 32-bit
+    /// halves of its u64, as the bit patterns of f32 values ([`int_state`]), so they survive
+    /// exactly in a state of f32 tensors. Before the first call: the residual only (none).
+    fn state(&self) -> Vec<(String, Vec<f32>)> {
+        let mut out = self.fb.state();
+        if self.calls == 0 {
+            return out; // a fresh reducer: nothing carried yet
+        }
+        let (local_calls, reuse_th) = self.local.progress();
+        let th = |t: Option<f32>| t.unwrap_or(f32::NAN);
+        out.push((
+            "oktopk.thresholds".into(),
+            vec![th(self.local_th), th(self.global_th), th(reuse_th)],
+        ));
+        out.push((
+            "oktopk.calls".into(),
+            int_state::encode(&[self.calls, local_calls]),
+        ));
+        let regions = self.bounds.as_deref().unwrap_or_default();
+        out.push(("oktopk.regions".into(), int_state::encode(regions)));
+        out
+    }
+    fn load_state(&mut self, state: &[(String, Vec<f32>)]) -> Result<()> {
+        let mut residual = Vec::new();
+        for (k, v) in state {
+            match k.as_str() {
+                "oktopk.thresholds" => {
+                    ensure!(
+                        v.len() == 3,
+                        "oktopk: state `{k}` holds {} values, not 3",
+                        v.len()
+                    );
+                    let th = |x: f32| (!x.is_nan()).then_some(x);
+                    self.local_th = th(v[0]);
+                    self.global_th = th(v[1]);
+                    let calls = self.local.progress().0;
+                    self.local.restore(calls, th(v[2]));
+                }
+                "oktopk.calls" => {
+                    let c = int_state::decode(k, v)?;
+                    ensure!(
+                        c.len() == 2,
+                        "oktopk: state `{k}` holds {} counts, not 2",
+                        c.len()
+                    );
+                    self.calls = c[0];
+                    let th = self.local.progress().1;
+                    self.local.restore(c[1], th);
+                }
+                "oktopk.regions" => {
+                    let b = int_state::decode(k, v)?;
+                    self.bounds = (!b.is_empty()).then_some(b);
+                }
+                _ => residual.push((k.clone(), v.clone())),
+            }
+        }
+        self.fb.load_state("oktopk", &residual)
+    }
     fn reduce(
         &mut self,
         comm: &dyn Comm,
@@ -732,5 +793,29 @@ impl Reducer for OkTopk {
             contributed,
             metrics,
         ))
+    }
+}
+
+/// Integers in a state of f32 tensors ([`Reducer::state`]): each u64 as its low and high
+/// 32-bit halves, each half the bit pattern of one f32 (copied, never computed with, so every
+/// pattern, NaNs included, survives).
+pub(crate) mod int_state {
+    use anyhow::{ensure, Result};
+
+    pub fn encode(v: &[u64]) -> Vec<f32> {
+        v.iter()
+            .flat_map(|x| [f32::from_bits(*x as u32), f32::from_bits((*x >> 32) as u32)])
+            .collect()
+    }
+
+    pub fn decode(name: &str, v: &[f32]) -> Result<Vec<u64>> {
+        ensure!(
+            v.len().is_multiple_of(2),
+            "state `{name}` holds {} values, not pairs of 32-bit halves",
+            v.len()
+        );
+        Ok(v.chunks_exact(2)
+            .map(|h| u64::from(h[0].to_bits()) | (u64::from(h[1].to_bits()) << 32))
+            .collect())
     }
 }

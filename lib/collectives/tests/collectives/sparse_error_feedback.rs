@@ -48,14 +48,6 @@ fn grads(seed: u64, steps: usize, p: usize, n: usize) -> Vec<Vec<Vec<f32>>> {
         .collect()
 }
 
-fn residual_of(state: &[(String, Vec<f32>)]) -> Vec<f32> {
-    match state {
-        [] => Vec::new(),
-        [(name, v)] if name == "residual" => v.clone(),
-        other => panic!("unexpected state {:?}", other.iter().map(|s| &s.0)),
-    }
-}
-
 /// Per rank, per step: the output and the residual after it, for the steps of `g` numbered
 /// from `first`, the reducer first given `start[rank]` as its residual (when not empty).
 fn run(
@@ -75,7 +67,7 @@ fn run(
         let mut out = Vec::new();
         for (t, gt) in g.iter().enumerate() {
             let o = red.reduce(comm, (first + t) as u32, lay, Flat::Dense(gt[r].clone()))?;
-            out.push((o, residual_of(&red.state())));
+            out.push((o, common::residual_of(&red.state())));
         }
         Ok(out)
     })

@@ -107,3 +107,21 @@ pub fn ring_bytes(p: usize, m: usize, r: usize) -> (u64, u64) {
     let recv = 2 * m - c(r) - c(r + 1);
     (4 * sent as u64, 4 * recv as u64)
 }
+
+/// The error-feedback residual of a sparse reducer's `Reducer::state` (empty when it keeps
+/// none). Ok-Topk's state also holds what Algorithm 1 carries between calls (`oktopk.*`);
+/// any other entry is a failure.
+pub fn residual_of(state: &[(String, Vec<f32>)]) -> Vec<f32> {
+    let rest: Vec<_> = state
+        .iter()
+        .filter(|s| !s.0.starts_with("oktopk."))
+        .collect();
+    match rest[..] {
+        [] => Vec::new(),
+        [(name, v)] if name == "residual" => v.clone(),
+        ref other => panic!(
+            "unexpected state {:?}",
+            other.iter().map(|s| &s.0).collect::<Vec<_>>()
+        ),
+    }
+}

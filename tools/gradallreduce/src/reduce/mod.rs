@@ -1,12 +1,10 @@
 //! `gradallreduce [--algo …] IN -o OUT`: reduce a trace step by step.
 
-use std::collections::BTreeMap;
-
 use anyhow::{bail, Context, Result};
 use gradkit_collectives::feed::{hand_over_metrics, IoRank, MetricsOut, METRICS_EVERY};
 use gradkit_collectives::{reducer_for, Algo, Family, Flat, Params, Reducer};
 use gradkit_comm::dist::{self, Piece, Round};
-use gradkit_comm::{Comm, PhaseCounts, World};
+use gradkit_comm::{Comm, World};
 use gradkit_core::io::{Expect, KeyScan, TableWriter, TraceReader};
 use gradkit_core::paths::TempFile;
 use gradkit_core::trace::{self, Layout, MetricSink};
@@ -550,34 +548,18 @@ impl StepCtx<'_> {
             .layouts
             .get_or_insert_with(|| layouts_of(&mine, scan, hybrid));
         let (input, k_in) = flat_input(mine, layout, hybrid, self.params, step, rank)?;
-        let n = layout.total();
-        let before = comm.traffic().snapshot();
-        let t0 = std::time::Instant::now();
-        comm.traffic().begin_step(step, self.args.algo.name());
-        let out = reducer
-            .reduce(comm, step, reducer_layout, input)
-            .with_context(|| format!("step {step}"))?;
-        comm.traffic().end_step();
-        let wall = t0.elapsed().as_secs_f64();
-        let after = comm.traffic().snapshot();
-        let sink = &mut *self.sink;
-        record(sink, step, rank, &before, &after, wall);
-        for (name, v) in &out.metrics {
-            sink.push(step, rank, name, *v);
-        }
-        let nnz = match &out.result {
-            Flat::Dense(v) => v.iter().filter(|x| **x != 0.0).count(),
-            Flat::Sparse(s) => s.len(),
-        };
-        sink.push(step, rank, "nnz", nnz as f64);
-        // The paper's formula beside the measurement (the descriptor's: Table 1's best case
-        // where it gives an interval, Ok-Topk's worst; k = the target for dense input, the
-        // input's nnz for sparse).
-        if let Some(c) = self.args.algo.cost(comm.size(), n as f64, k_in as f64) {
-            sink.push(step, rank, "model_bytes_sent", c.bytes());
-        }
+        let result = gradkit_collectives::step::reduce_step(
+            comm,
+            reducer,
+            self.args.algo,
+            reducer_layout,
+            step,
+            input,
+            k_in,
+            self.sink,
+        )?;
         if let Some(io) = io {
-            io.write(out.result, layout, step);
+            io.write(result, layout, step);
         }
         Ok(())
     }
@@ -644,56 +626,6 @@ pub(crate) fn save_comm_trace(comm: &dyn Comm, path: &std::path::Path, algo: &st
         gradkit_core::write_comm_trace(path, meta, comm.size(), &rows)?;
     }
     Ok(())
-}
-
-/// Writes the step's traffic: totals and one row per phase (`bytes_sent:<phase>`, …).
-fn record(
-    sink: &mut MetricSink,
-    step: u32,
-    rank: u32,
-    before: &BTreeMap<String, PhaseCounts>,
-    after: &BTreeMap<String, PhaseCounts>,
-    wall: f64,
-) {
-    let mut total = PhaseCounts::default();
-    for (phase, a) in after {
-        if phase == dist::IO_PHASE {
-            continue;
-        }
-        let b = before.get(phase).copied().unwrap_or_default();
-        let d = PhaseCounts {
-            bytes_sent: a.bytes_sent - b.bytes_sent,
-            bytes_recv: a.bytes_recv - b.bytes_recv,
-            msgs_sent: a.msgs_sent - b.msgs_sent,
-            msgs_recv: a.msgs_recv - b.msgs_recv,
-            seconds: a.seconds - b.seconds,
-        };
-        if d == PhaseCounts::default() {
-            continue;
-        }
-        total.add(&d);
-        if phase != "default" {
-            sink.push(
-                step,
-                rank,
-                &format!("bytes_sent:{phase}"),
-                d.bytes_sent as f64,
-            );
-            sink.push(
-                step,
-                rank,
-                &format!("bytes_recv:{phase}"),
-                d.bytes_recv as f64,
-            );
-            sink.push(step, rank, &format!("messages:{phase}"), d.msgs_sent as f64);
-            sink.push(step, rank, &format!("time_s:{phase}"), d.seconds);
-        }
-    }
-    sink.push(step, rank, "bytes_sent", total.bytes_sent as f64);
-    sink.push(step, rank, "bytes_recv", total.bytes_recv as f64);
-    sink.push(step, rank, "messages", total.msgs_sent as f64);
-    sink.push(step, rank, "messages_recv", total.msgs_recv as f64);
-    sink.push(step, rank, "time_comm_s", wall);
 }
 
 /// A short human summary on stderr: median bytes and time per step over ranks.

@@ -1,0 +1,102 @@
+//! One step of a reducer as every caller runs it, with its measurements: `gradallreduce`'s
+//! ranks (offline, on a trace) and the Python module's reducers (online, inside a training
+//! loop: `python/native`, docs/PYTORCH.md § Train with it) both call [`reduce_step`], so the
+//! same input gives the same result and the same `metrics/1` rows in both worlds.
+//!
+//! A step's rows, per rank: its traffic (`bytes_sent`, `bytes_recv`, `messages`,
+//! `messages_recv`, and `bytes_sent:<phase>`… for every phase but the I/O feed's), the wall
+//! time of the reduction (`time_comm_s`), the reducer's own metrics (threshold, density…),
+//! `nnz` of the result and the paper's formula beside the measurement (`model_bytes_sent`).
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result};
+use gradkit_comm::{dist, Comm, PhaseCounts};
+use gradkit_core::trace::{Layout, MetricSink};
+
+use crate::{Algo, Flat, Reducer};
+
+/// Reduces this rank's `input` for `step` and pushes the step's metric rows to `sink`; gives
+/// the result. `k_in` is the k the cost model takes: the target for dense input
+/// ([`crate::Params::k_for`]), the input's entries for sparse.
+#[allow(clippy::too_many_arguments)]
+pub fn reduce_step(
+    comm: &dyn Comm,
+    reducer: &mut dyn Reducer,
+    algo: Algo,
+    layout: &Layout,
+    step: u32,
+    input: Flat,
+    k_in: u64,
+    sink: &mut MetricSink,
+) -> Result<Flat> {
+    let rank = comm.rank() as u32;
+    let n = layout.total();
+    let before = comm.traffic().snapshot();
+    let t0 = std::time::Instant::now();
+    comm.traffic().begin_step(step, algo.name());
+    let out = reducer
+        .reduce(comm, step, layout, input)
+        .with_context(|| format!("step {step}"))?;
+    comm.traffic().end_step();
+    let wall = t0.elapsed().as_secs_f64();
+    let after = comm.traffic().snapshot();
+    record(sink, step, rank, &before, &after, wall);
+    for (name, v) in &out.metrics {
+        sink.push(step, rank, name, *v);
+    }
+    let nnz = match &out.result {
+        Flat::Dense(v) => v.iter().filter(|x| **x != 0.0).count(),
+        Flat::Sparse(s) => s.len(),
+    };
+    sink.push(step, rank, "nnz", nnz as f64);
+    // The paper's formula beside the measurement (the descriptor's: Table 1's best case
+    // where it gives an interval, Ok-Topk's worst; k = the target for dense input, the
+    // input's nnz for sparse).
+    if let Some(c) = algo.cost(comm.size(), n as f64, k_in as f64) {
+        sink.push(step, rank, "model_bytes_sent", c.bytes());
+    }
+    Ok(out.result)
+}
+
+/// Writes the step's traffic: totals and one row per phase (`bytes_sent:<phase>`, …).
+fn record(
+    sink: &mut MetricSink,
+    step: u32,
+    rank: u32,
+    before: &BTreeMap<String, PhaseCounts>,
+    after: &BTreeMap<String, PhaseCounts>,
+    wall: f64,
+) {
+    let mut total = PhaseCounts::default();
+    for (phase, a) in after {
+        if phase == dist::IO_PHASE {
+            continue;
+        }
+        let b = before.get(phase).copied().unwrap_or_default();
+        let d = PhaseCounts {
+            bytes_sent: a.bytes_sent - b.bytes_sent,
+            bytes_recv: a.bytes_recv - b.bytes_recv,
+            msgs_sent: a.msgs_sent - b.msgs_sent,
+            msgs_recv: a.msgs_recv - b.msgs_recv,
+            seconds: a.seconds - b.seconds,
+        };
+        if d == PhaseCounts::default() {
+            continue;
+        }
+        total.add(&d);
+        if phase != "default" {
+            let mut push =
+                |what: &str, v: f64| sink.push(step, rank, &format!("{what}:{phase}"), v);
+            push("bytes_sent", d.bytes_sent as f64);
+            push("bytes_recv", d.bytes_recv as f64);
+            push("messages", d.msgs_sent as f64);
+            push("time_s", d.seconds);
+        }
+    }
+    sink.push(step, rank, "bytes_sent", total.bytes_sent as f64);
+    sink.push(step, rank, "bytes_recv", total.bytes_recv as f64);
+    sink.push(step, rank, "messages", total.msgs_sent as f64);
+    sink.push(step, rank, "messages_recv", total.msgs_recv as f64);
+    sink.push(step, rank, "time_comm_s", wall);
+}

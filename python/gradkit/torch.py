@@ -1,0 +1,283 @@
+"""gradkit's exchanges in a PyTorch training loop (docs/PYTORCH.md § Train with it).
+
+- `comm(group=None)`: a gradkit `Comm` carried by torch.distributed's process group (gloo on
+  CPU; whatever backend DDP uses), so gradkit's reducers run under torchrun and under mpirun
+  alike (`init_process_group_from_mpirun()` starts the group from mpirun's environment).
+- `hook(algo, **options)`: a DDP communication hook that reduces each bucket with a gradkit
+  reducer (state per bucket, restored across a checkpoint):
+
+      state, fn = gradkit.torch.hook("oktopk", density=0.01, model=model, metrics="run/m.parquet")
+      ddp.register_comm_hook(state, fn)
+
+The reducers are the Rust ones `gradallreduce` runs (`gradkit.Reducer`); nothing here
+implements an algorithm."""
+
+import collections
+import os
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from . import native
+from .native import reads  # noqa: F401  (gradkit.torch.reads(algo, option))
+from .recorder import Recorder, strip_wrappers
+
+_DTYPES = {"f32": torch.float32, "f64": torch.float64}
+
+
+class ProcessGroupTransport:
+    """gradkit's `Comm.exchange_raw` carried by `torch.distributed.batch_isend_irecv` on a
+    process group: one round of message lengths (int64), then one of the payloads (uint8),
+    so each message arrives whole without a probe. gradkit counts the payload bytes, as on
+    every backend; the length round is this transport's own."""
+
+    def __init__(self, group=None):
+        self.group = group
+
+    def _peer(self, r):
+        return r if self.group is None else dist.get_global_rank(self.group, r)
+
+    def _run(self, ops):
+        if ops:
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
+
+    def exchange(self, tag, sends, srcs):
+        tag = int(tag) & 0x7FFFFFFF
+        by_dst = collections.OrderedDict()
+        for d, payload in sends:
+            by_dst.setdefault(d, []).append(payload)
+        expect = collections.Counter(srcs)
+        ops, lengths = [], {}
+        for d, msgs in by_dst.items():
+            t = torch.tensor([len(m) for m in msgs], dtype=torch.int64)
+            ops.append(dist.P2POp(dist.isend, t, self._peer(d), self.group, tag))
+        for s, count in expect.items():
+            lengths[s] = torch.empty(count, dtype=torch.int64)
+            ops.append(dist.P2POp(dist.irecv, lengths[s], self._peer(s), self.group, tag))
+        self._run(ops)
+        ops, received = [], []
+        for d, msgs in by_dst.items():
+            for m in msgs:
+                if len(m):
+                    t = torch.frombuffer(bytearray(m), dtype=torch.uint8)
+                    ops.append(dist.P2POp(dist.isend, t, self._peer(d), self.group, tag))
+        taken = collections.Counter()
+        for s in srcs:
+            n = int(lengths[s][taken[s]])
+            taken[s] += 1
+            t = torch.empty(n, dtype=torch.uint8)
+            received.append(t)
+            if n:
+                ops.append(dist.P2POp(dist.irecv, t, self._peer(s), self.group, tag))
+        self._run(ops)
+        return [t.numpy().tobytes() for t in received]
+
+    def barrier(self):
+        dist.barrier(group=self.group)
+
+    def allreduce(self, data, dtype):
+        if not data:
+            return data
+        t = torch.frombuffer(bytearray(data), dtype=_DTYPES[dtype])
+        dist.all_reduce(t, group=self.group)
+        return t.numpy().tobytes()
+
+
+def comm(group=None):
+    """This rank's gradkit `Comm` on torch.distributed's process group (default: the world),
+    which must be initialised."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "gradkit.torch.comm(): torch.distributed is not initialised; call "
+            "dist.init_process_group(...) first (or gradkit.torch.init_process_group_from_mpirun())"
+        )
+    backend = dist.get_backend(group)
+    return native._lib().Comm.transport(
+        ProcessGroupTransport(group),
+        dist.get_rank(group),
+        dist.get_world_size(group),
+        f"torch.distributed/{backend}",
+    )
+
+
+def init_process_group_from_mpirun(backend="gloo", **kwargs):
+    """`dist.init_process_group` in a process that mpirun started: rank and size from Open
+    MPI's or PMI's environment, MASTER_ADDR/MASTER_PORT as given (default 127.0.0.1:29500)."""
+    env = os.environ
+    rank = env.get("OMPI_COMM_WORLD_RANK", env.get("PMI_RANK"))
+    size = env.get("OMPI_COMM_WORLD_SIZE", env.get("PMI_SIZE"))
+    if rank is None or size is None:
+        raise RuntimeError(
+            "init_process_group_from_mpirun(): no OMPI_COMM_WORLD_RANK/PMI_RANK in the environment; "
+            "start the script with mpirun (under torchrun call dist.init_process_group())"
+        )
+    env.setdefault("MASTER_ADDR", "127.0.0.1")
+    env.setdefault("MASTER_PORT", "29500")
+    dist.init_process_group(backend, rank=int(rank), world_size=int(size), **kwargs)
+
+
+class HookState:
+    """What `hook` keeps: one `gradkit.Reducer` per DDP bucket (created at the bucket's first
+    call, its layers the bucket's parameters), the metrics and the recording. `state_dict()` /
+    `load_state_dict()` carry every bucket's reducer state through a checkpoint; `close()`
+    writes the metrics and closes the recording (call it after the last step)."""
+
+    def __init__(self, algo, options, *, comm=None, model=None, metrics=None, run=None,
+                 record=None, write_every=50):
+        self.algo, self.options = algo, dict(options)
+        reads = native.algorithms().get(algo, {}).get("options", [])
+        if "op" in reads and "op" not in self.options:
+            self.options["op"] = "mean"  # DDP's hook result is the average
+        self.comm = comm if comm is not None else globals()["comm"]()
+        self.names, self.order = {}, {}
+        if model is not None:
+            for i, (n, p) in enumerate(model.named_parameters()):
+                self.names[id(p)], self.order[id(p)] = strip_wrappers(n), i
+        self.reducers = {}  # layers → Reducer, in the order of their first step
+        self.by_index = {}  # DDP's bucket index → its layers at the last step
+        self.pending = {}
+        self.steps = 0
+        self.session_steps = 0
+        self.write_every = write_every
+        probe = native.Reducer(algo, self.comm, [("probe", (1,))], **self._probe_options())
+        self.run = run or probe.run
+        self.metrics = None
+        if metrics is not None:
+            self.metrics = metrics if isinstance(metrics, native.Metrics) else native.Metrics(metrics, self.comm, self.run, algo=probe.algo)
+        self.record_dir = record
+        self.recorders = {}
+
+    def _probe_options(self):
+        # Checks the options once, up front (a plan is checked against each bucket's layers).
+        return {k: v for k, v in self.options.items() if k != "plan"}
+
+    def layout_of(self, bucket):
+        """The bucket's layers in the model's parameter order (DDP orders a bucket by when
+        its gradients become ready, and rebuilds its buckets after the first step), and where
+        each lies in the bucket's buffer: `None` when the orders agree."""
+        spans, off = [], 0
+        for i, (p, g) in enumerate(zip(bucket.parameters(), bucket.gradients())):
+            name = self.names.get(id(p), f"bucket{bucket.index()}.param{i}")
+            spans.append((self.order.get(id(p), i), name, tuple(g.shape) or (1,), off, g.numel()))
+            off += g.numel()
+        canonical = sorted(spans)
+        layers = tuple((name, shape) for _, name, shape, _, _ in canonical)
+        moved = [(o, n) for _, _, _, o, n in canonical]
+        return layers, (None if canonical == spans else moved)
+
+    def reducer_for(self, bucket, layers):
+        """The reducer of this set of layers: made at its first step (or restored from a
+        loaded state). A bucket index whose layers change after DDP's rebuild (the first two
+        steps of this hook) is an error."""
+        index = bucket.index()
+        seen = self.by_index.get(index)
+        if seen is not None and seen != layers and self.session_steps >= 2:
+            raise ValueError(
+                f"gradkit hook: DDP bucket {index} changed its parameters after step "
+                f"{self.steps - 1}: a bucket's layers must stay the same once DDP has rebuilt "
+                "its buckets after the first step"
+            )
+        self.by_index[index] = layers
+        have = self.reducers.get(layers)
+        if have is None:
+            number = len(self.reducers)
+            run = self.run if number == 0 else f"{self.run}.b{number}"
+            have = native.Reducer(self.algo, self.comm, list(layers), run=run, metrics=self.metrics, **self.options)
+            if layers in self.pending:
+                have.load_state_dict(self.pending.pop(layers))
+            self.reducers[layers] = have
+        return have
+
+    def record(self, layers, arr):
+        if self.record_dir is None:
+            return
+        rec = self.recorders.get(layers)
+        if rec is None:
+            number = list(self.reducers).index(layers)
+            path = os.path.join(self.record_dir, f"bucket{number}", f"rank{self.comm.rank}.parquet")
+            rec = self.recorders[layers] = Recorder(path, rank=self.comm.rank, world_size=self.comm.size)
+        parts, off = {}, 0
+        for name, shape in layers:
+            n = int(np.prod(shape))
+            parts[name] = arr[off : off + n].reshape(shape)
+            off += n
+        rec.step(parts)
+
+    def state_dict(self):
+        """Every reducer's state, keyed by its layers ((name, shape) pairs), and the step."""
+        return {"algo": self.algo, "steps": self.steps,
+                "buckets": [(list(k), red.state_dict()) for k, red in self.reducers.items()]}
+
+    def load_state_dict(self, state):
+        """Restores `state_dict()`: each reducer's state goes to the bucket with the same
+        layers, at its first step (checked there: algorithm, world size, size)."""
+        if state.get("algo") != self.algo:
+            raise ValueError(f"hook state: its algo is {state.get('algo')!r}, this hook's {self.algo!r}")
+        self.steps = int(state["steps"])
+        self.session_steps = 0
+        self.pending = {tuple((n, tuple(s)) for n, s in k): v for k, v in state["buckets"]}
+        for layers, red in self.reducers.items():
+            if layers in self.pending:
+                red.load_state_dict(self.pending.pop(layers))
+
+    def close(self):
+        for rec in self.recorders.values():
+            rec.close()
+        self.recorders = {}
+        if self.metrics is not None:
+            self.metrics.write()
+
+
+def _check_bucket(buf):
+    if buf.device.type != "cpu":
+        raise ValueError(
+            f"gradkit hook: the bucket is on {buf.device}; this build reduces CPU tensors "
+            "(the CUDA build is `cargo build --release --features cuda`, docs/GPU.md)"
+        )
+    if buf.dtype != torch.float32:
+        raise TypeError(f"gradkit hook: the bucket is {buf.dtype}; gradkit reduces float32 gradients")
+    if not buf.is_contiguous():
+        raise ValueError("gradkit hook: the bucket is not contiguous; a copy would be silent")
+
+
+def _hook(state, bucket):
+    buf = bucket.buffer()
+    _check_bucket(buf)
+    layers, moved = state.layout_of(bucket)
+    red = state.reducer_for(bucket, layers)
+    flat = buf.numpy()  # the bucket's memory
+    # In the model's order: reduced in place when DDP's order agrees, else through one copy.
+    x = flat if moved is None else np.concatenate([flat[o : o + n] for o, n in moved])
+    state.record(layers, x)
+    red.reduce(x, out=x)
+    if moved is not None:
+        at = 0
+        for o, n in moved:
+            flat[o : o + n] = x[at : at + n]
+            at += n
+    if bucket.is_last():
+        state.steps += 1
+        state.session_steps += 1
+        if state.metrics is not None and state.steps % state.write_every == 0:
+            state.metrics.write()
+    fut = torch.futures.Future()
+    fut.set_result(buf)
+    return fut
+
+
+def hook(algo, *, comm=None, model=None, metrics=None, run=None, record=None, write_every=50, **options):
+    """A DDP communication hook reducing each bucket with gradkit's `algo` (an `--algo` name;
+    `gradkit.algorithms()`), with `gradallreduce`'s options as keywords (`density=0.01`,
+    `period=`, …; `op` defaults to `mean`, DDP's average). Returns `(state, fn)` for
+    `ddp.register_comm_hook(state, fn)`.
+
+    - `model`: names the layers after the model's parameters (else `bucket<i>.param<j>`).
+    - `metrics`: a path (or a `gradkit.Metrics`): every step's rows, written by rank 0 every
+      `write_every` steps and on `state.close()`; `state.metrics.add("loss", v, step)` adds
+      the loop's own.
+    - `record`: a directory: each bucket's gradients before the reduction, per rank
+      (`<dir>/bucket<i>/rank<r>.parquet`), for `gradallreduce` to replay offline."""
+    return HookState(algo, options, comm=comm, model=model, metrics=metrics, run=run,
+                     record=record, write_every=write_every), _hook
