@@ -161,7 +161,8 @@ test-py: deps-py
 
 ## test-torch: the PyTorch side (python/tests/test_torch*.py: the DDP hook against
 ## gradallreduce on its own recording, the torch.distributed transport's conformance, the
-## checkpoint, the recorder's torch inputs) in a venv of its own, with torch from the registry:
+## checkpoint, the 1-bit optimizers, the recorder's torch inputs; test_docs.py with
+## docs/PYTORCH.md's torchrun blocks) in a venv of its own, with torch from the registry:
 ## about 6 GB with its CUDA wheels, so never part of make test, where these tests skip.
 TORCH_VENV := .venv-torch
 deps-torch: $(TORCH_VENV)/.ok-1
@@ -170,7 +171,8 @@ $(TORCH_VENV)/.ok-1:
 	$(TORCH_VENV)/bin/pip install -q --disable-pip-version-check torch numpy pyarrow pandas
 	touch $@
 test-torch: deps-torch build
-	GRADKIT_BIN=$(BIN) OMP_NUM_THREADS=1 PYTHONPATH=$(CURDIR)/python $(TORCH_VENV)/bin/python -m unittest discover -s python/tests -t python/tests -p 'test_torch*.py' -v
+	cd python/tests && GRADKIT_BIN=$(CURDIR)/$(BIN) OMP_NUM_THREADS=1 PYTHONPATH=$(CURDIR)/python \
+	  $(CURDIR)/$(TORCH_VENV)/bin/python -m unittest -v test_torch test_torch_bridge test_docs
 
 # The `cuda` binaries (built for the device tests, which run them) are uplifted to
 # target/release while they are tested; the last line puts the default ones back (fresh, so

@@ -281,3 +281,91 @@ def hook(algo, *, comm=None, model=None, metrics=None, run=None, record=None, wr
       (`<dir>/bucket<i>/rank<r>.parquet`), for `gradallreduce` to replay offline."""
     return HookState(algo, options, comm=comm, model=model, metrics=metrics, run=run,
                      record=record, write_every=write_every), _hook
+
+
+class _Onebit(torch.optim.Optimizer):
+    """A 1-bit optimiser of gradkit-train on the model's parameters as one flat vector (see
+    `OnebitAdam`, `OnebitLamb`). Call `step()` after `backward()` on each rank's own gradient,
+    without DDP's allreduce: the optimiser exchanges (the gradient's ring allreduce during the
+    warm-up, the 1-bit compressed momentum after it)."""
+
+    METHOD = None
+
+    def __init__(self, params, lr=1e-3, freeze_step=100000, betas=(0.9, 0.999), eps=1e-8,
+                 weight_decay=0.0, bias_correction=False, comm=None, **extra):
+        if bias_correction:
+            raise ValueError(
+                f"{type(self).__name__}: bias_correction=True is not what the 1-bit LAMB paper's "
+                "optimisers do (gradkit follows them: no bias correction); pass bias_correction=False"
+            )
+        super().__init__(params, {"lr": lr})
+        if len(self.param_groups) != 1:
+            raise ValueError(f"{type(self).__name__}: one parameter group (a flat vector), not {len(self.param_groups)}")
+        self._params = list(self.param_groups[0]["params"])
+        for i, p in enumerate(self._params):
+            if p.dtype != torch.float32 or p.device.type != "cpu":
+                raise TypeError(f"{type(self).__name__}: parameter {i} is {p.dtype} on {p.device}; "
+                                "gradkit's 1-bit optimisers step float32 CPU parameters")
+        self.comm = comm if comm is not None else globals()["comm"]()
+        config = dict(betas=tuple(betas), eps=eps, weight_decay=weight_decay, freeze_step=freeze_step, **extra)
+        self._engine = native._lib().OnebitOptimizer(
+            self.METHOD, self.comm, [p.numel() for p in self._params], config)
+        self._step = 0
+        self.last_metrics = {}
+
+    def _flat(self, tensors):
+        return torch.cat([t.detach().reshape(-1) for t in tensors]).numpy()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
+        w = self._flat(self._params)
+        g = self._flat(grads)
+        lr = float(self.param_groups[0]["lr"])
+        self.last_metrics = dict(self._engine.step(w, g, lr, self._step))
+        at = 0
+        for p in self._params:
+            n = p.numel()
+            p.copy_(torch.from_numpy(w[at : at + n]).view_as(p))
+            at += n
+        self._step += 1
+        return loss
+
+    def state_dict(self):
+        sd = super().state_dict()
+        sd["gradkit"] = {"method": self.METHOD, "step": self._step, "world_size": self.comm.size,
+                         "tensors": {k: np.frombuffer(v, dtype=np.float32).copy() for k, v in self._engine.state()}}
+        return sd
+
+    def load_state_dict(self, state_dict):
+        mine = state_dict.get("gradkit")
+        if mine is None or mine.get("method") != self.METHOD:
+            raise ValueError(f"{type(self).__name__}: not a state_dict of {self.METHOD}")
+        if mine["world_size"] != self.comm.size:
+            raise ValueError(f"{type(self).__name__}: the state is of {mine['world_size']} ranks, "
+                             f"this process group has {self.comm.size}")
+        rest = {k: v for k, v in state_dict.items() if k != "gradkit"}
+        super().load_state_dict(rest)
+        self._engine.load_state([(k, np.ascontiguousarray(v, dtype=np.float32)) for k, v in mine["tensors"].items()])
+        self._step = int(mine["step"])
+
+
+class OnebitAdam(_Onebit):
+    """1-bit Adam (the 1-bit LAMB paper's baseline, DeepSpeed's `OnebitAdam`): Adam for
+    `freeze_step` steps, then frozen variance and 1-bit compressed momentum. DeepSpeed's
+    argument names; gradkit's `onebit_clip`, `onebit_mask` (docs/ALGORITHMS.md)."""
+
+    METHOD = "onebit-adam"
+
+
+class OnebitLamb(_Onebit):
+    """1-bit LAMB (Algorithm 1 of the paper, DeepSpeed's `OnebitLamb`): LAMB for `freeze_step`
+    steps, then 1-bit compressed momentum with frozen variance and the reconstructed scaling
+    ratio. DeepSpeed's argument names (`max_coeff`, `min_coeff`, `coeff_beta`, `factor_max`,
+    `factor_min`, `factor_threshold`)."""
+
+    METHOD = "onebit-lamb"

@@ -164,6 +164,67 @@ class OnlineEqualsOffline(unittest.TestCase):
                 self.assertTrue(np.array_equal(online.view(np.uint32), resumed.view(np.uint32)))
 
 
+class OnebitOptimizers(unittest.TestCase):
+    """gradkit-train's 1-bit Adam and LAMB from Python (the engine of gradkit.torch.OnebitAdam
+    and OnebitLamb), 2 ranks under mpirun, checked against numpy: the warm-up is Adam without
+    bias correction on the ranks' mean gradient; after it every rank holds the same
+    parameters, the variance stays frozen, and the step is w − lr·m/(√v + ε) with the
+    exchanged momentum m (clip and mask off)."""
+
+    RANKS, STEPS, FREEZE = 2, 6, 3
+
+    @classmethod
+    def setUpClass(cls):
+        _require_native()
+        cls.dir = tempfile.mkdtemp(prefix="gradkit-onebit-")
+        env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        for k in ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"):
+            env.setdefault(k, "1")
+        cmd = ["mpirun", "-np", str(cls.RANKS), "--oversubscribe", sys.executable,
+               os.path.join(HERE, "onebit_run.py"), cls.dir, str(cls.STEPS), str(cls.FREEZE)]
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        if p.returncode != 0:
+            raise AssertionError(f"onebit_run.py exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def load(self, method):
+        return [np.load(os.path.join(self.dir, f"{method}.rank{r}.npz")) for r in range(self.RANKS)]
+
+    def test_adam_warmup_is_adam_on_the_mean_gradient(self):
+        runs = self.load("onebit-adam")
+        b1, b2, eps, lr = 0.9, 0.999, 1e-8, 0.01
+        m = np.zeros_like(runs[0]["before"][0], dtype=np.float64)
+        v = np.zeros_like(m)
+        for step in range(self.FREEZE):
+            g = np.mean([r["grad"][step].astype(np.float64) for r in runs], axis=0)
+            m = b1 * m + (1 - b1) * g
+            v = b2 * v + (1 - b2) * g * g
+            want = runs[0]["before"][step] - lr * m / (np.sqrt(v) + eps)
+            for r in runs:
+                self.assertEqual(r["compressed"][step], 0.0)
+                np.testing.assert_allclose(r["after"][step], want, rtol=2e-5, atol=1e-6)
+
+    def test_compressed_steps_agree_across_ranks_with_frozen_variance(self):
+        lr, eps = 0.01, 1e-8
+        for method in ("onebit-adam", "onebit-lamb"):
+            runs = self.load(method)
+            for step in range(self.FREEZE, self.STEPS):
+                with self.subTest(method=method, step=step):
+                    for r in runs:
+                        self.assertEqual(r["compressed"][step], 1.0)
+                        np.testing.assert_array_equal(r["after"][step], runs[0]["after"][step])
+                        np.testing.assert_array_equal(r["v"][step], r["v"][self.FREEZE - 1])
+                    self.assertFalse(np.array_equal(runs[0]["after"][step], runs[0]["before"][step]))
+                    if method == "onebit-adam":
+                        r = runs[0]
+                        m, v = r["m"][step].astype(np.float64), r["v"][step].astype(np.float64)
+                        want = r["before"][step] - lr * m / (np.sqrt(v) + eps)
+                        np.testing.assert_allclose(r["after"][step], want, rtol=2e-5, atol=1e-6)
+
+
 class Loopback:
     """A transport for a world of one rank: it never carries a message."""
 

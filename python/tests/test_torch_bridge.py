@@ -88,6 +88,15 @@ class DdpHook(unittest.TestCase):
         cut = len(online) - len(resumed)
         self.assertTrue(np.array_equal(online[cut:].view(np.uint32), resumed.view(np.uint32)))
 
+    def test_onebit_optimizers_keep_the_ranks_in_step(self):
+        for method in ("onebit-adam", "onebit-lamb"):
+            with self.subTest(method=method):
+                params = [np.load(os.path.join(self.dir, f"{method}.params.rank{r}.npy")) for r in range(RANKS)]
+                for p in params[1:]:
+                    np.testing.assert_array_equal(p, params[0])
+                losses = np.load(os.path.join(self.dir, f"{method}.losses.npy"))
+                self.assertTrue(np.all(np.isfinite(losses)))
+
     def test_the_runs_learn(self):
         ring = np.load(os.path.join(self.dir, "ring.losses.npy"))
         self.assertLess(ring[-1], ring[0])
@@ -103,9 +112,12 @@ class HookErrors(unittest.TestCase):
         import torch.distributed as dist
 
         if not dist.is_initialized():
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(29000 + os.getpid() % 1000))
-            dist.init_process_group("gloo", rank=0, world_size=1)
+            import socket
+
+            with socket.socket() as s:  # a free port, and no MASTER_* left in the environment
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 
     def test_unknown_algorithm_and_unread_option(self):
         import gradkit.torch as gt

@@ -6,7 +6,9 @@ communication hook over torch.distributed (gloo).
    trained STEPS steps on this rank's data, the hook recording each bucket's gradients
    (OUT/<algo>/bucket0/rank<R>.parquet) and its metrics (OUT/<algo>.metrics.parquet); rank 0
    saves the reduced buckets (OUT/<algo>.online.npy) and the losses.
-3. The checkpoint (oktopk): CUT steps, the model's, optimizer's and hook's state saved, a new
+3. gradkit.torch.OnebitAdam and OnebitLamb train the model without DDP: every rank's
+   parameters afterwards (OUT/<method>.params.rank<R>.npy).
+4. The checkpoint (oktopk): CUT steps, the model's, optimizer's and hook's state saved, a new
    model, optimizer, DDP and hook restored from them, the remaining steps; rank 0 saves the
    reduced buckets (OUT/oktopk.resumed.npy).
 
@@ -101,6 +103,25 @@ def main():
         if rank == 0:
             np.save(os.path.join(out_dir, f"{algo}.online.npy"), np.stack(reduced))
             np.save(os.path.join(out_dir, f"{algo}.losses.npy"), np.array(losses))
+    for cls in (gt.OnebitAdam, gt.OnebitLamb):
+        # No DDP: the optimiser exchanges (ring during the warm-up, 1-bit after it).
+        net = model()
+        opt = cls(net.parameters(), lr=0.01, freeze_step=2)
+        losses = []
+        for x, y in batches:
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(net(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()]).numpy()
+        np.save(os.path.join(out_dir, f"{cls.METHOD}.params.rank{rank}.npy"), flat)
+        sd = opt.state_dict()
+        again = cls(model().parameters(), lr=0.01, freeze_step=2)
+        again.load_state_dict(sd)
+        assert set(again.state_dict()["gradkit"]["tensors"]) == set(sd["gradkit"]["tensors"])
+        if rank == 0:
+            np.save(os.path.join(out_dir, f"{cls.METHOD}.losses.npy"), np.array(losses))
     dist.barrier()
     dist.destroy_process_group()
 

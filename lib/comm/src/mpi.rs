@@ -46,7 +46,7 @@ pub(crate) fn finalize() {
 /// host program may call from several threads, one at a time (the caller holds the
 /// communicator behind a lock). The caller finalizes with [`finalize_library`] at exit.
 pub fn init_library() -> anyhow::Result<MpiComm> {
-    if !crate::launch::under_mpi_launcher() {
+    if !gradkit_core::cli::under_mpi_launcher() {
         anyhow::bail!("this process was not started by mpirun or mpiexec (no MPI launcher in its environment)");
     }
     let Some((universe, _)) = mpi::initialize_with_threading(mpi::Threading::Serialized) else {

@@ -462,26 +462,18 @@ impl Exchange for OneBit {
             io.extra.push(("compressed".into(), 0.0));
             return self.rep.dense_step(comm, io, g);
         }
-        let t = Instant::now();
-        let m = match &mut self.rep.opt {
-            Opt::OnebitLamb(o) => o.local_momentum(&g),
-            Opt::OnebitAdam(o) => o.local_momentum(&g),
-            Opt::Plain(_) => bail!("--exchange onebit needs a 1-bit optimiser"),
-        };
-        io.update_s += t.elapsed().as_secs_f64();
-        let n = m.len();
-        let out = self
-            .reducer
-            .reduce(comm, io.step, &self.layout, Flat::Dense(m))?;
-        let m = out.result.into_dense(n);
-        io.extra.extend(out.metrics);
-        let t = Instant::now();
-        match &mut self.rep.opt {
-            Opt::OnebitLamb(o) => o.compressed_step(&mut self.rep.params, m, io.lr),
-            Opt::OnebitAdam(o) => o.compressed_step(&mut self.rep.params, m, io.lr),
-            Opt::Plain(_) => unreachable!("checked above"),
-        }
-        io.update_s += t.elapsed().as_secs_f64();
+        let done = onebit_compressed_step(
+            comm,
+            &mut self.rep.opt,
+            self.reducer.as_mut(),
+            &self.layout,
+            &mut self.rep.params,
+            &g,
+            io.lr,
+            io.step,
+        )?;
+        io.update_s += done.update_s;
+        io.extra.extend(done.metrics);
         self.rep.push_coefficients(io);
         io.extra.push(("compressed".into(), 1.0));
         Ok(())
@@ -508,4 +500,51 @@ impl Exchange for OneBit {
             .collect();
         self.reducer.load_state(&mine)
     }
+}
+
+/// What [`onebit_compressed_step`] did: the 1-bit reducer's metrics of the step, and the
+/// seconds spent in the optimiser's own arithmetic (momentum and update).
+pub struct OnebitDone {
+    pub metrics: Vec<(String, f64)>,
+    pub update_s: f64,
+}
+
+/// One compression-stage step of a 1-bit optimiser (1-bit LAMB's Algorithm 1 lines 5–21, or
+/// the 1-bit Adam baseline): this rank's momentum from its own gradient `g`, the
+/// error-compensated 1-bit allreduce of it (`reducer`: the `onebit` one, over `layout`, the
+/// momentum as one tensor), then the step of `params` with the frozen variance. The one
+/// implementation that gradtrain's `--exchange onebit` and the Python module's 1-bit
+/// optimizers (`gradkit.torch.OnebitAdam`, `OnebitLamb`) run.
+#[allow(clippy::too_many_arguments)]
+pub fn onebit_compressed_step(
+    comm: &dyn Comm,
+    opt: &mut Opt,
+    reducer: &mut dyn Reducer,
+    layout: &Layout,
+    params: &mut [f32],
+    g: &[f32],
+    lr: f32,
+    step: u32,
+) -> Result<OnebitDone> {
+    let t = Instant::now();
+    let m = match opt {
+        Opt::OnebitLamb(o) => o.local_momentum(g),
+        Opt::OnebitAdam(o) => o.local_momentum(g),
+        Opt::Plain(_) => bail!("--exchange onebit needs a 1-bit optimiser"),
+    };
+    let mut update_s = t.elapsed().as_secs_f64();
+    let n = m.len();
+    let out = reducer.reduce(comm, step, layout, Flat::Dense(m))?;
+    let m = out.result.into_dense(n);
+    let t = Instant::now();
+    match opt {
+        Opt::OnebitLamb(o) => o.compressed_step(params, m, lr),
+        Opt::OnebitAdam(o) => o.compressed_step(params, m, lr),
+        Opt::Plain(_) => unreachable!("checked above"),
+    }
+    update_s += t.elapsed().as_secs_f64();
+    Ok(OnebitDone {
+        metrics: out.metrics,
+        update_s,
+    })
 }

@@ -9,6 +9,8 @@
 //!   `--algo` name, its options checked against the descriptor's `reads`, its state kept
 //!   across steps; each step runs [`gradkit_collectives::step::reduce_step`], as
 //!   `gradallreduce` does, so the result and the `metrics/1` rows are the tool's.
+//! - [`optim::PyOnebit`]: 1-bit Adam and 1-bit LAMB of gradkit-train on a model's flat
+//!   parameters (`gradkit.torch.OnebitAdam`, `OnebitLamb`).
 //! - [`metrics::PyMetrics`]: every rank's metric rows, written by rank 0 as one `metrics/1`
 //!   file (with the loop's own rows: loss, accuracy).
 //!
@@ -22,6 +24,7 @@ use pyo3::prelude::*;
 
 mod comm;
 mod metrics;
+mod optim;
 mod reducer;
 
 create_exception!(
@@ -90,6 +93,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<comm::PyComm>()?;
     m.add_class::<reducer::PyReducer>()?;
     m.add_class::<metrics::PyMetrics>()?;
+    m.add_class::<optim::PyOnebit>()?;
     m.add_function(wrap_pyfunction!(algorithms, m)?)?;
     m.add_function(wrap_pyfunction!(finalize_mpi, m)?)?;
     m.add_function(wrap_pyfunction!(under_mpi_launcher, m)?)?;

@@ -395,7 +395,11 @@ fn read_f32(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str, n: usize) -> PyR
 }
 
 /// `obj` as a writable contiguous float32 buffer of `n` elements.
-fn writable_f32(obj: &Bound<'_, PyAny>, what: &str, n: usize) -> PyResult<PyBuffer<f32>> {
+pub(crate) fn writable_f32(
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+    n: usize,
+) -> PyResult<PyBuffer<f32>> {
     let buf = buffer_f32(obj, what, n)?;
     if buf.readonly() {
         return Err(value_error(anyhow!("`{what}` is read-only")));
@@ -403,7 +407,7 @@ fn writable_f32(obj: &Bound<'_, PyAny>, what: &str, n: usize) -> PyResult<PyBuff
     Ok(buf)
 }
 
-fn buffer_f32(obj: &Bound<'_, PyAny>, what: &str, n: usize) -> PyResult<PyBuffer<f32>> {
+pub(crate) fn buffer_f32(obj: &Bound<'_, PyAny>, what: &str, n: usize) -> PyResult<PyBuffer<f32>> {
     let buf = PyBuffer::<f32>::get(obj).map_err(|e| {
         value_error(anyhow!(
             "`{what}` must be a contiguous float32 array (numpy, or a CPU tensor's .numpy()): {e}"
