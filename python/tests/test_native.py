@@ -225,6 +225,21 @@ class OnebitOptimizers(unittest.TestCase):
                         np.testing.assert_allclose(r["after"][step], want, rtol=2e-5, atol=1e-6)
 
 
+class StalledPeer(unittest.TestCase):
+    def test_a_rank_that_stops_answering_fails_the_others_within_the_timeout(self):
+        _require_native()
+        env = dict(os.environ, GRADKIT_COMM_TIMEOUT="3")
+        for k in ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"):
+            env.setdefault(k, "1")
+        cmd = ["mpirun", "-np", "2", "--oversubscribe", sys.executable, os.path.join(HERE, "stall_run.py")]
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("raised after", p.stdout, p.stderr)
+        self.assertIn("rank 1", p.stdout)
+        waited = float(p.stdout.split("raised after ")[1].split(" s")[0])
+        self.assertGreaterEqual(waited, 3.0)
+
+
 class Loopback:
     """A transport for a world of one rank: it never carries a message."""
 
