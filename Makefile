@@ -16,7 +16,7 @@ BIN := target/release
 FAST ?= 0
 export FAST
 
-.PHONY: native-module deps-torch test-torch check-contributing lint-cuda all help deps deps-apt deps-rust deps-py deps-cuda-py deps-bench build demo test test-py test-cuda-feature gpu-bundle gpu-bundle-files bench stress-mpi lint fmt clean \
+.PHONY: native-module deps-torch test-torch repro-torch check-contributing lint-cuda all help deps deps-apt deps-rust deps-py deps-cuda-py deps-bench build demo test test-py test-cuda-feature gpu-bundle gpu-bundle-files bench stress-mpi lint fmt clean \
         docs check-docs golden-record golden-check \
         repro repro-oktopk repro-deft repro-onebit-lamb repro-embrace
 
@@ -31,6 +31,7 @@ help:
 	@echo "make repro-oktopk-figs | repro-deft-figs | repro-deft-breakdown   the figures alone, from target/release"
 	@echo "make repro-oktopk-closed | repro-onebit-table3   the papers' closed-loop training runs (FAST=1: ~30 s each)"
 	@echo "make repro-cluster | repro-embrace-fig7   the shaped multi-host runs (root; docs/CLUSTER.md)"
+	@echo "make repro-torch   real PyTorch models with DDP, gradkit's hooks and 1-bit Adam on shaped hosts (root, .venv-torch)"
 	@echo "make repro-sim | repro-scale   SimGrid replay: calibrated on the cluster | at 16-256 ranks (docs/SIMULATE.md)"
 	@echo "make cluster-up HOSTS=4 RATE=1gbit | cluster-status | cluster-down   (docs/CLUSTER.md)"
 	@echo "make build   release binaries in target/release    make deps   what is missing (apt, rustup, venv)"
@@ -174,6 +175,13 @@ test-torch: deps-torch build
 	cd python/tests && GRADKIT_BIN=$(CURDIR)/$(BIN) OMP_NUM_THREADS=1 PYTHONPATH=$(CURDIR)/python \
 	  $(CURDIR)/$(TORCH_VENV)/bin/python -m unittest -v test_torch test_torch_bridge test_docs
 
+## repro-torch [FAST=1]: the papers' experiment in real PyTorch (pipelines/repro-torch.sh): a CNN
+## and an LSTM LM under DDP's own allreduce, gradkit's hooks and 1-bit Adam, on this machine and on
+## 4 shaped hosts at 100 Mbit/s and 1 Gbit/s, 3 interleaved repeats: docs/RESULTS.md § torch.
+## Needs root and .venv-torch (make deps-torch); says why and stops without them.
+repro-torch: build
+	@bash pipelines/repro-torch.sh
+
 # The `cuda` binaries (built for the device tests, which run them) are uplifted to
 # target/release while they are tested; the last line puts the default ones back (fresh, so
 # it only links them there again).
@@ -270,7 +278,7 @@ stress-mpi: deps build
 
 include pipelines/oktopk.mk pipelines/deft.mk pipelines/onebit-lamb.mk pipelines/embrace.mk
 include pipelines/cluster.mk pipelines/sim.mk pipelines/closed-loop.mk pipelines/dense.mk
-repro: repro-dense repro-oktopk repro-deft repro-onebit-lamb repro-embrace repro-oktopk-closed repro-onebit-table3 repro-embrace-fig7
+repro: repro-dense repro-oktopk repro-deft repro-onebit-lamb repro-embrace repro-oktopk-closed repro-onebit-table3 repro-embrace-fig7 repro-torch
 
 fmt:
 	$(CARGO) fmt --all

@@ -31,13 +31,13 @@ class PytorchDocTest(unittest.TestCase):
         self.assertIn(body, blocks(self.text, "python"),
                       "docs/PYTORCH.md's DDP script differs from python/gradkit/ddp_example.py")
 
-    def test_train_script_is_the_packages(self):
-        path = os.path.join(REPO, "python", "gradkit", "train_example.py")
-        with open(path, encoding="utf-8") as f:
-            source = f.read()
-        body = source[source.index("import argparse"):]
-        self.assertIn(body, blocks(self.text, "python"),
-                      "docs/PYTORCH.md's training script differs from python/gradkit/train_example.py")
+    def test_train_and_reduce_scripts_are_the_packages(self):
+        for name, start, lang in (("train_example.py", "import argparse", "python"),
+                                  ("reduce_example.py", "import numpy as np", "py")):
+            with open(os.path.join(REPO, "python", "gradkit", name), encoding="utf-8") as f:
+                source = f.read()
+            self.assertIn(source[source.index(start):], blocks(self.text, lang),
+                          f"docs/PYTORCH.md's copy of python/gradkit/{name} differs from it")
 
     def test_commands_and_snippets_run(self):
         tool("gradselect")  # skipped or failed here when the binaries are missing
