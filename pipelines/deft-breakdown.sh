@@ -33,7 +33,7 @@ echo
 echo "Trace \`gradtrace synthetic --shape lstm --scale $SCALE --ranks P --steps $STEPS --seed 3 --overlap 0.2\`"
 echo "(DEFT's LSTM at scale $SCALE), \`RAYON_NUM_THREADS=1 gradallreduce --algo A --density $D\` with"
 echo "$( [ -n "${GRADKIT_CLUSTER:-}" ] && echo "mpirun across the cluster's hosts ($(sed -n 's/^rate=//p' "$GRADKIT_CLUSTER" 2>/dev/null || true), ranks fill hosts in order)" || echo "in-process ranks sharing the machine's cores") (the paper: 2–16 GPUs"
-echo "at 1 Gbit/s and faster). Per step the slowest rank's time in each part, then the median"
+echo "on 8 nodes of 4 V100s; it does not state its interconnect). Per step the slowest rank's time in each part, then the median"
 echo "over steps ≥ 1; each cell is the median over $REPS interleaved repeats (min–max). Parts:"
 echo "*top-k* = \`time_topk_s\` (topk-union: every rank over its whole accumulator; cltk: the"
 echo "leader alone; deft: each rank over its own pieces), *norms + bin packing* ="
