@@ -16,6 +16,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import errbar  # noqa: E402
 from spread import spread  # noqa: E402
 
 
@@ -183,13 +184,10 @@ def summary(rates, alphas, factors, errs_sim, errs_ab, errs_fast, kinds, dirs, m
     print()
     if not errs_sim:
         return
-    rows_of = f" ({n} interleaved repeats each, by each row's median sim/meas)" if n > 1 else ""
-    med = statistics.median(abs(e - 1) for e in errs_sim)
-    worst = max(abs(e - 1) for e in errs_sim)
-    med_ab = statistics.median(abs(e - 1) for e in errs_ab)
-    worst_ab = max(abs(e - 1) for e in errs_ab)
-    print(f"Calibrated replay vs measured: median |error| {med * 100:.0f} %, worst {worst * 100:.0f} % "
-          f"over {len(errs_sim)} rows{rows_of}; α-β: median {med_ab * 100:.0f} %, worst {worst_ab * 100:.0f} %.")
+    rows_of = f", {n} interleaved repeats each, by each row's median sim/meas" if n > 1 else ""
+    rows = [(r, p, a, e, ab) for (r, p, a, e), ab in zip(kinds, errs_ab)]
+    print(f"Calibrated replay vs measured, as a factor (max(sim/meas, meas/sim): too fast and too slow "
+          f"alike; {len(errs_sim)} rows{rows_of}): {errbar.describe(rows)}.")
     within = sum(abs(e - 1) <= 0.3 for e in errs_sim)
     within_fast = sum(abs(e - 1) <= 0.3 for e in errs_fast)
     med_fast = statistics.median(abs(e - 1) for e in errs_fast)
