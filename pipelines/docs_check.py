@@ -642,6 +642,27 @@ def f_sim_error_bar():
     return errbar.describe(sim_validation_rows())
 
 
+def inv_validated_constants():
+    """lib/report/src/validated.rs's error bars (what `gradreport simulate` prints) are the
+    validation table's, per link rate and family."""
+    import statistics
+    with open(os.path.join(CODE, "lib", "report", "src", "validated.rs"), encoding="utf-8") as f:
+        src = f.read()
+    consts = re.findall(r'ErrorBar \{ rate: "([^"]+)", rate_bps: [^,]+, family: "([^"]+)", rows: ([0-9]+), '
+                        r'median: ([0-9.]+), worst: ([0-9.]+) \}', src)
+    rows, errs = sim_validation_rows(), []
+    if not consts:
+        return ["lib/report/src/validated.rs: no ErrorBar constants"]
+    for rate, fam, n, med, worst in consts:
+        g = [errbar.factor(r[3]) for r in rows if r[0] == rate and errbar.family(r[2]) == fam]
+        want = (len(g), f"{statistics.median(g):.2f}", f"{max(g):.2f}") if g else (0, "-", "-")
+        got = (int(n), f"{float(med):.2f}", f"{float(worst):.2f}")
+        if got != want:
+            errs.append(f"lib/report/src/validated.rs: {rate} {fam}: rows, median, worst {got}; "
+                        f"the validation table in {RESULTS} gives {want}")
+    return errs
+
+
 def inv_sim_error_bar():
     """The validation section's own summary line says what its table says."""
     m = re.search(r"Calibrated replay vs measured, as a factor \(.*?rows[^)]*\): (.*?)\.\n",
@@ -987,7 +1008,7 @@ def inv_code_facts():
 
 
 def invariants():
-    errs = inv_code_facts() + inv_sim_error_bar()
+    errs = inv_code_facts() + inv_sim_error_bar() + inv_validated_constants()
     errs += inv_embrace_bytes_page()
     errs += inv_embrace_table3(section(RESULTS, "embrace"), f"{RESULTS} § embrace")
     errs += inv_onebit_verdict(CLUSTER[1](), CLUSTER[0])
@@ -1090,6 +1111,9 @@ REGRESSIONS = [
     ("issue 44: the error bar's worst row edited", "docs/RESULTS.md",
      r"(<!-- BEGIN sim-validation -->.*?\| 1gbit \| 8 \| embrace alltoall \|(?: [^|]+ \|){3} )[0-9.]+", r"\g<1>0.80",
      "its summary line says"),
+    ("issue 44: simulate's error bar behind the table", "docs/RESULTS.md",
+     r"(<!-- BEGIN sim-validation -->.*?\| 100mbit \| 8 \| rabenseifner[^|]*\|(?: [^|]+ \|){3} )[0-9.]+", r"\g<1>0.90",
+     "validated.rs: 100mbit dense"),
     ("issue 44: README's GPU line as it was", "README.md", r"GPU node, and what [^.]*\.",
      "GPU node, and what is not built yet (NCCL, device buffers through the collectives).",
      "says NCCL is not built yet"),

@@ -26,4 +26,5 @@ pub mod simgrid;
 pub mod simulate;
 pub mod table;
 pub mod tensor;
+pub mod validated;
 pub mod volume;

@@ -58,6 +58,8 @@ pub struct SimulateOpts {
     pub output: Option<PathBuf>,
     /// How the table is printed on stdout.
     pub format: Format,
+    /// Another recording replayed on the same platform: the speedup over it is printed.
+    pub baseline: Option<PathBuf>,
 }
 
 /// `s` (trimmed) cut where its leading number (digits, `.`, an exponent's `e`) ends.
@@ -628,7 +630,10 @@ pub fn metric_rows(lines: &[Line], algo: &str, ranks: usize) -> Vec<MetricRow> {
 pub fn run(opts: &SimulateOpts) -> Result<()> {
     // Before anything is read: -o must not replace the recording (through any name).
     gradkit_core::paths::check_distinct(
-        &[("RECORDING", Some(opts.recording.as_path()))],
+        &[
+            ("RECORDING", Some(opts.recording.as_path())),
+            ("--baseline", opts.baseline.as_deref()),
+        ],
         &[("-o", opts.output.as_deref())],
     )?;
     let output = match &opts.output {
@@ -639,6 +644,14 @@ pub fn run(opts: &SimulateOpts) -> Result<()> {
         None => None,
     };
     let (lines, meta, ranks) = simulate(opts)?;
+    let baseline = match &opts.baseline {
+        Some(b) => Some(simulate(&SimulateOpts {
+            recording: b.clone(),
+            baseline: None,
+            ..opts.clone()
+        })?),
+        None => None,
+    };
     let table = render(&lines);
     if let Some(out) = output {
         let Output::Path(path) = &out else {
@@ -656,5 +669,78 @@ pub fn run(opts: &SimulateOpts) -> Result<()> {
             gradkit_core::io::write_table(&out, &m, &metric_rows(&lines, &algo, ranks))?;
         }
     }
-    table.print(opts.format)
+    table.print(opts.format)?;
+    // The notes follow the table on a terminal, where both streams meet.
+    std::io::Write::flush(&mut std::io::stdout())?;
+    let algo = meta.get("algo").unwrap_or("").to_string();
+    let platform = opts.platform(ranks)?;
+    if let Some((base, bmeta, _)) = &baseline {
+        let file = opts.baseline.as_deref().map(|p| p.display().to_string());
+        let name = bmeta
+            .get("algo")
+            .map(str::to_string)
+            .or(file)
+            .unwrap_or_default();
+        speedup_note(&lines, base, &name, opts);
+    }
+    error_bar_note(&platform, &algo, opts.scale_bytes, ranks);
+    Ok(())
+}
+
+/// The simulated time of each step (its whole-step line), by step.
+fn step_totals(lines: &[Line]) -> std::collections::BTreeMap<u32, f64> {
+    lines
+        .iter()
+        .filter(|l| l.phase.is_none())
+        .filter_map(|l| l.simulated_s.map(|s| (l.step, s)))
+        .collect()
+}
+
+/// `--baseline`: the baseline's simulated step over this recording's, per step both have; the
+/// median (min–max).
+fn speedup_note(lines: &[Line], base: &[Line], name: &str, opts: &SimulateOpts) {
+    let (mine, theirs) = (step_totals(lines), step_totals(base));
+    let mut r: Vec<f64> = mine
+        .iter()
+        .filter_map(|(s, t)| theirs.get(s).filter(|_| *t > 0.0).map(|b| b / t))
+        .collect();
+    if r.is_empty() {
+        gradkit_core::noteln!(
+            "note: --baseline {}: no step of it has the same number as a step here; no speedup",
+            opts.baseline
+                .as_deref()
+                .unwrap_or(std::path::Path::new(""))
+                .display()
+        );
+        return;
+    }
+    r.sort_by(f64::total_cmp);
+    gradkit_core::noteln!(
+        "speedup over {name} (--baseline, the same platform): {:.2}× (median over {} steps; {:.2}–{:.2}×), the exchange alone",
+        r[r.len() / 2],
+        r.len(),
+        r[0],
+        r[r.len() - 1]
+    );
+}
+
+/// The validated error bar nearest this replay, and where the replay lies outside what was
+/// validated ([`crate::validated`]).
+fn error_bar_note(platform: &crate::simgrid::Platform, algo: &str, scale: f64, ranks: usize) {
+    let e = crate::validated::nearest(platform.link_bps, algo);
+    gradkit_core::noteln!(
+        "error bar: the calibrated replay of the {} family at {} (the validated rate nearest these links) was within a factor {:.2} of the measured time (median; worst {:.2}, {} rows: docs/RESULTS.md § SimGrid replay)",
+        e.family,
+        e.rate,
+        e.median,
+        e.worst,
+        e.rows
+    );
+    let out = crate::validated::outside(platform, scale, ranks);
+    if !out.is_empty() {
+        gradkit_core::noteln!(
+            "warning: this replay lies outside what was validated ({}): the error bar above was not measured here",
+            out.join("; ")
+        );
+    }
 }

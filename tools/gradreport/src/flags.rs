@@ -84,6 +84,10 @@ pub struct SimulateArgs {
     /// How the table is printed on stdout
     #[arg(long, value_enum, default_value_t = Format::Md)]
     pub format: Format,
+    /// Another recording (dense, say) replayed on the same platform: prints the speedup
+    /// over it, step by step
+    #[arg(long, value_name = "RECORDING")]
+    pub baseline: Option<PathBuf>,
 }
 
 impl SimulateArgs {
@@ -188,6 +192,7 @@ impl SimulateArgs {
             keep: self.keep.clone(),
             output: self.output.clone(),
             format: self.format,
+            baseline: self.baseline.clone(),
         })
     }
 }

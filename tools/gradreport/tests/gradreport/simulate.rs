@@ -411,3 +411,71 @@ fn a_signal_ends_smpirun_and_removes_the_replay_files() {
         assert!(!alive(), "SIG{name}: smpirun's child {pid} still runs");
     }
 }
+
+/// The step's simulated milliseconds of a `--format csv` table (its first row).
+fn step_ms(csv: &str) -> f64 {
+    csv.lines()
+        .nth(1)
+        .and_then(|l| l.split(',').nth(3))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no simulated_ms in {csv}"))
+}
+
+#[test]
+fn the_error_bar_the_warnings_and_the_speedup_follow_the_table() {
+    smpirun_here();
+    let d = gradkit_testkit::tempdir("gradreport-simulate-errbar");
+    let (ok, ring) = (d.path().join("ok.parquet"), d.path().join("ring.parquet"));
+    record(&ok, algo("oktopk"), 4, 1 << 14);
+    record(&ring, algo("ring"), 4, 1 << 14);
+    let base = [
+        "--no-phases",
+        "--format",
+        "csv",
+        "--compute",
+        "none",
+        "--link-rate",
+        "100mbit",
+    ];
+    // Alone, on a validated platform: the error bar of 100 Mbit/s for the sparse family, no
+    // warning.
+    let mut args = vec![ok.to_str().unwrap()];
+    args.extend_from_slice(&base);
+    let (code, out_ok, err) = simulate(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("error bar:") && err.contains("at 100mbit") && err.contains("sparse"),
+        "{err}"
+    );
+    assert!(!err.contains("warning:"), "{err}");
+    // The ring alone, then Ok-Topk with the ring as its baseline: the speedup is the ratio of
+    // the two tables' steps.
+    let mut args = vec![ring.to_str().unwrap()];
+    args.extend_from_slice(&base);
+    let (_, out_ring, _) = simulate(&args);
+    let want = step_ms(&out_ring) / step_ms(&out_ok);
+    let mut args = vec![ok.to_str().unwrap(), "--baseline", ring.to_str().unwrap()];
+    args.extend_from_slice(&base);
+    let (code, out, err) = simulate(&args);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, out_ok, "the table is the recording's alone");
+    let got: f64 = err
+        .split("(--baseline, the same platform): ")
+        .nth(1)
+        .and_then(|s| s.split('×').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no speedup line in {err}"));
+    assert!((got - want).abs() <= 0.006 * want, "{got} vs {want}");
+    // Outside what was validated: each departure named.
+    let mut args = vec![ok.to_str().unwrap(), "--scale-bytes", "10"];
+    args.extend_from_slice(&["--no-phases", "--compute", "none", "--topology", "fat-tree"]);
+    let (code, _, err) = simulate(&args);
+    assert_eq!(code, 0, "{err}");
+    let warn = err
+        .lines()
+        .find(|l| l.starts_with("warning:"))
+        .unwrap_or("");
+    for needle in ["Gbit/s, faster", "fat-tree", "×10"] {
+        assert!(warn.contains(needle), "{needle}: {err}");
+    }
+}
