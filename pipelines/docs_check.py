@@ -648,8 +648,8 @@ def inv_validated_constants():
     import statistics
     with open(os.path.join(CODE, "lib", "report", "src", "validated.rs"), encoding="utf-8") as f:
         src = f.read()
-    consts = re.findall(r'ErrorBar \{ rate: "([^"]+)", rate_bps: [^,]+, family: "([^"]+)", rows: ([0-9]+), '
-                        r'median: ([0-9.]+), worst: ([0-9.]+) \}', src)
+    consts = re.findall(r'ErrorBar \{\s*rate: "([^"]+)",\s*rate_bps: [^,]+,\s*family: "([^"]+)",\s*rows: ([0-9]+),\s*'
+                        r'median: ([0-9.]+),\s*worst: ([0-9.]+),?\s*\}', src)
     rows, errs = sim_validation_rows(), []
     if not consts:
         return ["lib/report/src/validated.rs: no ErrorBar constants"]
