@@ -67,3 +67,18 @@ def flipped(src, dst, at, n=4):
     with open(dst, "wb") as f:
         f.write(data)
     return dst
+
+
+def launch(cmd, what, *, env=None, timeout=600, check=True):
+    """Runs `cmd` (mpirun or torchrun and a script of the tests) with the tests' directory and
+    the package on PYTHONPATH, as root where containers run as root; `check`: a failure raises
+    with the end of its output, named `what`."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    full = dict(os.environ, **(env or {}))
+    full["PYTHONPATH"] = os.pathsep.join([here, os.path.join(REPO, "python"), os.environ.get("PYTHONPATH", "")])
+    for k in ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"):
+        full.setdefault(k, "1")
+    p = subprocess.run(cmd, capture_output=True, text=True, env=full, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{what} exited {p.returncode}:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}")
+    return p

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 import gradkit
 from gradkit import native
-from helpers import tool
+from helpers import launch, tool
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RANKS, STEPS = 3, 7
@@ -104,17 +104,9 @@ class OnlineEqualsOffline(unittest.TestCase):
         cls.algos = [a for a, d in native.algorithms().items() if d["reducer"]]
         cls.dir = tempfile.mkdtemp(prefix="gradkit-online-")
         specs = [f"{a}:{json.dumps(OPTIONS.get(a, {}))}" for a in cls.algos]
-        env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        env.setdefault("GRADKIT_COMM_TIMEOUT", "120")
-        # As make test runs mpirun (containers run as root; more ranks than cores).
-        for k in ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"):
-            env.setdefault(k, "1")
-        cmd = ["mpirun", "-np", str(RANKS), "--oversubscribe", sys.executable,
-               os.path.join(HERE, "online_run.py"), cls.dir, str(STEPS), *specs]
-        cls.env = env
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-        if p.returncode != 0:
-            raise AssertionError(f"{' '.join(cmd[:6])} … exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+        launch(["mpirun", "-np", str(RANKS), "--oversubscribe", sys.executable,
+                os.path.join(HERE, "online_run.py"), cls.dir, str(STEPS), *specs],
+               "online_run.py", env={"GRADKIT_COMM_TIMEOUT": os.environ.get("GRADKIT_COMM_TIMEOUT", "120")})
         cls.trace = os.path.join(cls.dir, "trace.parquet")
         subprocess.run(
             [sys.executable, "-m", "gradkit.merge", os.path.join(cls.dir, "rank*.parquet"), "-o", cls.trace],
@@ -140,8 +132,7 @@ class OnlineEqualsOffline(unittest.TestCase):
                 cmd = ["mpirun", "-np", str(RANKS), "--oversubscribe", tool("gradallreduce"), self.trace,
                        "-o", out, "--metrics", met, "--algo", algo, "--run", algo, "--quiet",
                        *_flags(OPTIONS.get(algo, {}))]
-                p = subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=300)
-                self.assertEqual(p.returncode, 0, p.stderr)
+                launch(cmd, f"gradallreduce --algo {algo}", timeout=300)
                 online = np.load(os.path.join(self.dir, f"{algo}.online.npy"))
                 offline = _offline_results(out)
                 self.assertEqual(online.shape, offline.shape)
@@ -177,14 +168,9 @@ class OnebitOptimizers(unittest.TestCase):
     def setUpClass(cls):
         _require_native()
         cls.dir = tempfile.mkdtemp(prefix="gradkit-onebit-")
-        env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        for k in ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"):
-            env.setdefault(k, "1")
-        cmd = ["mpirun", "-np", str(cls.RANKS), "--oversubscribe", sys.executable,
-               os.path.join(HERE, "onebit_run.py"), cls.dir, str(cls.STEPS), str(cls.FREEZE)]
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-        if p.returncode != 0:
-            raise AssertionError(f"onebit_run.py exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+        launch(["mpirun", "-np", str(cls.RANKS), "--oversubscribe", sys.executable,
+                os.path.join(HERE, "onebit_run.py"), cls.dir, str(cls.STEPS), str(cls.FREEZE)],
+               "onebit_run.py", timeout=300)
 
     @classmethod
     def tearDownClass(cls):
@@ -228,11 +214,8 @@ class OnebitOptimizers(unittest.TestCase):
 class StalledPeer(unittest.TestCase):
     def test_a_rank_that_stops_answering_fails_the_others_within_the_timeout(self):
         _require_native()
-        env = dict(os.environ, GRADKIT_COMM_TIMEOUT="3")
-        for k in ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"):
-            env.setdefault(k, "1")
-        cmd = ["mpirun", "-np", "2", "--oversubscribe", sys.executable, os.path.join(HERE, "stall_run.py")]
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        p = launch(["mpirun", "-np", "2", "--oversubscribe", sys.executable, os.path.join(HERE, "stall_run.py")],
+                   "stall_run.py", env={"GRADKIT_COMM_TIMEOUT": "3"}, timeout=300, check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("raised after", p.stdout, p.stderr)
         self.assertIn("rank 1", p.stdout)

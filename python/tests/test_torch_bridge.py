@@ -16,7 +16,7 @@ import unittest
 
 import numpy as np
 
-from helpers import have_torch, tool
+from helpers import have_torch, launch, tool
 from test_native import OPTIONS, _flags, _metric_rows, _offline_results, _require_native
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -37,13 +37,9 @@ class DdpHook(unittest.TestCase):
         cls.algos = [a for a, d in native.algorithms().items() if d["reducer"] and a != "native"]
         cls.dir = tempfile.mkdtemp(prefix="gradkit-torch-")
         specs = [f"{a}:{json.dumps(OPTIONS.get(a, {}))}" for a in cls.algos]
-        env = dict(os.environ, OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(RANKS),
-               "--standalone", os.path.join(HERE, "torch_run.py"), cls.dir, str(STEPS), *specs]
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-        if p.returncode != 0:
-            raise AssertionError(f"torchrun … exited {p.returncode}:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}")
+        launch([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(RANKS), "--standalone",
+                os.path.join(HERE, "torch_run.py"), cls.dir, str(STEPS), *specs],
+               "torchrun torch_run.py", env={"OMP_NUM_THREADS": "1"}, timeout=900)
 
     @classmethod
     def tearDownClass(cls):
@@ -67,10 +63,8 @@ class DdpHook(unittest.TestCase):
                 opts = dict(OPTIONS.get(algo, {}))
                 if "op" in self.native.algorithms()[algo]["options"]:
                     opts.setdefault("op", "mean")  # the hook's default: DDP averages
-                p = subprocess.run([tool("gradallreduce"), trace, "-o", out, "--metrics", met, "--algo", algo,
-                                    "--ranks", str(RANKS), "--run", algo, "--quiet", *_flags(opts)],
-                                   capture_output=True, text=True)
-                self.assertEqual(p.returncode, 0, p.stderr)
+                launch([tool("gradallreduce"), trace, "-o", out, "--metrics", met, "--algo", algo,
+                        "--ranks", str(RANKS), "--run", algo, "--quiet", *_flags(opts)], f"gradallreduce --algo {algo}")
                 online = np.load(os.path.join(self.dir, f"{algo}.online.npy"))
                 offline = _offline_results(out)
                 self.assertEqual(online.shape, offline.shape)
