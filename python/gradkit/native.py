@@ -69,6 +69,29 @@ def mpi_comm():
     return c
 
 
+def _is_torch(x):
+    return type(x).__module__.split(".")[0] == "torch"
+
+
+def _buffer(x, what):
+    """A CPU torch tensor as the numpy array that shares its memory (no copy); anything else as
+    it is (the native module checks dtype, layout and size, naming `what`)."""
+    if not _is_torch(x):
+        return x
+    if x.device.type != "cpu":
+        raise ValueError(
+            f"`{what}` is on {x.device}; this build reduces CPU tensors (the CUDA build is "
+            "`cargo build --release --features cuda`, docs/GPU.md)"
+        )
+    import torch
+
+    if x.dtype != torch.float32:
+        raise TypeError(f"`{what}` is {x.dtype}; gradkit reduces float32 (a conversion would be a silent copy)")
+    if not x.is_contiguous():
+        raise ValueError(f"`{what}` is not contiguous; a copy would be silent (tensor.contiguous())")
+    return x.detach().numpy()
+
+
 def _layers(layers):
     out = []
     for item in layers:
@@ -106,13 +129,17 @@ class Reducer:
     next_step = property(lambda self: self._r.next_step, doc="The step the next call reduces.")
 
     def reduce(self, grad, out=None, step=None):
-        """Reduces `grad` (float32, contiguous, `numel` elements: a numpy array or a CPU
-        tensor's `.numpy()`) with the other ranks; the result goes into `out` (default: a new
-        array; `out=grad` reduces in place). Returns `out`. The step's metrics are in
-        `last_metrics`."""
+        """Reduces `grad` (float32, contiguous, `numel` elements: a numpy array or a CPU torch
+        tensor, read in place) with the other ranks; the result goes into `out` (default: a new
+        array, or tensor for a tensor; `out=grad` reduces in place). Returns `out`. The step's
+        metrics are in `last_metrics`."""
         if out is None:
             out = np.empty(self.numel, dtype=np.float32)
-        self.last_metrics = dict(self._r.reduce(grad, out, step))
+            if _is_torch(grad):
+                import torch
+
+                out = torch.empty(self.numel, dtype=torch.float32)
+        self.last_metrics = dict(self._r.reduce(_buffer(grad, "grad"), _buffer(out, "out"), step))
         return out
 
     def state_dict(self):

@@ -136,6 +136,23 @@ class HookErrors(unittest.TestCase):
             ddp(torch.ones(4, 3, dtype=torch.float64)).sum().backward()
         self.assertIn("float64", str(cm.exception))
 
+    def test_tensors_are_reduced_in_place_and_bad_ones_refused(self):
+        import torch
+
+        import gradkit
+        import gradkit.torch as gt
+
+        red = gradkit.Reducer("ring", gt.comm(), [("w", (3, 4))])
+        t = torch.arange(12, dtype=torch.float32)
+        before = t.clone()
+        self.assertIs(red.reduce(t, out=t), t)  # a world of one: the sum is the tensor itself
+        self.assertTrue(torch.equal(t, before))
+        self.assertIsInstance(red.reduce(t), torch.Tensor)
+        for bad, words in ((t.double(), "float64"), (t.view(3, 4).t(), "contiguous")):
+            with self.assertRaises((TypeError, ValueError)) as cm:
+                red.reduce(bad)
+            self.assertIn(words, str(cm.exception))
+
     def test_a_state_for_another_world_size_is_refused(self):
         import gradkit
         import gradkit.torch as gt
