@@ -175,10 +175,12 @@ test-torch: deps-torch build
 	cd python/tests && GRADKIT_BIN=$(CURDIR)/$(BIN) OMP_NUM_THREADS=1 PYTHONPATH=$(CURDIR)/python \
 	  $(CURDIR)/$(TORCH_VENV)/bin/python -m unittest -v test_torch test_torch_bridge test_docs
 
-## repro-torch [FAST=1]: the papers' experiment in real PyTorch (pipelines/repro-torch.sh): a CNN
-## and an LSTM LM under DDP's own allreduce, gradkit's hooks and 1-bit Adam, on this machine and on
-## 4 shaped hosts at 100 Mbit/s and 1 Gbit/s, 3 interleaved repeats: docs/RESULTS.md § torch.
-## Needs root and .venv-torch (make deps-torch); says why and stops without them.
+## repro-torch [FAST=1] [PARTS=…]: the papers' experiment in real PyTorch (pipelines/repro-torch.sh):
+## a CNN and an LSTM LM under DDP's own allreduce, gradkit's hooks and 1-bit Adam, on this machine
+## and on 4 shaped hosts at 100 Mbit/s and 1 Gbit/s, 3 interleaved repeats (train); the CNN at
+## 100 Mbit/s with 3× the steps for the sparse runs (long); the hook's overhead on a 25 M-parameter
+## layer (overhead): docs/RESULTS.md § torch. Needs root and .venv-torch (make deps-torch); says
+## why and stops without them.
 repro-torch: build
 	@bash pipelines/repro-torch.sh
 
