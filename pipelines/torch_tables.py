@@ -160,7 +160,15 @@ def main(paths):
         "",
     ]
     verdicts = []
-    for path in paths:
+
+    def order(path):  # local, then the rates from slow to fast, the long runs after their rate
+        name = os.path.basename(path).rsplit(".", 1)[0]
+        rate = name.split("-")[0]
+        if rate in ("local", "overhead"):
+            return (rate == "overhead", 0.0, name)
+        return (False, float(rate[:-4]) * (1e9 if rate.endswith("gbit") else 1e6), name)
+
+    for path in sorted(paths, key=order):
         rate = os.path.basename(path).rsplit(".", 1)[0]
         if rate == "overhead":
             lines, v = overhead(path)

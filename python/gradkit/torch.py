@@ -30,7 +30,9 @@ class ProcessGroupTransport:
     """gradkit's `Comm.exchange_raw` carried by `torch.distributed.batch_isend_irecv` on a
     process group: one round of message lengths (int64), then one of the payloads (uint8),
     so each message arrives whole without a probe. gradkit counts the payload bytes, as on
-    every backend; the length round is this transport's own."""
+    every backend; the length round is this transport's own. Payloads cross as bytearrays
+    (gradkit → torch, read in place) and numpy views of the received tensors (copied once into
+    gradkit)."""
 
     def __init__(self, group=None):
         self.group = group
@@ -60,8 +62,8 @@ class ProcessGroupTransport:
         ops, received = [], []
         for d, msgs in by_dst.items():
             for m in msgs:
-                if len(m):
-                    t = torch.frombuffer(bytearray(m), dtype=torch.uint8)
+                if len(m):  # a bytearray from gradkit: read in place
+                    t = torch.frombuffer(m, dtype=torch.uint8)
                     ops.append(dist.P2POp(dist.isend, t, self._peer(d), self.group, tag))
         taken = collections.Counter()
         for s in srcs:
@@ -72,17 +74,15 @@ class ProcessGroupTransport:
             if n:
                 ops.append(dist.P2POp(dist.irecv, t, self._peer(s), self.group, tag))
         self._run(ops)
-        return [t.numpy().tobytes() for t in received]
+        return [t.numpy() for t in received]  # gradkit copies each out once
 
     def barrier(self):
         dist.barrier(group=self.group)
 
     def allreduce(self, data, dtype):
-        if not data:
-            return data
-        t = torch.frombuffer(bytearray(data), dtype=_DTYPES[dtype])
-        dist.all_reduce(t, group=self.group)
-        return t.numpy().tobytes()
+        """Sums `data` (a bytearray of `dtype` values) over the ranks, in place."""
+        if len(data):
+            dist.all_reduce(torch.frombuffer(data, dtype=_DTYPES[dtype]), group=self.group)
 
 
 def comm(group=None):

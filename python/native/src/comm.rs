@@ -9,9 +9,12 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use gradkit_comm::{check_exchange, Backend, Buf, Comm, CommError, CommResult, Kind, Traffic};
+use gradkit_comm::{
+    check_exchange, Backend, Buf, Comm, CommError, CommResult, Elem, Kind, Traffic,
+};
+use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::types::{PyByteArray, PyList};
 
 use crate::{run_error, value_error};
 
@@ -206,21 +209,34 @@ impl Comm for TransportComm {
             }
         }
         let srcs: Vec<usize> = recvs.iter().map(|r| r.0).filter(|s| *s != me).collect();
-        let got: Vec<Vec<u8>> = self.call(|py, obj| {
+        let got: Vec<Buf> = self.call(|py, obj| {
             let sends = PyList::empty(py);
             for (d, b) in &remote {
-                sends.append((*d, PyBytes::new(py, &bytes_of(b))))?;
+                // One copy, into a buffer torch reads in place (`torch.frombuffer`).
+                sends.append((*d, PyByteArray::new(py, raw_bytes(b))))?;
             }
-            obj.call_method1("exchange", (tag, sends, srcs.clone()))?
-                .extract()
+            let got = obj.call_method1("exchange", (tag, sends, srcs.clone()))?;
+            let got: Vec<Bound<'_, PyAny>> = got.extract()?;
+            if got.len() != srcs.len() {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "exchange returned {} messages for {} sources",
+                    got.len(),
+                    srcs.len()
+                )));
+            }
+            let kinds = recvs.iter().filter(|r| r.0 != me).map(|r| r.1);
+            got.iter()
+                .zip(kinds)
+                .zip(&srcs)
+                .map(|((m, k), s)| {
+                    buf_from(py, k, m).map_err(|e| {
+                        pyo3::exceptions::PyValueError::new_err(format!(
+                            "message from rank {s}: {e}"
+                        ))
+                    })
+                })
+                .collect()
         })?;
-        if got.len() != srcs.len() {
-            return Err(self.failed(pyo3::exceptions::PyValueError::new_err(format!(
-                "exchange returned {} messages for {} sources",
-                got.len(),
-                srcs.len()
-            ))));
-        }
         let mut got = got.into_iter();
         let mut out = Vec::with_capacity(recvs.len());
         for &(s, k) in recvs {
@@ -229,11 +245,9 @@ impl Comm for TransportComm {
                     backend: self.backend.name(),
                     message: "a receive from this rank with no send to it".into(),
                 })?,
-                false => buf_of(k, &got.next().unwrap_or_default()).map_err(|m| {
-                    CommError::Transport {
-                        backend: self.backend.name(),
-                        message: format!("message from rank {s}: {m}"),
-                    }
+                false => got.next().ok_or_else(|| CommError::Transport {
+                    backend: self.backend.name(),
+                    message: "a receive with no message".into(),
                 })?,
             };
             if b.kind() != k {
@@ -252,15 +266,11 @@ impl Comm for TransportComm {
     }
     fn allreduce_native_f32(&self, data: &mut [f32]) -> CommResult<()> {
         self.traffic.add_opaque(data.len() * 4);
-        let bytes = self.allreduce_bytes(&bytes_of(&Buf::from_vec(data.to_vec())), "f32")?;
-        copy_back(data, &bytes)
-            .map_err(|m| self.failed(PyErr::new::<pyo3::exceptions::PyValueError, _>(m)))
+        self.allreduce_in_place(data, "f32")
     }
     fn allreduce_native_f64(&self, data: &mut [f64]) -> CommResult<()> {
         self.traffic.add_opaque(data.len() * 8);
-        let bytes = self.allreduce_bytes(&bytes_of(&Buf::from_vec(data.to_vec())), "f64")?;
-        copy_back(data, &bytes)
-            .map_err(|m| self.failed(PyErr::new::<pyo3::exceptions::PyValueError, _>(m)))
+        self.allreduce_in_place(data, "f64")
     }
     fn traffic(&self) -> &Traffic {
         &self.traffic
@@ -268,69 +278,77 @@ impl Comm for TransportComm {
 }
 
 impl TransportComm {
-    /// `obj.allreduce(bytes, dtype)`: the sum over the ranks, as bytes of the same dtype.
-    fn allreduce_bytes(&self, data: &[u8], dtype: &str) -> CommResult<Vec<u8>> {
-        if self.size == 1 {
-            return Ok(data.to_vec());
+    /// `obj.allreduce(data, dtype)`: the sum over the ranks, written into `data` (a bytearray
+    /// the transport reduces in place).
+    fn allreduce_in_place<T: Elem>(&self, data: &mut [T], dtype: &str) -> CommResult<()> {
+        if self.size == 1 || data.is_empty() {
+            return Ok(());
         }
         self.call(|py, obj| {
-            obj.call_method1("allreduce", (PyBytes::new(py, data), dtype))?
-                .extract()
+            let ba = PyByteArray::new(py, raw_bytes_of(data));
+            obj.call_method1("allreduce", (&ba, dtype))?;
+            // SAFETY: no Python code runs while the slice is borrowed (copied out at once), and
+            // the bytearray keeps its length (the transport reduces it in place).
+            let reduced = unsafe { ba.as_bytes() };
+            if reduced.len() != std::mem::size_of_val(data) {
+                return Err(pyo3::exceptions::PyValueError::new_err(
+                    "allreduce changed the buffer's length",
+                ));
+            }
+            raw_bytes_mut(data).copy_from_slice(reduced);
+            Ok(())
         })
     }
 }
 
-/// A host buffer's bytes (native byte order).
-fn bytes_of(b: &Buf) -> Vec<u8> {
+/// A slice of plain numbers as its bytes (native byte order).
+fn raw_bytes_of<T: Elem>(v: &[T]) -> &[u8] {
+    // SAFETY: every `Elem` (f32, f64, u32, u64, u8) is a plain number without padding, so its
+    // memory is `size_of_val(v)` initialised bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+/// A slice of plain numbers as its bytes, to write.
+fn raw_bytes_mut<T: Elem>(v: &mut [T]) -> &mut [u8] {
+    // SAFETY: as `raw_bytes_of`; and every bit pattern is a valid value of each `Elem`.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+/// A host buffer's bytes.
+fn raw_bytes(b: &Buf) -> &[u8] {
     macro_rules! raw {
         ($($t:ty),*) => {$(
             if let Some(v) = b.as_slice::<$t>() {
-                return v.iter().flat_map(|x| x.to_ne_bytes()).collect();
+                return raw_bytes_of(v);
             }
         )*};
     }
     raw!(f32, f64, u32, u64, u8);
-    Vec::new()
+    &[]
 }
 
-/// A buffer of kind `k` from bytes (native byte order).
-fn buf_of(k: Kind, bytes: &[u8]) -> Result<Buf, String> {
-    if !bytes.len().is_multiple_of(k.bytes()) {
-        return Err(format!(
-            "{} bytes are not a whole number of {k:?} elements",
-            bytes.len()
-        ));
+/// A buffer of kind `k` read from a Python buffer of bytes (a numpy uint8 array, bytes), one
+/// copy.
+fn buf_from(py: Python<'_>, k: Kind, obj: &Bound<'_, PyAny>) -> PyResult<Buf> {
+    let pb = PyBuffer::<u8>::get(obj)?;
+    let n = pb.item_count();
+    if !n.is_multiple_of(k.bytes()) {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "{n} bytes are not a whole number of {k:?} elements"
+        )));
     }
     macro_rules! typed {
-        ($t:ty) => {
-            Buf::from_vec::<$t>(
-                bytes
-                    .chunks_exact(std::mem::size_of::<$t>())
-                    .map(|c| <$t>::from_ne_bytes(c.try_into().expect("chunk of the type's size")))
-                    .collect(),
-            )
-        };
+        ($t:ty) => {{
+            let mut v = vec![<$t>::default(); n / std::mem::size_of::<$t>()];
+            pb.copy_to_slice(py, raw_bytes_mut(&mut v))?;
+            Buf::from_vec(v)
+        }};
     }
     Ok(match k {
         Kind::F32 => typed!(f32),
         Kind::F64 => typed!(f64),
         Kind::U32 => typed!(u32),
         Kind::U64 => typed!(u64),
-        Kind::U8 => Buf::from_vec(bytes.to_vec()),
+        Kind::U8 => typed!(u8),
     })
-}
-
-/// `data` overwritten with the values of `bytes` (same length).
-fn copy_back<T: gradkit_comm::Elem>(data: &mut [T], bytes: &[u8]) -> Result<(), String> {
-    let b = buf_of(T::KIND, bytes)?;
-    let v = b.as_slice::<T>().unwrap_or_default();
-    if v.len() != data.len() {
-        return Err(format!(
-            "allreduce returned {} elements for {}",
-            v.len(),
-            data.len()
-        ));
-    }
-    data.copy_from_slice(v);
-    Ok(())
 }
