@@ -179,6 +179,15 @@ def main(paths):
         for model in sorted({r["model"] for r in rows}):
             lines, stats = table([r for r in rows if r["model"] == model], rate, model)
             out += lines + [""]
+            if rate == "local" and model == "cnn":
+                base = statistics.median(x["acc"] for x in stats["default"])
+                for ex in ("topka", "oktopk", "onebit-adam"):
+                    if stats.get(ex):
+                        acc = statistics.median(x["acc"] for x in stats[ex])
+                        verdicts.append(
+                            f"- {ex} within 2 % of DDP-default's final accuracy in the same steps (CNN, "
+                            f"{len(stats[ex])} seeds, {len(rows[0]['step_s'])} steps): {acc:.3f} vs {base:.3f} — "
+                            f"{'met' if acc >= 0.98 * base else 'not met'}")
             ok = ratio(stats, "oktopk", "to_target")
             long_run = any(os.path.basename(p).startswith("100mbit-long") for p in paths)
             if rate == ("100mbit-long" if long_run else "100mbit") and model == "cnn":
