@@ -13,7 +13,8 @@
 # accuracy, bytes per step and rank, median (min–max) over the repeats, and the goals' verdicts.
 # PARTS="train long overhead" (the default) runs all three; `long`: at 100 Mbit/s the CNN's
 # sparse and 1-bit runs get 3× the steps, for the time to the dense run's loss (the goal's
-# table); any part alone keeps the others' files and the tables are made from all.
+# table); any part alone keeps the others' files and the tables are made from all; PARTS=none
+# measures nothing and rewrites the section from the last run's files.
 # Needs root (network namespaces) and torch in .venv-torch (`make deps-torch`, about 6 GB);
 # without either it says so and stops (exit 0). FAST=1: 2 hosts, 1 Gbit/s, one repeat, a few
 # steps, outputs in data/out/torch-fast/ (make test runs it only where .venv-torch exists).
