@@ -40,7 +40,7 @@ def describe(rows):
             g = [factor(r[3]) for r in mine if family(r[2]) == fam]
             if g:
                 fams.append(f"{fam} {statistics.median(g):.2f}× (worst {max(g):.2f}×)")
-        side = "too fast" if worst[3] < 1 else "too slow"
+        side = "too fast" if worst[3] < 1 else "too slow" if worst[3] > 1 else "exact"
         out.append(
             f"{rate}: median factor {statistics.median(f):.2f}×, worst {factor(worst[3]):.2f}× ({worst[2]} at "
             f"P = {worst[1]}, {side}); by family {', '.join(fams)}; {sum(x <= 1.25 for x in f)} of {len(f)} rows "

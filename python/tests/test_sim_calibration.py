@@ -77,7 +77,10 @@ class ValidationTableTest(unittest.TestCase):
         self.assertEqual(cells[3], "10.000 (10.000–20.000)")  # measured ms
         self.assertEqual(cells[4], "10.000")  # fastest call: the median of 8, 20, 10
         self.assertEqual(cells[6], "1.00 (0.50–1.50)")  # sim/meas
-        self.assertIn("median |error| 0 %, worst 0 % over 1 rows (3 interleaved repeats", out)
+        # The error as a factor (too fast and too slow alike), per rate and family.
+        self.assertIn("as a factor (max(sim/meas, meas/sim): too fast and too slow alike; 1 rows, "
+                      "3 interleaved repeats each", out)
+        self.assertIn("1gbit: median factor 1.00×, worst 1.00× (ring at P = 2, exact); by family dense 1.00×", out)
         self.assertIn("α = 10.00 µs", out)
 
 
