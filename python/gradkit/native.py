@@ -193,4 +193,5 @@ class Metrics:
         self._native.write()
 
     def __len__(self):
+        """Rows this rank holds that no `write()` has sent yet."""
         return len(self._native)

@@ -127,8 +127,8 @@ class HookState:
     def __init__(self, algo, options, *, comm=None, model=None, metrics=None, run=None,
                  record=None, write_every=50):
         self.algo, self.options = algo, dict(options)
-        reads = native.algorithms().get(algo, {}).get("options", [])
-        if "op" in reads and "op" not in self.options:
+        # An unknown algorithm is refused by the probe below, with the known names.
+        if algo in native.algorithms() and native.reads(algo, "op") and "op" not in self.options:
             self.options["op"] = "mean"  # DDP's hook result is the average
         self.comm = comm if comm is not None else globals()["comm"]()
         self.names, self.order = {}, {}
@@ -141,17 +141,15 @@ class HookState:
         self.steps = 0
         self.session_steps = 0
         self.write_every = write_every
-        probe = native.Reducer(algo, self.comm, [("probe", (1,))], **self._probe_options())
+        # The options checked once, up front (a plan is checked against each bucket's layers).
+        checked = {k: v for k, v in self.options.items() if k != "plan"}
+        probe = native.Reducer(algo, self.comm, [("probe", (1,))], **checked)
         self.run = run or probe.run
         self.metrics = None
         if metrics is not None:
             self.metrics = metrics if isinstance(metrics, native.Metrics) else native.Metrics(metrics, self.comm, self.run, algo=probe.algo)
         self.record_dir = record
         self.recorders = {}
-
-    def _probe_options(self):
-        # Checks the options once, up front (a plan is checked against each bucket's layers).
-        return {k: v for k, v in self.options.items() if k != "plan"}
 
     def layout_of(self, bucket):
         """The bucket's layers in the model's parameter order (DDP orders a bucket by when
@@ -230,24 +228,11 @@ class HookState:
             self.metrics.write()
 
 
-def _check_bucket(buf):
-    if buf.device.type != "cpu":
-        raise ValueError(
-            f"gradkit hook: the bucket is on {buf.device}; this build reduces CPU tensors "
-            "(the CUDA build is `cargo build --release --features cuda`, docs/GPU.md)"
-        )
-    if buf.dtype != torch.float32:
-        raise TypeError(f"gradkit hook: the bucket is {buf.dtype}; gradkit reduces float32 gradients")
-    if not buf.is_contiguous():
-        raise ValueError("gradkit hook: the bucket is not contiguous; a copy would be silent")
-
-
 def _hook(state, bucket):
     buf = bucket.buffer()
-    _check_bucket(buf)
+    flat = native._buffer(buf, "the DDP bucket")  # its memory; a GPU, float64… bucket refused
     layers, moved = state.layout_of(bucket)
     red = state.reducer_for(bucket, layers)
-    flat = buf.numpy()  # the bucket's memory
     # In the model's order: reduced in place when DDP's order agrees, else through one copy.
     x = flat if moved is None else np.concatenate([flat[o : o + n] for o, n in moved])
     state.record(layers, x)

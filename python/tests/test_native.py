@@ -287,6 +287,25 @@ class Errors(unittest.TestCase):
         state["world_size"] = 4
         self.err(ValueError, lambda: r.load_state_dict(state), "world_size", "4")
 
+    def test_every_write_of_the_metrics_holds_every_row_so_far(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "m.parquet")
+            m = gradkit.Metrics(path, self.comm, "run-a", algo="topka")
+            r = gradkit.Reducer("topka", self.comm, self.layers, density=0.25, metrics=m)
+            r.reduce(np.arange(24, dtype=np.float32))
+            m.add("loss", 2.5, 0)
+            m.write()
+            self.assertEqual(len(m), 0)
+            first = pq.read_table(path).to_pylist()
+            r.reduce(np.arange(24, dtype=np.float32))
+            m.add("loss", 1.5, 1)
+            m.write()
+            rows = pq.read_table(path).to_pylist()
+        self.assertEqual(rows[: len(first)], first)
+        self.assertEqual(len(rows), 2 * len(first))
+        self.assertEqual([(x["step"], x["value"]) for x in rows if x["metric"] == "loss"], [(0, 2.5), (1, 1.5)])
+        self.assertEqual({x["algo"] for x in rows}, {"topka"})
+
     def test_one_rank_reduces_to_its_own_gradient(self):
         g = np.random.default_rng(0).standard_normal(24).astype(np.float32)
         for algo in ("ring", "tree", "native"):

@@ -302,7 +302,7 @@ impl TransportComm {
 }
 
 /// A slice of plain numbers as its bytes (native byte order).
-fn raw_bytes_of<T: Elem>(v: &[T]) -> &[u8] {
+pub(crate) fn raw_bytes_of<T: Elem>(v: &[T]) -> &[u8] {
     // SAFETY: every `Elem` (f32, f64, u32, u64, u8) is a plain number without padding, so its
     // memory is `size_of_val(v)` initialised bytes.
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }

@@ -26,6 +26,7 @@ mod comm;
 mod metrics;
 mod optim;
 mod reducer;
+mod state;
 
 create_exception!(
     _native,

@@ -25,7 +25,10 @@ pub struct PyMetrics {
     /// The `algo` of the loop's own rows (the reducers' rows carry their own).
     #[pyo3(get)]
     algo: String,
+    /// This rank's rows not written yet.
     rows: Mutex<Vec<MetricRow>>,
+    /// Rank 0: every rank's rows written so far (the file holds them all).
+    written: Mutex<Vec<MetricRow>>,
     settings: Arc<RunSettings>,
 }
 
@@ -60,6 +63,7 @@ impl PyMetrics {
             run,
             algo,
             rows: Mutex::new(Vec::new()),
+            written: Mutex::new(Vec::new()),
             settings: Arc::new(RunSettings {
                 model,
                 optimizer,
@@ -86,7 +90,7 @@ impl PyMetrics {
         }]);
     }
 
-    /// Rows held so far on this rank.
+    /// Rows this rank holds that no `write()` has sent yet.
     fn __len__(&self) -> usize {
         self.rows.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
@@ -94,15 +98,18 @@ impl PyMetrics {
     /// Every rank's rows to rank 0, which writes the file (a collective: every rank calls it;
     /// the file holds every row written so far, replaced atomically).
     fn write(&self, py: Python<'_>) -> PyResult<()> {
-        let mine = self.rows.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        // Each write sends the rows added since the last one; rank 0 keeps every row written.
+        let mine = std::mem::take(&mut *self.rows.lock().unwrap_or_else(|e| e.into_inner()));
         let gathered = with_comm(py, &self.shared, |c| gradkit_comm::dist::gather(c, mine))
             .map_err(run_error)?;
-        if let Some(mut rows) = gathered {
+        if let Some(new) = gathered {
+            let mut rows = self.written.lock().unwrap_or_else(|e| e.into_inner());
+            rows.extend(new);
             rows.sort_by_key(|r| (r.step, r.rank));
             let mut meta = Meta::producer("gradkit.torch");
             meta.set("world_size", self.world_size);
             let out = Output::Path(self.path.clone());
-            py.detach(|| gradkit_core::write_table(&out, &meta, &rows))
+            py.detach(|| gradkit_core::write_table(&out, &meta, &rows[..]))
                 .map_err(run_error)?;
         }
         Ok(())

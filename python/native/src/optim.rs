@@ -18,7 +18,6 @@ use anyhow::{anyhow, bail, Context, Result};
 use gradkit_collectives::{dense, reducer_for, Algo, Op, Params, Reducer};
 use gradkit_core::trace::Layout;
 use gradkit_train::optim::{Method, Opt, OptConfig};
-use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -157,28 +156,16 @@ impl PyOnebit {
             .state()
             .into_iter()
             .map(|(k, v)| (format!("onebit.{k}"), v));
-        running
-            .opt
-            .state()
-            .into_iter()
-            .chain(reducer)
-            .map(|(k, v)| {
-                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_ne_bytes()).collect();
-                (k, PyBytes::new(py, &bytes))
-            })
-            .collect()
+        crate::state::to_py(py, running.opt.state().into_iter().chain(reducer).collect())
     }
 
     /// Restores what `state()` returned.
     fn load_state(&self, py: Python<'_>, state: Vec<(String, Bound<'_, PyAny>)>) -> PyResult<()> {
         let (mut opt, mut red) = (Vec::new(), Vec::new());
-        for (name, v) in &state {
-            let buf =
-                PyBuffer::<f32>::get(v).map_err(|e| value_error(anyhow!("state `{name}`: {e}")))?;
-            let values = buf.to_vec(py)?;
+        for (name, values) in crate::state::from_py(py, &state)? {
             match name.strip_prefix("onebit.") {
                 Some(k) => red.push((k.to_string(), values)),
-                None => opt.push((name.clone(), values)),
+                None => opt.push((name, values)),
             }
         }
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());

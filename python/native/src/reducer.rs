@@ -156,7 +156,6 @@ impl PyReducer {
         let running = &mut *running;
         let step = step.unwrap_or(running.next_step);
         let (algo, layout, k_in) = (self.algo, &self.layout, self.k_in);
-        let first_row = running.sink.rows.len();
         let result = with_comm(py, &self.shared, |c| {
             gradkit_collectives::step::reduce_step(
                 c,
@@ -173,11 +172,9 @@ impl PyReducer {
         running.next_step = step.wrapping_add(1);
         let dense = result.into_dense(n);
         target.copy_from_slice(py, &dense)?;
-        let rows: Vec<(String, f64)> = running.sink.rows[first_row..]
-            .iter()
-            .map(|r| (r.metric.clone(), r.value))
-            .collect();
-        let taken: Vec<_> = running.sink.rows.drain(..).collect();
+        // The step's rows: handed to the metrics (when given), their values returned.
+        let taken = std::mem::take(&mut running.sink.rows);
+        let rows = taken.iter().map(|r| (r.metric.clone(), r.value)).collect();
         if let Some(m) = &self.metrics {
             m.get().add_rows(taken);
         }
@@ -187,16 +184,13 @@ impl PyReducer {
     /// The state kept across steps (error-feedback residual, 1-bit error buffers, reused
     /// thresholds) as (name, float32 bytes) pairs, for a checkpoint.
     fn state<'py>(&self, py: Python<'py>) -> Vec<(String, Bound<'py, PyBytes>)> {
-        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        running
+        let state = self
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
             .reducer
-            .state()
-            .into_iter()
-            .map(|(k, v)| {
-                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_ne_bytes()).collect();
-                (k, PyBytes::new(py, &bytes))
-            })
-            .collect()
+            .state();
+        crate::state::to_py(py, state)
     }
 
     /// Restores what `state()` returned (same algorithm, world size and layers), and the
@@ -207,12 +201,7 @@ impl PyReducer {
         state: Vec<(String, Bound<'_, PyAny>)>,
         next_step: u32,
     ) -> PyResult<()> {
-        let mut values = Vec::with_capacity(state.len());
-        for (name, v) in &state {
-            let buf =
-                PyBuffer::<f32>::get(v).map_err(|e| value_error(anyhow!("state `{name}`: {e}")))?;
-            values.push((name.clone(), buf.to_vec(py)?));
-        }
+        let values = crate::state::from_py(py, &state)?;
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         running
             .reducer
