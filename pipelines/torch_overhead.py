@@ -46,8 +46,8 @@ def main():
             t0 = time.perf_counter()
             fut = hook(st, bucket)
             hook_s[-1] += time.perf_counter() - t0
-            layers, _ = st.layout_of(bucket)
-            comm_s[-1] += st.reducers[layers].last_metrics["time_comm_s"]
+            key, _, _ = st.layout_of(bucket)
+            comm_s[-1] += st.reducers[key].last_metrics["time_comm_s"]
             return fut
 
         net.register_comm_hook(state, timed)

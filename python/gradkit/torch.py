@@ -14,6 +14,7 @@ implements an algorithm."""
 
 import collections
 import os
+import warnings
 
 import numpy as np
 import torch
@@ -62,8 +63,10 @@ class ProcessGroupTransport:
         ops, received = [], []
         for d, msgs in by_dst.items():
             for m in msgs:
-                if len(m):  # a bytearray from gradkit: read in place
-                    t = torch.frombuffer(m, dtype=torch.uint8)
+                if len(m):  # gradkit's message: its bytes read in place, read-only
+                    with warnings.catch_warnings():
+                        warnings.filterwarnings("ignore", "The given buffer is not writable")
+                        t = torch.frombuffer(m, dtype=torch.uint8)
                     ops.append(dist.P2POp(dist.isend, t, self._peer(d), self.group, tag))
         taken = collections.Counter()
         for s in srcs:
@@ -131,11 +134,18 @@ class HookState:
         if algo in native.algorithms() and native.reads(algo, "op") and "op" not in self.options:
             self.options["op"] = "mean"  # DDP's hook result is the average
         self.comm = comm if comm is not None else globals()["comm"]()
-        self.names, self.order = {}, {}
+        self.names = {}
+        # The order gradients became ready in the first step (DDP rebuilds its buckets in
+        # that order after the first step): a reducer made at the first step takes it, so
+        # the rebuilt buckets are reduced in place, without reordering copies.
+        self.ready, self._ready_hooks = {}, []
         if model is not None:
-            for i, (n, p) in enumerate(model.named_parameters()):
-                self.names[id(p)], self.order[id(p)] = strip_wrappers(n), i
-        self.reducers = {}  # layers → Reducer, in the order of their first step
+            for n, p in model.named_parameters():
+                self.names[id(p)] = strip_wrappers(n)
+                if p.requires_grad and hasattr(p, "register_post_accumulate_grad_hook"):
+                    self._ready_hooks.append(p.register_post_accumulate_grad_hook(self._mark_ready))
+        self.reducers = {}  # key (the layers, sorted) → Reducer, in the order of their first step
+        self.orders = {}  # key → the reducer's layers, in the order of its flat buffer
         self.by_index = {}  # DDP's bucket index → its layers at the last step
         self.pending = {}
         self.steps = 0
@@ -151,74 +161,102 @@ class HookState:
         self.record_dir = record
         self.recorders = {}
 
+    def _mark_ready(self, p):
+        self.ready.setdefault(id(p), len(self.ready))
+
     def layout_of(self, bucket):
-        """The bucket's layers in the model's parameter order (DDP orders a bucket by when
-        its gradients become ready, and rebuilds its buckets after the first step), and where
-        each lies in the bucket's buffer: `None` when the orders agree."""
+        """The bucket's key (its layers, sorted: the same set of parameters whatever order DDP
+        gives them), the reducer's layers in its order, and where each lies in the bucket's
+        buffer: `None` when the reducer's order is the bucket's (reduced in place).
+
+        A reducer's order is that of the bucket at its first step, except at the hook's first
+        step, where it is the order the gradients became ready (DDP's order once it has
+        rebuilt its buckets after that step); a state restored keeps the order it was saved
+        with."""
         spans, off = [], 0
         for i, (p, g) in enumerate(zip(bucket.parameters(), bucket.gradients())):
             name = self.names.get(id(p), f"bucket{bucket.index()}.param{i}")
-            spans.append((self.order.get(id(p), i), name, tuple(g.shape) or (1,), off, g.numel()))
+            # At the first step, where the gradient became ready (one not yet marked is the
+            # bucket's last: DDP called the hook before the mark); later, the bucket's order.
+            ready = self.ready.get(id(p)) if self.session_steps == 0 else None
+            spans.append(((name, tuple(g.shape) or (1,)), off, g.numel(), (ready is None, ready or 0, i)))
             off += g.numel()
-        canonical = sorted(spans)
-        layers = tuple((name, shape) for _, name, shape, _, _ in canonical)
-        moved = [(o, n) for _, _, _, o, n in canonical]
-        return layers, (None if canonical == spans else moved)
+        here = tuple(layer for layer, _, _, _ in spans)
+        key = tuple(sorted(here))
+        order = self.orders.get(key)
+        if order is None:
+            order = self.pending[key][0] if key in self.pending else None
+        if order is None:
+            order = tuple(layer for layer, _, _, _ in sorted(spans, key=lambda s: s[3]))
+        if order == here:
+            return key, order, None
+        at = {layer: (o, n) for layer, o, n, _ in spans}
+        return key, order, [at[layer] for layer in order]
 
-    def reducer_for(self, bucket, layers):
+    def reducer_for(self, bucket, key, layers):
         """The reducer of this set of layers: made at its first step (or restored from a
         loaded state). A bucket index whose layers change after DDP's rebuild (the first two
         steps of this hook) is an error."""
         index = bucket.index()
         seen = self.by_index.get(index)
-        if seen is not None and seen != layers and self.session_steps >= 2:
+        if seen is not None and seen != key and self.session_steps >= 2:
             raise ValueError(
                 f"gradkit hook: DDP bucket {index} changed its parameters after step "
                 f"{self.steps - 1}: a bucket's layers must stay the same once DDP has rebuilt "
                 "its buckets after the first step"
             )
-        self.by_index[index] = layers
-        have = self.reducers.get(layers)
+        self.by_index[index] = key
+        have = self.reducers.get(key)
         if have is None:
             number = len(self.reducers)
             run = self.run if number == 0 else f"{self.run}.b{number}"
             have = native.Reducer(self.algo, self.comm, list(layers), run=run, metrics=self.metrics, **self.options)
-            if layers in self.pending:
-                have.load_state_dict(self.pending.pop(layers))
-            self.reducers[layers] = have
+            if key in self.pending:
+                have.load_state_dict(self.pending.pop(key)[1])
+            self.reducers[key] = have
+            self.orders[key] = layers
         return have
 
-    def record(self, layers, arr):
+    def record(self, key, arr):
         if self.record_dir is None:
             return
-        rec = self.recorders.get(layers)
+        rec = self.recorders.get(key)
         if rec is None:
-            number = list(self.reducers).index(layers)
+            number = list(self.reducers).index(key)
             path = os.path.join(self.record_dir, f"bucket{number}", f"rank{self.comm.rank}.parquet")
-            rec = self.recorders[layers] = Recorder(path, rank=self.comm.rank, world_size=self.comm.size)
+            rec = self.recorders[key] = Recorder(path, rank=self.comm.rank, world_size=self.comm.size)
         parts, off = {}, 0
-        for name, shape in layers:
+        for name, shape in self.orders[key]:
             n = int(np.prod(shape))
             parts[name] = arr[off : off + n].reshape(shape)
             off += n
         rec.step(parts)
 
     def state_dict(self):
-        """Every reducer's state, keyed by its layers ((name, shape) pairs), and the step."""
+        """Every reducer's state with its layers ((name, shape) pairs, in its order), and the
+        step."""
         return {"algo": self.algo, "steps": self.steps,
-                "buckets": [(list(k), red.state_dict()) for k, red in self.reducers.items()]}
+                "buckets": [(list(self.orders[k]), red.state_dict()) for k, red in self.reducers.items()]}
 
     def load_state_dict(self, state):
         """Restores `state_dict()`: each reducer's state goes to the bucket with the same
-        layers, at its first step (checked there: algorithm, world size, size)."""
+        layers, at its first step (checked there: algorithm, world size, size), and that
+        reducer keeps the saved order of its layers."""
         if state.get("algo") != self.algo:
             raise ValueError(f"hook state: its algo is {state.get('algo')!r}, this hook's {self.algo!r}")
         self.steps = int(state["steps"])
         self.session_steps = 0
-        self.pending = {tuple((n, tuple(s)) for n, s in k): v for k, v in state["buckets"]}
-        for layers, red in self.reducers.items():
-            if layers in self.pending:
-                red.load_state_dict(self.pending.pop(layers))
+        self.pending = {}
+        for layers, saved in state["buckets"]:
+            order = tuple((n, tuple(s)) for n, s in layers)
+            self.pending[tuple(sorted(order))] = (order, saved)
+        for key, red in self.reducers.items():
+            if key in self.pending:
+                order, saved = self.pending.pop(key)
+                if order != self.orders[key]:
+                    raise ValueError("hook state: a bucket's saved layer order differs from its reducer's; "
+                                     "load the state before the first step")
+                red.load_state_dict(saved)
 
     def close(self):
         for rec in self.recorders.values():
@@ -231,11 +269,11 @@ class HookState:
 def _hook(state, bucket):
     buf = bucket.buffer()
     flat = native._buffer(buf, "the DDP bucket")  # its memory; a GPU, float64… bucket refused
-    layers, moved = state.layout_of(bucket)
-    red = state.reducer_for(bucket, layers)
-    # In the model's order: reduced in place when DDP's order agrees, else through one copy.
+    key, layers, moved = state.layout_of(bucket)
+    red = state.reducer_for(bucket, key, layers)
+    # In the reducer's order: reduced in place when the bucket's agrees, else through one copy.
     x = flat if moved is None else np.concatenate([flat[o : o + n] for o, n in moved])
-    state.record(layers, x)
+    state.record(key, x)
     red.reduce(x, out=x)
     if moved is not None:
         at = 0
@@ -243,6 +281,10 @@ def _hook(state, bucket):
             flat[o : o + n] = x[at : at + n]
             at += n
     if bucket.is_last():
+        if state.session_steps == 0:  # the ready order is known: no need to watch it again
+            for h in state._ready_hooks:
+                h.remove()
+            state._ready_hooks = []
         state.steps += 1
         state.session_steps += 1
         if state.metrics is not None and state.steps % state.write_every == 0:

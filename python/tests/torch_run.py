@@ -58,8 +58,8 @@ def train(algo, opts, batches, out_dir, *, start=None, stop=None, resume=None):
 
     def capture(st, bucket):
         fut = fn(st, bucket)
-        # In the model's parameter order, as the recording and the reducer see the bucket.
-        _, moved = st.layout_of(bucket)
+        # In the reducer's order, as the recording and the reducer see the bucket.
+        _, _, moved = st.layout_of(bucket)
         flat = bucket.buffer().numpy()
         reduced.append(flat.copy() if moved is None else np.concatenate([flat[o : o + n] for o, n in moved]))
         return fut

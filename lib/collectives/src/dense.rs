@@ -567,6 +567,21 @@ fn finish_op(comm: &dyn Comm, op: Op, data: &mut [f32]) {
     }
 }
 
+/// [`finish_op`] that also counts the result's nonzero entries on its pass over it (the
+/// mean's); `None` for the sum, which makes no pass.
+fn finish_op_counting(comm: &dyn Comm, op: Op, data: &mut [f32]) -> Option<usize> {
+    if op != Op::Mean {
+        return None;
+    }
+    let inv = 1.0 / comm.size() as f32;
+    let mut nnz = 0usize;
+    for v in data.iter_mut() {
+        *v *= inv;
+        nnz += usize::from(*v != 0.0);
+    }
+    Some(nnz)
+}
+
 /// A dense descriptor: `name` run by [`DenseReducer`], reading `--op` (and `reads`).
 const fn dense_algo(
     name: &'static str,
@@ -702,5 +717,22 @@ impl Reducer for DenseReducer {
         let mut data = input.into_dense(layout.total() as usize);
         allreduce_owned(comm, self.name, self.op, &mut data, &mut self.scratch)?;
         Ok(StepOutput::new(Flat::Dense(data)))
+    }
+    fn reduce_in_place(
+        &mut self,
+        comm: &dyn Comm,
+        _step: u32,
+        _layout: &Layout,
+        data: &mut [f32],
+    ) -> Option<Result<crate::InPlaceOutput>> {
+        // Tree's owned path only saves a copy of a vector it owns: in place it runs
+        // `tree_with_scratch`, the same messages and bits ([`allreduce_owned`]).
+        let f = by_name_reusing(self.name)?;
+        Some(
+            f(comm, data, &mut self.scratch).map(|()| crate::InPlaceOutput {
+                metrics: Vec::new(),
+                nnz: finish_op_counting(comm, self.op, data),
+            }),
+        )
     }
 }

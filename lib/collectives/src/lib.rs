@@ -86,6 +86,15 @@ impl StepOutput {
     }
 }
 
+/// What [`Reducer::reduce_in_place`] gives besides the result it wrote.
+#[derive(Debug, Default)]
+pub struct InPlaceOutput {
+    pub metrics: Vec<(String, f64)>,
+    /// The result's entries that are not zero, where the reducer counted them on its last
+    /// pass over the result (the mean's division); `None`: the caller counts.
+    pub nnz: Option<usize>,
+}
+
 /// An allreduce algorithm with the state it keeps across the steps of one run.
 /// Every rank of a world calls [`Reducer::reduce`] once per step, in step order.
 pub trait Reducer: Send {
@@ -99,6 +108,21 @@ pub trait Reducer: Send {
         layout: &Layout,
         input: Flat,
     ) -> Result<StepOutput>;
+    /// [`Reducer::reduce`] of dense input that the reducer can reduce where it lies: `data`
+    /// holds this rank's input and is overwritten with the result (the same bits and messages
+    /// as `reduce` of `Flat::Dense(data.to_vec())`), and the step's metrics are returned.
+    /// `None` where the reducer needs its input as an owned vector (the caller then copies
+    /// it and calls `reduce`). The Python module's `Reducer.reduce(x, out=x)` goes this way,
+    /// so a DDP bucket is reduced without a copy ([`step::reduce_step_in_place`]).
+    fn reduce_in_place(
+        &mut self,
+        _comm: &dyn Comm,
+        _step: u32,
+        _layout: &Layout,
+        _data: &mut [f32],
+    ) -> Option<Result<InPlaceOutput>> {
+        None
+    }
     /// Called once after the last step.
     fn finish(&mut self, _comm: &dyn Comm) -> Result<()> {
         Ok(())

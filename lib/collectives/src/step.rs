@@ -30,33 +30,125 @@ pub fn reduce_step(
     k_in: u64,
     sink: &mut MetricSink,
 ) -> Result<Flat> {
-    let rank = comm.rank() as u32;
-    let n = layout.total();
-    let before = comm.traffic().snapshot();
-    let t0 = std::time::Instant::now();
-    comm.traffic().begin_step(step, algo.name());
-    let out = reducer
-        .reduce(comm, step, layout, input)
-        .with_context(|| format!("step {step}"))?;
-    comm.traffic().end_step();
-    let wall = t0.elapsed().as_secs_f64();
-    let after = comm.traffic().snapshot();
-    record(sink, step, rank, &before, &after, wall);
-    for (name, v) in &out.metrics {
-        sink.push(step, rank, name, *v);
-    }
+    let timer = Timer::start(comm, algo, step);
+    let out = reducer.reduce(comm, step, layout, input);
+    let timer = timer.stop(comm);
+    let out = out.with_context(|| format!("step {step}"))?;
     let nnz = match &out.result {
-        Flat::Dense(v) => v.iter().filter(|x| **x != 0.0).count(),
+        Flat::Dense(v) => nonzeros(v),
         Flat::Sparse(s) => s.len(),
     };
-    sink.push(step, rank, "nnz", nnz as f64);
-    // The paper's formula beside the measurement (the descriptor's: Table 1's best case
-    // where it gives an interval, Ok-Topk's worst; k = the target for dense input, the
-    // input's nnz for sparse).
-    if let Some(c) = algo.cost(comm.size(), n as f64, k_in as f64) {
-        sink.push(step, rank, "model_bytes_sent", c.bytes());
-    }
+    timer.push(sink, algo, layout, k_in, &out.metrics, nnz);
     Ok(out.result)
+}
+
+/// [`reduce_step`] of dense input reduced where it lies: `data` holds this rank's input and
+/// is overwritten with the result. Reducers that can ([`Reducer::reduce_in_place`]: the dense
+/// ones) touch no other copy of it; the others get a copy, as `reduce_step` would. Same
+/// result bits and metric rows as `reduce_step` of `Flat::Dense(data.to_vec())`.
+#[allow(clippy::too_many_arguments)]
+pub fn reduce_step_in_place(
+    comm: &dyn Comm,
+    reducer: &mut dyn Reducer,
+    algo: Algo,
+    layout: &Layout,
+    step: u32,
+    data: &mut [f32],
+    k_in: u64,
+    sink: &mut MetricSink,
+) -> Result<()> {
+    let timer = Timer::start(comm, algo, step);
+    if let Some(out) = reducer.reduce_in_place(comm, step, layout, data) {
+        let timer = timer.stop(comm);
+        let out = out.with_context(|| format!("step {step}"))?;
+        let nnz = out.nnz.unwrap_or_else(|| nonzeros(data));
+        timer.push(sink, algo, layout, k_in, &out.metrics, nnz);
+        return Ok(());
+    }
+    let out = reducer.reduce(comm, step, layout, Flat::Dense(data.to_vec()));
+    let timer = timer.stop(comm);
+    let out = out.with_context(|| format!("step {step}"))?;
+    let nnz = match out.result {
+        Flat::Dense(v) => {
+            data.copy_from_slice(&v[..data.len()]);
+            nonzeros(data)
+        }
+        Flat::Sparse(s) => {
+            data.fill(0.0);
+            for (i, v) in s.indices.iter().zip(&s.values) {
+                data[*i as usize] = *v;
+            }
+            s.len()
+        }
+    };
+    timer.push(sink, algo, layout, k_in, &out.metrics, nnz);
+    Ok(())
+}
+
+/// The entries of a dense result that are not zero (the `nnz` row).
+fn nonzeros(v: &[f32]) -> usize {
+    v.iter().filter(|x| **x != 0.0).count()
+}
+
+/// A step's measurement: the traffic counters before and after the reduction and its wall
+/// time (`time_comm_s`: the reduction alone, not the caller's copies nor the `nnz` count).
+struct Timer {
+    step: u32,
+    rank: u32,
+    size: usize,
+    before: BTreeMap<String, PhaseCounts>,
+    after: BTreeMap<String, PhaseCounts>,
+    t0: std::time::Instant,
+    wall: f64,
+}
+
+impl Timer {
+    fn start(comm: &dyn Comm, algo: Algo, step: u32) -> Timer {
+        let before = comm.traffic().snapshot();
+        let t0 = std::time::Instant::now();
+        comm.traffic().begin_step(step, algo.name());
+        Timer {
+            step,
+            rank: comm.rank() as u32,
+            size: comm.size(),
+            before,
+            after: BTreeMap::new(),
+            t0,
+            wall: 0.0,
+        }
+    }
+
+    fn stop(mut self, comm: &dyn Comm) -> Timer {
+        comm.traffic().end_step();
+        self.wall = self.t0.elapsed().as_secs_f64();
+        self.after = comm.traffic().snapshot();
+        self
+    }
+
+    /// Pushes the step's rows: its traffic, `time_comm_s`, the reducer's `metrics`, `nnz`,
+    /// and the paper's formula beside the measurement.
+    fn push(
+        &self,
+        sink: &mut MetricSink,
+        algo: Algo,
+        layout: &Layout,
+        k_in: u64,
+        metrics: &[(String, f64)],
+        nnz: usize,
+    ) {
+        let (step, rank) = (self.step, self.rank);
+        record(sink, step, rank, &self.before, &self.after, self.wall);
+        for (name, v) in metrics {
+            sink.push(step, rank, name, *v);
+        }
+        sink.push(step, rank, "nnz", nnz as f64);
+        // The paper's formula beside the measurement (the descriptor's: Table 1's best case
+        // where it gives an interval, Ok-Topk's worst; k = the target for dense input, the
+        // input's nnz for sparse).
+        if let Some(c) = algo.cost(self.size, layout.total() as f64, k_in as f64) {
+            sink.push(step, rank, "model_bytes_sent", c.bytes());
+        }
+    }
 }
 
 /// Writes the step's traffic: totals and one row per phase (`bytes_sent:<phase>`, …).

@@ -211,9 +211,9 @@ impl Comm for TransportComm {
         let srcs: Vec<usize> = recvs.iter().map(|r| r.0).filter(|s| *s != me).collect();
         let got: Vec<Buf> = self.call(|py, obj| {
             let sends = PyList::empty(py);
-            for (d, b) in &remote {
-                // One copy, into a buffer torch reads in place (`torch.frombuffer`).
-                sends.append((*d, PyByteArray::new(py, raw_bytes(b))))?;
+            for (d, b) in remote {
+                // No copy: the message's bytes, lent read-only (`torch.frombuffer` reads them).
+                sends.append((d, Py::new(py, Message { buf: b })?))?;
             }
             let got = obj.call_method1("exchange", (tag, sends, srcs.clone()))?;
             let got: Vec<Bound<'_, PyAny>> = got.extract()?;
@@ -229,7 +229,7 @@ impl Comm for TransportComm {
                 .zip(kinds)
                 .zip(&srcs)
                 .map(|((m, k), s)| {
-                    buf_from(py, k, m).map_err(|e| {
+                    buf_from(k, m).map_err(|e| {
                         pyo3::exceptions::PyValueError::new_err(format!(
                             "message from rank {s}: {e}"
                         ))
@@ -327,9 +327,51 @@ fn raw_bytes(b: &Buf) -> &[u8] {
     &[]
 }
 
+/// A message handed to the transport's `exchange`: it owns the bytes gradkit sends and lends
+/// them read-only through the buffer protocol (`torch.frombuffer`, `memoryview`, `np.frombuffer`
+/// read them in place, no copy); `len()` is its size in bytes.
+#[pyclass(frozen, name = "Message", module = "gradkit._native")]
+struct Message {
+    buf: Buf,
+}
+
+#[pymethods]
+impl Message {
+    /// # Safety
+    /// Called by Python with a `view` to fill. The bytes stay valid while the view lives: it
+    /// holds a reference to this object (`PyBuffer_FillInfo` sets `view.obj`), which owns
+    /// them and never changes them.
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut pyo3::ffi::Py_buffer,
+        flags: std::os::raw::c_int,
+    ) -> PyResult<()> {
+        let bytes = raw_bytes(&slf.get().buf);
+        // Read-only: a request for a writable view is refused (BufferError).
+        let rc = unsafe {
+            pyo3::ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                bytes.as_ptr() as *mut std::os::raw::c_void,
+                bytes.len() as pyo3::ffi::Py_ssize_t,
+                1,
+                flags,
+            )
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    fn __len__(&self) -> usize {
+        raw_bytes(&self.buf).len()
+    }
+}
+
 /// A buffer of kind `k` read from a Python buffer of bytes (a numpy uint8 array, bytes), one
-/// copy.
-fn buf_from(py: Python<'_>, k: Kind, obj: &Bound<'_, PyAny>) -> PyResult<Buf> {
+/// copy (into memory not zeroed first).
+fn buf_from(k: Kind, obj: &Bound<'_, PyAny>) -> PyResult<Buf> {
     let pb = PyBuffer::<u8>::get(obj)?;
     let n = pb.item_count();
     if !n.is_multiple_of(k.bytes()) {
@@ -337,10 +379,25 @@ fn buf_from(py: Python<'_>, k: Kind, obj: &Bound<'_, PyAny>) -> PyResult<Buf> {
             "{n} bytes are not a whole number of {k:?} elements"
         )));
     }
+    if !pb.is_c_contiguous() {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "a received message is not a contiguous buffer",
+        ));
+    }
     macro_rules! typed {
         ($t:ty) => {{
-            let mut v = vec![<$t>::default(); n / std::mem::size_of::<$t>()];
-            pb.copy_to_slice(py, raw_bytes_mut(&mut v))?;
+            let len = n / std::mem::size_of::<$t>();
+            let mut v: Vec<$t> = Vec::with_capacity(len);
+            // SAFETY: `pb` is a contiguous buffer of `n` bytes (checked), exported while `pb`
+            // lives; `v` has room for `n` bytes, and every bit pattern is a valid `$t`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    pb.buf_ptr() as *const u8,
+                    v.as_mut_ptr().cast::<u8>(),
+                    n,
+                );
+                v.set_len(len);
+            }
             Buf::from_vec(v)
         }};
     }

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use anyhow::{anyhow, bail, Context, Result};
 use gradkit_collectives::registry::{Adjust, Balance, ReevalStepD, Split};
-use gradkit_collectives::{reducer_for, Algo, Family, Flat, Knob, Op, Params, Reducer};
+use gradkit_collectives::{reducer_for, Algo, Family, Knob, Op, Params, Reducer};
 use gradkit_core::keep::Keep;
 use gradkit_core::trace::{Layout, MetricSink};
 use gradkit_core::{read_table, Input, PlanRow};
@@ -150,28 +150,46 @@ impl PyReducer {
         step: Option<u32>,
     ) -> PyResult<Vec<(String, f64)>> {
         let n = self.layout.total() as usize;
-        let input = read_f32(py, grad, "grad", n)?;
+        let source = buffer_f32(grad, "grad", n)?;
         let target = writable_f32(out, "out", n)?;
+        let (from, to) = (source.buf_ptr() as *const f32, target.buf_ptr() as *mut f32);
+        let bytes = n * std::mem::size_of::<f32>();
+        let same = std::ptr::eq(from, to);
+        if !same && (from as usize) < to as usize + bytes && (to as usize) < from as usize + bytes {
+            return Err(value_error(anyhow!(
+                "`out` overlaps `grad` without being the same array: pass out=grad (in place) or a separate array"
+            )));
+        }
+        // SAFETY: both buffers are exported (held by `source`/`target` until the end of this
+        // call), contiguous float32 of `n` elements (checked), `target` writable, and the two
+        // are the same memory or do not overlap (checked above). As numpy's own GIL-free
+        // loops, this relies on no other thread writing the arrays while the step runs.
+        let data = unsafe {
+            if !same {
+                std::ptr::copy_nonoverlapping(from, to, n);
+            }
+            std::slice::from_raw_parts_mut(to, n)
+        };
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let running = &mut *running;
         let step = step.unwrap_or(running.next_step);
         let (algo, layout, k_in) = (self.algo, &self.layout, self.k_in);
-        let result = with_comm(py, &self.shared, |c| {
-            gradkit_collectives::step::reduce_step(
+        // The result is written where `out` lies: no copy for the dense reducers, one copy
+        // in for the others (`reduce_step_in_place`).
+        with_comm(py, &self.shared, |c| {
+            gradkit_collectives::step::reduce_step_in_place(
                 c,
                 running.reducer.as_mut(),
                 algo,
                 layout,
                 step,
-                Flat::Dense(input),
+                data,
                 k_in,
                 &mut running.sink,
             )
         })
         .map_err(run_error)?;
         running.next_step = step.wrapping_add(1);
-        let dense = result.into_dense(n);
-        target.copy_from_slice(py, &dense)?;
         // The step's rows: handed to the metrics (when given), their values returned.
         let taken = std::mem::take(&mut running.sink.rows);
         let rows = taken.iter().map(|r| (r.metric.clone(), r.value)).collect();
@@ -374,13 +392,6 @@ fn plan_of(
     )
     .with_context(|| format!("option `plan` {}", path.display()))?;
     Ok(loaded.rows)
-}
-
-/// `obj` as float32 values: a contiguous buffer of `n` elements, copied once into the
-/// reducer's input.
-fn read_f32(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str, n: usize) -> PyResult<Vec<f32>> {
-    let buf = buffer_f32(obj, what, n)?;
-    buf.to_vec(py)
 }
 
 /// `obj` as a writable contiguous float32 buffer of `n` elements.

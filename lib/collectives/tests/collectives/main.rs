@@ -23,4 +23,5 @@ mod sparse_baselines;
 mod sparse_deft;
 mod sparse_error_feedback;
 mod sparse_oktopk;
+mod step_in_place;
 mod topk_union;
