@@ -24,6 +24,7 @@ import re
 import sys
 
 import errbar  # pipelines/errbar.py, beside this script
+import verdict  # pipelines/verdict.py: the one rule that tells a tie from a win
 from spread import span  # pipelines/spread.py, beside this script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -1007,9 +1008,30 @@ def inv_code_facts():
     return errs
 
 
+def inv_fig7_verdicts():
+    """RESULTS § embrace-fig7: each verdict judges the paper's schedule named before the run
+    (embrace_fig7.py's JUDGED), and its word is the one pipelines/verdict.py gives the numbers
+    printed beside it (a tie is not a win)."""
+    where = f"{RESULTS} § embrace-fig7"
+    text, errs = section(RESULTS, "embrace-fig7"), []
+    lines = re.findall(rf"^- \*\*(\w+), P = (\d+)\*\*: ([\w-]+) over the best baseline \(([\w-]+)\) {RANGED}"
+                       r"(?:, over dense [^—]*)? — (.*)\.$", text, re.M)
+    if not lines:
+        return [f"{where}: no verdict lines"]
+    for rate, p, sched, _base, med, lo, hi, word in lines:
+        if sched != "embrace-2d":
+            errs.append(f"{where}: {rate}, P = {p} judges {sched}; the paper's schedule is embrace-2d, named "
+                        "before the run (not the best one picked after it)")
+        med = float(med)
+        want = verdict.speedup_word(med, float(lo or med), float(hi or med), (1.02, 2.41))
+        if word != want:
+            errs.append(f"{where}: {rate}, P = {p} says '{word}'; its numbers give '{want}' (pipelines/verdict.py)")
+    return errs
+
+
 def invariants():
     errs = inv_code_facts() + inv_sim_error_bar() + inv_validated_constants()
-    errs += inv_embrace_bytes_page()
+    errs += inv_embrace_bytes_page() + inv_fig7_verdicts()
     errs += inv_embrace_table3(section(RESULTS, "embrace"), f"{RESULTS} § embrace")
     errs += inv_onebit_verdict(CLUSTER[1](), CLUSTER[0])
     errs += inv_oktopk_verdicts(CLUSTER[1](), CLUSTER[0])
@@ -1117,6 +1139,11 @@ REGRESSIONS = [
     ("issue 44: README's GPU line as it was", "README.md", r"GPU node, and what [^.]*\.",
      "GPU node, and what is not built yet (NCCL, device buffers through the collectives).",
      "says NCCL is not built yet"),
+    ("issue 44: a tie called 'direction' (embrace_fig7's old rule)", "docs/RESULTS.md",
+     r"(\*\*100mbit, P = 8\*\*: embrace-2d over [^\n]*— )[^\n]*\.\n", r"\g<1>direction (below the paper's range).\n",
+     "its numbers give"),
+    ("issue 44: the best schedule picked after the run", "docs/RESULTS.md",
+     r"\*\*1gbit, P = 4\*\*: embrace-2d", "**1gbit, P = 4**: embrace-embrace", "named before the run"),
 ]
 
 
