@@ -15,6 +15,9 @@
 # sparse and 1-bit runs get 3× the steps, for the time to the dense run's loss (the goal's
 # table); any part alone keeps the others' files and the tables are made from all; PARTS=none
 # measures nothing and rewrites the section from the last run's files.
+# TRANSPORT=mpi (the default): gradkit's messages (hooks, 1-bit Adam) carried by gradkit's MPI
+# backend (every run is started by mpirun); TRANSPORT=torch: by the process group (gloo), as
+# under torchrun. DDP's own allreduce is gloo's either way.
 # Needs root (network namespaces) and torch in .venv-torch (`make deps-torch`, about 6 GB);
 # without either it says so and stops (exit 0). FAST=1: 2 hosts, 1 Gbit/s, one repeat, a few
 # steps, outputs in data/out/torch-fast/ (make test runs it only where .venv-torch exists).
@@ -23,6 +26,7 @@ OUT=$ROOT/data/out/torch
 [ "$FAST" != 0 ] && OUT=$ROOT/data/out/torch-fast
 TPY=$ROOT/.venv-torch/bin/python
 PARTS=${PARTS:-train long overhead}
+TRANSPORT=${TRANSPORT:-mpi}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 mkdir -p "$OUT"
 if [ ! -x "$TPY" ] || ! "$TPY" -c 'import torch' 2>/dev/null; then
@@ -51,7 +55,7 @@ one_run() {
   fi
   run "${launch[@]}" -x MASTER_PORT=29517 -x OMP_NUM_THREADS=1 \
     "$TPY" "$ROOT/pipelines/torch_bench.py" --model "$2" --exchange "$3" --density 0.01 \
-    --steps "$STEPS" --repeat "$4" --seed "$4" --out "$OUT/$1.jsonl"
+    --steps "$STEPS" --repeat "$4" --seed "$4" --transport "$TRANSPORT" --out "$OUT/$1.jsonl"
 }
 if has train; then
   rm -f "$OUT"/*.jsonl

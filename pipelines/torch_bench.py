@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import gradkit.torch as gt  # noqa: E402
+import gradkit  # noqa: E402
 
 CLASSES, SIDE, VOCAB, CONTEXT = 8, 16, 1000, 24
 # Learning rates per model: SGD with momentum 0.9 for the DDP runs, Adam's for 1-bit Adam
@@ -98,6 +99,9 @@ def main():
     ap.add_argument("--lr", type=float, default=None,
                     help="SGD's (DDP runs) or Adam's (onebit-adam) [default: per model, in LR]")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--transport", choices=["torch", "mpi"], default="torch",
+                    help="what carries gradkit's messages: torch.distributed's process group "
+                         "(gloo) or gradkit's MPI backend (under mpirun) [default: torch]")
     ap.add_argument("--repeat", type=int, default=0)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -114,16 +118,19 @@ def main():
     batches = [draw(gen, args.batch) for _ in range(args.steps)]
 
     comm, net = None, model
+    carrier = None  # gradkit.torch's default: the process group
+    if args.transport == "mpi" and args.exchange != "default":
+        carrier = gradkit.mpi_comm()
     if args.exchange == "onebit-adam":
         lr = args.lr or LR[args.model, "adam"]
-        opt = gt.OnebitAdam(model.parameters(), lr=lr, freeze_step=max(2, args.steps // 5))
+        opt = gt.OnebitAdam(model.parameters(), lr=lr, freeze_step=max(2, args.steps // 5), comm=carrier)
         comm = opt.comm
     else:
         net = DDP(model)
         opt = torch.optim.SGD(net.parameters(), lr=args.lr or LR[args.model, "sgd"], momentum=0.9)
         if args.exchange != "default":
             options = {"density": args.density} if takes_density else {}
-            state, hook = gt.hook(args.exchange, model=model, **options)
+            state, hook = gt.hook(args.exchange, model=model, comm=carrier, **options)
             net.register_comm_hook(state, hook)
             comm = state.comm
 
@@ -152,7 +159,8 @@ def main():
     if rank == 0:
         row = {"model": args.model, "exchange": args.exchange, "ranks": size, "n": n,
                "density": args.density if takes_density else None,
-               "repeat": args.repeat, "rate": os.environ.get("GRADKIT_CLUSTER_INFO", ""),
+               "repeat": args.repeat, "transport": args.transport if args.exchange != "default" else "gloo",
+               "rate": os.environ.get("GRADKIT_CLUSTER_INFO", ""),
                "step_s": times, "loss": losses, "eval_accuracy": acc,
                "bytes_sent": sent_bytes if comm is not None else None}
         with open(args.out, "a") as f:

@@ -18,6 +18,12 @@ SMOOTH = 5  # the loss is smoothed over this many steps before it is compared
 REACH = 1.005  # "reaching" the default run's final loss: within 0.5 % of it (sums differ in order)
 
 
+# What carried gradkit's messages (torch_bench.py --transport): rows written before the option
+# existed carried them over the process group.
+TRANSPORTS = {"torch": "the process group (gloo, `gradkit.torch.comm()`)",
+              "mpi": "gradkit's MPI backend (`gradkit.mpi_comm()`)"}
+
+
 def smoothed(v):
     return [statistics.fmean(v[max(0, i - SMOOTH + 1) : i + 1]) for i in range(len(v))]
 
@@ -72,9 +78,11 @@ def table(rows, rate, model):
     any_row = next(iter(by["default"].values()))
     p, n = any_row["ranks"], any_row["n"]
     ring_bytes = 2 * (p - 1) / p * 4 * n
+    carriers = sorted({r.get("transport", "torch") for ex in by if ex != "default" for r in by[ex].values()})
+    carried = " and ".join(TRANSPORTS.get(c, c) for c in carriers)
     lines = [
         f"**{model}, {rate}** (P = {p}, n = {n:,} parameters, {len(by['default'])} repeat(s), "
-        f"{steps_of(by)}; loss smoothed over {SMOOTH} steps, reached within {(REACH - 1) * 100:.1f} %):",
+        f"{steps_of(by)}; gradkit's messages carried by {carried}; loss smoothed over {SMOOTH} steps, reached within {(REACH - 1) * 100:.1f} %):",
         "",
         "| exchange | time per step (ms) | × default | time to default's loss (s) | final loss | accuracy | bytes sent per step and rank |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -136,7 +144,8 @@ def overhead(path):
         f"DDP's own allreduce and {spread([v * 1e3 for v in step['ring']], lambda v: f'{v:.0f}')} ms "
         f"with gradkit's `ring` as the hook; the hook spends "
         f"{spread([v * 100 for v in outside], lambda v: f'{v:.1f}')} % of its reduction's time "
-        "outside it (the bucket's layout, the copy in, Python).",
+        "outside it (the bucket's layout and Python: the bucket is reduced where it lies; the "
+        "reduction's time includes the mean's pass, which counts `nnz` on its way).",
         "",
     ]
     verdicts = [
