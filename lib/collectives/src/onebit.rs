@@ -35,7 +35,7 @@
 //! input, the result and packed signs.
 
 use anyhow::{bail, Result};
-use gradkit_comm::{Comm, CommExt};
+use gradkit_comm::{Comm, CommExt, Fixed};
 use gradkit_core::trace::Layout;
 use gradkit_cost::{pf, Cost};
 
@@ -302,8 +302,19 @@ impl OneBitState {
         s
     }
 
+    /// What of this state's messages does not grow with the model's size: each message's
+    /// f32 scale and the padding's share of its sign bits (for a replay at another size).
+    fn fixed_part(&self) -> Fixed {
+        let padded = self.padded().max(1);
+        Fixed::Share {
+            header: 4,
+            padding: (padded - self.n.min(padded)) as f64 / padded as f64,
+        }
+    }
+
     fn allreduce_server(&mut self, comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
         let p = comm.size();
+        let _fixed = comm.fixed(self.fixed_part());
         let s_w = self.worker_compress(comm, data);
         let cb = self.scratch.bits.len() / p; // bytes per chunk
         let chunk_len = cb * 8;
@@ -384,6 +395,7 @@ impl OneBitState {
 
     fn allreduce_naive(&mut self, comm: &dyn Comm, data: &mut [f32]) -> Result<()> {
         let p = comm.size();
+        let _fixed = comm.fixed(self.fixed_part());
         let s_w = self.worker_compress(comm, data);
         let mut bits = std::mem::take(&mut self.scratch.bits);
         push_scale(&mut bits, s_w);

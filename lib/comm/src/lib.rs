@@ -34,7 +34,7 @@ pub use buf::{
 pub use error::{is_peer_failure, CommError, Waiting};
 pub use launch::{Launch, World};
 pub use local::run_local;
-pub use traffic::{PhaseCounts, PhaseGuard, Traffic};
+pub use traffic::{Fixed, FixedGuard, PhaseCounts, PhaseGuard, Traffic};
 
 /// The result of a communication call.
 pub type CommResult<T> = Result<T, CommError>;
@@ -158,6 +158,12 @@ pub trait CommExt: Comm {
     fn phase(&self, name: &str) -> PhaseGuard<'_> {
         self.traffic().enter(name)
     }
+    /// Marks what of the messages sent until the guard drops does not grow with the model's
+    /// size (control messages, headers, padding: [`Fixed`]), for the recording's replay at
+    /// another size.
+    fn fixed(&self, rule: Fixed) -> FixedGuard<'_> {
+        self.traffic().fixed(rule)
+    }
     fn send<T: Elem>(&self, dest: usize, data: Vec<T>) -> CommResult<()> {
         self.exchange(0, vec![(dest, T::wrap(data))], &[])?;
         Ok(())
@@ -191,8 +197,10 @@ pub trait CommExt: Comm {
         Ok(blocks.into_iter().map(|b| b.unwrap_or_default()).collect())
     }
 
-    /// Allgather of one value per rank.
+    /// Allgather of one value per rank (a control message: its size does not grow with the
+    /// model's).
     fn allgather_one<T: Elem>(&self, v: T) -> CommResult<Vec<T>> {
+        let _fixed = self.fixed(Fixed::All);
         self.allgatherv(vec![v])?
             .into_iter()
             .enumerate()

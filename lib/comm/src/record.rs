@@ -41,15 +41,15 @@ impl Recorder {
         self.origin.elapsed().as_secs_f64()
     }
     /// Adds an event of the open step (none: nothing); `what` is (kind, peer, tag, seq,
-    /// bytes).
+    /// bytes, fixed bytes).
     fn push(
         &mut self,
         rank: u32,
-        what: (EventKind, u32, u32, u64, u64),
+        what: (EventKind, u32, u32, u64, u64, u64),
         phase: &str,
         span: (f64, f64),
     ) {
-        let (kind, peer, tag, seq, bytes) = what;
+        let (kind, peer, tag, seq, bytes, fixed_bytes) = what;
         let Some((step, label)) = &self.step else {
             return;
         };
@@ -63,6 +63,7 @@ impl Recorder {
             tag,
             seq,
             bytes,
+            fixed_bytes,
             phase: phase.to_string(),
             label: label.clone(),
             start_s: span.0,
@@ -74,7 +75,7 @@ impl Recorder {
     fn compute_until(&mut self, rank: u32, t: f64, phase: &str) {
         if self.step.is_some() && t > self.last {
             let span = (self.last, t);
-            self.push(rank, (EventKind::Compute, rank, 0, 0, 0), phase, span);
+            self.push(rank, (EventKind::Compute, rank, 0, 0, 0, 0), phase, span);
             self.call += 1;
         }
         self.last = t;
@@ -155,6 +156,7 @@ impl Traffic {
         recvs: &[(usize, usize)],
     ) {
         let phase = self.phase.borrow().clone();
+        let fixed = self.fixed.get();
         let mut rec = self.rec.borrow_mut();
         let Some((rank, r)) = rec.as_mut() else {
             return;
@@ -168,7 +170,14 @@ impl Traffic {
             *n += 1;
             r.push(
                 rank,
-                (EventKind::Send, peer as u32, tag, seq, bytes as u64),
+                (
+                    EventKind::Send,
+                    peer as u32,
+                    tag,
+                    seq,
+                    bytes as u64,
+                    fixed.of(bytes as u64),
+                ),
                 &phase,
                 span,
             );
@@ -179,7 +188,14 @@ impl Traffic {
             *n += 1;
             r.push(
                 rank,
-                (EventKind::Recv, peer as u32, tag, seq, bytes as u64),
+                (
+                    EventKind::Recv,
+                    peer as u32,
+                    tag,
+                    seq,
+                    bytes as u64,
+                    fixed.of(bytes as u64),
+                ),
                 &phase,
                 span,
             );
@@ -199,7 +215,14 @@ impl Traffic {
             r.compute_until(rank, t, &phase);
             r.push(
                 rank,
-                (EventKind::Allreduce, rank, 0, 0, bytes as u64),
+                (
+                    EventKind::Allreduce,
+                    rank,
+                    0,
+                    0,
+                    bytes as u64,
+                    self.fixed.get().of(bytes as u64),
+                ),
                 &phase,
                 (t, t),
             );
@@ -245,7 +268,7 @@ fn encode(rows: &[CommRow]) -> Vec<u8> {
         for v in [r.step, r.rank, r.peer, r.tag] {
             out.extend_from_slice(&v.to_le_bytes());
         }
-        for v in [r.event, r.call, r.seq, r.bytes] {
+        for v in [r.event, r.call, r.seq, r.bytes, r.fixed_bytes] {
             out.extend_from_slice(&v.to_le_bytes());
         }
         for v in [r.start_s, r.end_s] {
@@ -285,7 +308,7 @@ fn decode(bytes: &[u8]) -> Option<Vec<CommRow>> {
         for v in &mut u32s {
             *v = u32::from_le_bytes(rd.take()?);
         }
-        let mut u64s = [0u64; 4];
+        let mut u64s = [0u64; 5];
         for v in &mut u64s {
             *v = u64::from_le_bytes(rd.take()?);
         }
@@ -301,6 +324,7 @@ fn decode(bytes: &[u8]) -> Option<Vec<CommRow>> {
             call: u64s[1],
             seq: u64s[2],
             bytes: u64s[3],
+            fixed_bytes: u64s[4],
             kind,
             phase: rd.str()?,
             label: rd.str()?,
@@ -327,6 +351,7 @@ mod tests {
             tag: 5,
             seq: 9,
             bytes: 4096,
+            fixed_bytes: 96,
             phase: "reduce-scatter".into(),
             label: "ring".into(),
             start_s: 0.25,

@@ -1,6 +1,6 @@
 //! Exact traffic accounting: bytes and messages sent and received per rank, per phase.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -33,6 +33,50 @@ pub struct Traffic {
     map: RefCell<BTreeMap<String, PhaseCounts>>,
     /// The message recorder ([`crate::record`]) and its rank, when on.
     pub(crate) rec: RefCell<Option<(u32, crate::record::Recorder)>>,
+    /// What of the messages sent now does not grow with the model's size ([`Fixed`]).
+    pub(crate) fixed: Cell<Fixed>,
+}
+
+/// What part of a message's bytes does not grow with the model's size, for a replay that
+/// scales a recording to another size (commtrace/1's `fixed_bytes`, docs/SIMULATE.md):
+/// control messages (counts, thresholds, boundaries: [`Fixed::All`]), a header and the
+/// padding of 1-bit's chunks ([`Fixed::Share`]). Set by the algorithms around their
+/// exchanges ([`crate::CommExt::fixed`]); the counters do not change.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Fixed {
+    /// Every byte is payload: it grows with n (or with k = density · n).
+    #[default]
+    None,
+    /// Every byte is control.
+    All,
+    /// `header` bytes of each message, and the fraction `padding` of the rest, are fixed.
+    Share { header: u64, padding: f64 },
+}
+
+impl Fixed {
+    /// The fixed bytes of a message of `bytes` bytes.
+    pub fn of(self, bytes: u64) -> u64 {
+        match self {
+            Fixed::None => 0,
+            Fixed::All => bytes,
+            Fixed::Share { header, padding } => {
+                let h = header.min(bytes);
+                h + ((bytes - h) as f64 * padding.clamp(0.0, 1.0)).round() as u64
+            }
+        }
+    }
+}
+
+/// Restores the previous [`Fixed`] rule when dropped.
+pub struct FixedGuard<'a> {
+    t: &'a Traffic,
+    prev: Fixed,
+}
+
+impl Drop for FixedGuard<'_> {
+    fn drop(&mut self) {
+        self.t.fixed.set(self.prev);
+    }
 }
 
 impl Default for Traffic {
@@ -41,6 +85,7 @@ impl Default for Traffic {
             phase: RefCell::new("default".into()),
             map: RefCell::new(BTreeMap::new()),
             rec: RefCell::new(None),
+            fixed: Cell::new(Fixed::None),
         }
     }
 }
@@ -69,6 +114,14 @@ impl Traffic {
             t: self,
             prev,
             start: Instant::now(),
+        }
+    }
+    /// Marks what of the messages sent until the guard drops does not grow with the model's
+    /// size ([`Fixed`]); nested guards restore the outer rule.
+    pub fn fixed(&self, rule: Fixed) -> FixedGuard<'_> {
+        FixedGuard {
+            t: self,
+            prev: self.fixed.replace(rule),
         }
     }
     pub fn add_sent(&self, bytes: usize) {

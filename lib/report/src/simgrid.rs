@@ -210,14 +210,24 @@ pub fn pieces(bytes: u64) -> impl Iterator<Item = u64> {
     (0..n).map(move |j| (bytes - j * PIECE_BYTES).min(PIECE_BYTES))
 }
 
-/// A recorded size times `scale`, as the replay sends it: 0 stays 0, anything else at least 1
-/// byte; None beyond what [`pieces`] can carry (`PIECE_BYTES × MAX_PIECES`).
-pub fn scaled_bytes(bytes: u64, scale: f64) -> Option<u64> {
+/// A recorded message's size at `scale` times the recorded model, as the replay sends it:
+/// its `fixed` bytes as they are (control messages, headers, padding: commtrace/1's
+/// `fixed_bytes`) and the rest times `scale`; 0 stays 0, anything else at least 1 byte; None
+/// beyond what [`pieces`] can carry (`PIECE_BYTES × MAX_PIECES`).
+pub fn scaled_bytes(bytes: u64, fixed: u64, scale: f64) -> Option<u64> {
     if bytes == 0 {
         return Some(0);
     }
-    let b = (bytes as f64 * scale).round().max(1.0);
+    let fixed = fixed.min(bytes);
+    let b = (fixed as f64 + (bytes - fixed) as f64 * scale)
+        .round()
+        .max(1.0);
     (b <= (PIECE_BYTES * MAX_PIECES) as f64).then_some(b as u64)
+}
+
+/// [`scaled_bytes`] of a recorded message.
+pub fn scaled(e: &CommRow, scale: f64) -> Option<u64> {
+    scaled_bytes(e.bytes, e.fixed_bytes, scale)
 }
 
 /// Writes rank `rank`'s TI trace of `events` (already cut to what is replayed). Every size
@@ -228,7 +238,7 @@ pub fn ti_trace(rank: usize, events: &[&CommRow], compute: Compute, scale: f64) 
     if let Compute::PerStep(sec) = compute {
         let _ = writeln!(s, "{rank} compute {}", (sec * HOST_FLOPS).round());
     }
-    let size = |b: u64| scaled_bytes(b, scale).unwrap_or(PIECE_BYTES * MAX_PIECES);
+    let size = |e: &CommRow| scaled(e, scale).unwrap_or(PIECE_BYTES * MAX_PIECES);
     let mut i = 0;
     while i < events.len() {
         let call = events[i].call;
@@ -250,7 +260,7 @@ fn ti_call(
     rank: usize,
     group: &[&CommRow],
     compute: Compute,
-    size: &dyn Fn(u64) -> u64,
+    size: &dyn Fn(&CommRow) -> u64,
 ) {
     for e in group {
         match e.kind {
@@ -264,12 +274,12 @@ fn ti_call(
             }
             EventKind::Allreduce => {
                 // Pieces one after another: each is a whole allreduce of its part.
-                for b in pieces(size(e.bytes)) {
+                for b in pieces(size(e)) {
                     let _ = writeln!(s, "{rank} allreduce {b} 0");
                 }
             }
             EventKind::Send => {
-                for (k, b) in pieces(size(e.bytes)).enumerate() {
+                for (k, b) in pieces(size(e)).enumerate() {
                     let _ = writeln!(s, "{rank} isend {} {} {b}", e.peer, ti_tag(e, k as u64));
                 }
             }
@@ -278,17 +288,17 @@ fn ti_call(
     }
     let recvs = || group.iter().filter(|e| e.kind == EventKind::Recv);
     for e in recvs() {
-        for (k, b) in pieces(size(e.bytes)).enumerate() {
+        for (k, b) in pieces(size(e)).enumerate() {
             let _ = writeln!(s, "{rank} irecv {} {} {b}", e.peer, ti_tag(e, k as u64));
         }
     }
     for e in recvs() {
-        for k in 0..pieces(size(e.bytes)).count() as u64 {
+        for k in 0..pieces(size(e)).count() as u64 {
             let _ = writeln!(s, "{rank} wait {} {rank} {}", e.peer, ti_tag(e, k));
         }
     }
     for e in group.iter().filter(|e| e.kind == EventKind::Send) {
-        for k in 0..pieces(size(e.bytes)).count() as u64 {
+        for k in 0..pieces(size(e)).count() as u64 {
             let _ = writeln!(s, "{rank} wait {rank} {} {}", e.peer, ti_tag(e, k));
         }
     }

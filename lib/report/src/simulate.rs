@@ -224,13 +224,14 @@ fn recorded(evs: &[&CommRow]) -> f64 {
 
 /// The α-β model on the recorded messages of one rank: every message it sends costs
 /// α + bytes·β, one after another (no waiting for peers, no contention); an opaque
-/// allreduce costs the ring's 2(P−1)·(α + bytes/P·β).
+/// allreduce costs the ring's 2(P−1)·(α + bytes/P·β). Sizes scaled as the replay scales them.
 fn alpha_beta(evs: &[&CommRow], p: usize, alpha: f64, beta: f64, scale: f64) -> f64 {
+    let bytes = |e: &CommRow| simgrid::scaled(e, scale).unwrap_or(u64::MAX) as f64;
     evs.iter()
         .map(|e| match e.kind {
-            EventKind::Send => alpha + e.bytes as f64 * scale * beta,
+            EventKind::Send => alpha + bytes(e) * beta,
             EventKind::Allreduce if p > 1 => {
-                2.0 * (p as f64 - 1.0) * (alpha + e.bytes as f64 * scale / p as f64 * beta)
+                2.0 * (p as f64 - 1.0) * (alpha + bytes(e) / p as f64 * beta)
             }
             _ => 0.0,
         })
@@ -356,7 +357,7 @@ pub fn check_rows(rows: &[CommRow], scale: f64) -> Result<()> {
                 r.start_s
             );
         }
-        if simgrid::scaled_bytes(r.bytes, scale).is_none() {
+        if simgrid::scaled(r, scale).is_none() {
             bail!(
                 "column `bytes`, row {i}: a message of {} bytes × --scale-bytes {scale} is more than the replay can send (at most {} bytes: SimGrid's TI actions carry less than 2^31 bytes, and a message is cut into at most {} pieces)",
                 r.bytes,

@@ -109,7 +109,7 @@ pub fn outside(platform: &Platform, scale_bytes: f64, ranks: usize) -> Vec<Strin
     }
     if scale_bytes != 1.0 {
         out.push(format!(
-            "messages scaled ×{scale_bytes} (validated: as recorded; control messages and padding scale too)"
+            "messages scaled ×{scale_bytes} (validated: as recorded; control messages and padding kept as recorded, imbalance between ranks as recorded: docs/RESULTS.md § sim-scale-sizes)"
         ));
     }
     if ranks > VALIDATED_RANKS {

@@ -163,6 +163,8 @@ impl Deft {
         }
         let bins: Vec<u32> = {
             let _ph = comm.phase("plan");
+            // One bin per layer piece: control, whatever the model's size.
+            let _fixed = comm.fixed(gradkit_comm::Fixed::All);
             comm.broadcast(leader, mine)?
         };
         ensure!(

@@ -470,6 +470,8 @@ pub(crate) fn allreduce_gathered(
 /// largest power of two p' ≤ P, the ranks r ≥ p' first folding into r − p' and getting the
 /// result back. ⌈log2 P⌉ (+2) messages per rank; exact (integers).
 pub(crate) fn allreduce_sum_u64(comm: &dyn Comm, data: &mut [u64]) -> Result<()> {
+    // Counts and boundaries: control messages, whose size does not grow with the model's.
+    let _fixed = comm.fixed(gradkit_comm::Fixed::All);
     let (p, r) = (comm.size(), comm.rank());
     if p == 1 {
         return Ok(());

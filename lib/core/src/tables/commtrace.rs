@@ -6,11 +6,13 @@ use std::sync::Arc;
 
 use anyhow::{bail, Result};
 use arrow_array::cast::AsArray;
-use arrow_array::types::Float64Type;
-use arrow_array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt32Array, UInt64Array};
+use arrow_array::types::{Float64Type, UInt64Type};
+use arrow_array::{
+    Array, ArrayRef, Float64Array, RecordBatch, StringArray, UInt32Array, UInt64Array,
+};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
-use super::columns::{col, no_nulls, strings, u32s, u64s};
+use super::columns::{col, no_nulls, optional, strings, u32s, u64s};
 use super::{SchemaKind, Table};
 
 /// What one row of `commtrace/1` records.
@@ -67,6 +69,10 @@ pub struct CommRow {
     /// The send (r → q, tag, n) is matched by the receive (q ← r, tag, n).
     pub seq: u64,
     pub bytes: u64,
+    /// The part of `bytes` that does not grow with the model's size (control messages whole;
+    /// 1-bit's scale and its share of padding): a replay at another size scales only the
+    /// rest (docs/SIMULATE.md). Files written before the column existed read it as 0.
+    pub fixed_bytes: u64,
     /// The phase the traffic counters charged (`bytes_sent:<phase>` in metrics/1).
     pub phase: String,
     /// What the step ran (the algorithm, and for bench its size and input).
@@ -103,6 +109,7 @@ impl Table for CommRow {
             strf("label"),
             f64f("start_s"),
             f64f("end_s"),
+            optional(Field::new("fixed_bytes", DataType::UInt64, false)),
         ]))
     }
     fn to_batch(rows: &[Self]) -> Result<RecordBatch> {
@@ -134,6 +141,7 @@ impl Table for CommRow {
                 strc(|r| &r.label),
                 f64c(|r| r.start_s),
                 f64c(|r| r.end_s),
+                u64c(|r| r.fixed_bytes),
             ],
         )?)
     }
@@ -160,6 +168,8 @@ impl Table for CommRow {
             Ok(col(b, n)?.as_primitive::<Float64Type>().values().to_vec())
         };
         let (start, end) = (f("start_s")?, f("end_s")?);
+        // Absent (a file from before the column) or null: 0, every byte scales.
+        let fixed = col(b, "fixed_bytes")?.as_primitive::<UInt64Type>();
         (0..b.num_rows())
             .map(|i| {
                 let Some(k) = EventKind::parse(&kind[i]) else {
@@ -178,6 +188,11 @@ impl Table for CommRow {
                     tag: tag[i],
                     seq: seq[i],
                     bytes: bytes[i],
+                    fixed_bytes: if fixed.is_null(i) {
+                        0
+                    } else {
+                        fixed.value(i).min(bytes[i])
+                    },
                     phase: phase[i].clone(),
                     label: label[i].clone(),
                     start_s: start[i],

@@ -9,6 +9,7 @@ mod cli;
 mod cluster;
 mod comm_trace;
 mod cost_model;
+mod fixed_bytes;
 mod memory;
 mod mpi_errors;
 mod no_clobber;

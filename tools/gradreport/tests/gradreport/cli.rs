@@ -699,6 +699,7 @@ fn recording(path: &Path, world: usize, bytes: u64) {
         tag: 0,
         seq: 0,
         bytes,
+        fixed_bytes: 0,
         phase: "p".into(),
         label: "x".into(),
         start_s: 0.0,

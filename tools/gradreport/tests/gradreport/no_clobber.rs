@@ -81,6 +81,7 @@ fn recording(path: &Path) {
         tag: 0,
         seq: 0,
         bytes: 64,
+        fixed_bytes: 0,
         phase: "p".into(),
         label: "x".into(),
         start_s: 0.0,

@@ -479,3 +479,60 @@ fn the_error_bar_the_warnings_and_the_speedup_follow_the_table() {
         assert!(warn.contains(needle), "{needle}: {err}");
     }
 }
+
+#[test]
+fn scale_bytes_keeps_the_fixed_part_of_each_message() {
+    smpirun_here();
+    use gradkit_core::EventKind;
+    let d = gradkit_testkit::tempdir("gradreport-simulate-fixed");
+    let rec = d.path().join("ring.parquet");
+    let half = d.path().join("half-fixed.parquet");
+    // The ring on 2 ranks: two messages of 2n bytes one after the other; in the edited copy
+    // half of each message is fixed (as a control message's or a header's bytes would be).
+    let n = 1024usize;
+    record(&rec, algo("ring"), 2, n);
+    edited(&rec, &half, |rows| {
+        for r in rows.iter_mut() {
+            if matches!(r.kind, EventKind::Send | EventKind::Recv) {
+                r.fixed_bytes = r.bytes / 2;
+            }
+        }
+    });
+    let scale = 100_000.0;
+    let step_ms = |path: &Path| -> f64 {
+        let (code, out, err) = simulate(&[
+            path.to_str().unwrap(),
+            "--link-rate",
+            "10Gbps",
+            "--latency",
+            "5us",
+            "--compute",
+            "none",
+            "--no-phases",
+            "--format",
+            "csv",
+            "--scale-bytes",
+            &scale.to_string(),
+        ]);
+        assert_eq!(code, 0, "{err}");
+        out.lines()
+            .nth(1)
+            .unwrap()
+            .split(',')
+            .nth(3)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    // Written here: each message is fixed + (bytes − fixed) · scale bytes.
+    let m = |fixed: f64| fixed + ((2 * n) as f64 - fixed) * scale;
+    for (path, fixed) in [(&rec, 0.0), (&half, n as f64)] {
+        let formula = 2.0 * (2.0 * 5e-6 + m(fixed) / 1.25e9);
+        let ms = step_ms(path);
+        assert!(
+            (ms * 1e-3 / formula - 1.0).abs() < 0.05,
+            "{}: simulated {ms} ms vs the formula's {formula} s",
+            path.display()
+        );
+    }
+}
