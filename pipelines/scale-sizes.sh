@@ -2,27 +2,33 @@
 # make repro-scale SCALE_PARTS=sizes [FAST=1]: does a small recording, scaled to a model's size,
 # replay as a recording made at that size (issue 44 point 1)? One bench call of each algorithm
 # recorded in-process at P = 64 and 256 (FAST: 16) ranks, each rank's own dense gradient
-# (density 1 %), at 20,480 elements per rank and at 2,097,152 (102.4×); both replayed on a flat
+# (density 1 %), at 20,480 elements per rank and at 2,097,152 (102.4×; at P = 256, 1,048,576,
+# 51.2×: TopkA's allgather at 2,097,152 needs more than this machine's 24 GiB); both replayed on a flat
 # 100 Gbit/s cluster (1 µs), communication only. The small one is replayed the way
 # `gradreport simulate --scale-bytes` scales (commtrace/1's `fixed_bytes` as recorded: control
 # messages, 1-bit's scales and padding; the rest ×102.4) and, for comparison, with every byte
 # scaled (what the replay did before the column: its fixed bytes set to 0 in a copy).
-# Writes the docs/RESULTS.md section "sim-scale-sizes".
+# Writes the docs/RESULTS.md section "sim-scale-sizes". REUSE=1 keeps the replays already made.
 source "$(dirname "$0")/lib.sh"
 OUT=$ROOT/data/out/scale-sizes
 [ "$FAST" != 0 ] && OUT=$ROOT/data/out/scale-sizes-fast
 PY=$ROOT/.venv/bin/python
-rm -rf "$OUT" && mkdir -p "$OUT" && cd "$OUT"
+REUSE=${REUSE:-0}
+[ "$REUSE" = 0 ] && rm -rf "$OUT"
+mkdir -p "$OUT" && cd "$OUT"
 ALGOS=ring,topka,topkdsa,gtopk,gaussiank,oktopk,deft,onebit
 if [ "$FAST" != 0 ]; then PS="16"; else PS=${PS:-"64 256"}; fi
-SMALL=81920 LARGE=8388608  # bytes of f32 per rank: 20,480 and 2,097,152 elements
-SCALE=$(python3 -c "print($LARGE / $SMALL)")
+SMALL=81920  # bytes of f32 per rank: 20,480 elements
+large_of() { if [ "$1" -ge 256 ]; then echo 4194304; else echo 8388608; fi; }
 PLATFORM=(--topology flat --link-rate 100Gbps --latency 1us --compute none --no-phases --format csv)
 T0=$(date +%s)
 # One algorithm per recording: at P = 256 and 2,097,152 elements the ranks' inputs alone are
 # 2 GiB, and TopkA's allgather gives every rank every other rank's selection.
 for p in $PS; do
+  LARGE=$(large_of "$p")
+  SCALE=$(python3 -c "print($LARGE / $SMALL)")
   for a in ${ALGOS//,/ }; do
+    [ "$REUSE" != 0 ] && [ -s all-p$p-$a.csv ] && continue
     for size in $SMALL $LARGE; do
       run $B/gradallreduce bench --algo "$a" --input dense --sizes $size:$size --warmup 1 --iters 1 \
         --density 0.01 --ranks "$p" -q --comm-trace rec-p$p-$size-$a.parquet > /dev/null
@@ -40,9 +46,10 @@ PY
     rm -f rec-p$p-$LARGE-$a.parquet  # large; its replay is kept
   done
 done
-python3 - "$SCALE" $PS > section.md <<'PY'
+python3 - $PS > section.md <<'PY'
 import csv, sys
-scale, ps = float(sys.argv[1]), sys.argv[2:]
+ps = sys.argv[1:]
+large = lambda p: 1048576 if int(p) >= 256 else 2097152
 import glob
 def ms(kind, p):
     out = {}
@@ -57,14 +64,14 @@ for p in ps:
         r, r0 = sc[a] / at[a], al[a] / at[a]
         f = max(r, 1 / r)
         worst[p] = max(worst.get(p, 1.0), f)
-        rows.append(f"| {a} | {p} | {at[a]:.4g} | {sc[a]:.4g} | {r:.2f} | {al[a]:.4g} | {r0:.2f} |")
-print(f"One bench call per algorithm recorded in-process (dense input, density 1 %) at 2,097,152 "
-      f"elements per rank and at 20,480 scaled ×{scale:g}, replayed on a flat 100 Gbit/s cluster "
+        rows.append(f"| {a} | {p} | {large(p):,} | {at[a]:.4g} | {sc[a]:.4g} | {r:.2f} | {al[a]:.4g} | {r0:.2f} |")
+print(f"One bench call per algorithm recorded in-process (dense input, density 1 %) at the size "
+      f"(elements per rank) and at 20,480 scaled to it, replayed on a flat 100 Gbit/s cluster "
       "(1 µs), communication only (pipelines/scale-sizes.sh). `fixed kept`: the replay's scaling "
       "(commtrace/1's `fixed_bytes` as recorded, the rest scaled); `every byte`: the same recording "
       "with every byte scaled, as before the column.\n")
-print("| algorithm | P | recorded at size (ms) | small, fixed kept (ms) | ÷ at size | small, every byte (ms) | ÷ at size |")
-print("|---|---:|---:|---:|---:|---:|---:|")
+print("| algorithm | P | size | recorded at size (ms) | small, fixed kept (ms) | ÷ at size | small, every byte (ms) | ÷ at size |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
 print("\n".join(rows))
 print()
 print("The goal (issue 44): every algorithm within ±15 % of the recording at size, at P = 64 and 256 — "

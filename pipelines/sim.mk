@@ -4,7 +4,7 @@
 ## Ok-Topk and its baselines; pipelines/scale-papers.sh: DEFT, 1-bit LAMB, EmbRace, Ok-Topk's
 ## weak scaling; pipelines/scale-sizes.sh, `sizes`: a small recording scaled to the model's size
 ## against one made at that size). SCALE_PARTS="okt deft …" runs some of them.
-.PHONY: repro-sim repro-scale
+.PHONY: repro-sim repro-scale repro-expand
 repro-sim: build
 	@bash pipelines/sim.sh
 SCALE_PARTS ?= okt deft onebit embrace weak sizes
@@ -13,3 +13,7 @@ repro-scale: build
 	@if echo " $(SCALE_PARTS) " | grep -q " sizes "; then bash pipelines/scale-sizes.sh; fi
 	@parts=$$(echo " $(SCALE_PARTS) " | sed 's/ okt / /; s/ sizes / /'); \
 	  if [ -n "$${parts// /}" ]; then PARTS="$$parts" bash pipelines/scale-papers.sh; fi
+## make repro-expand [FAST=1]: gradtrace expand against real recordings of more ranks
+## (pipelines/expand-check.sh): docs/RESULTS.md § expand-check.
+repro-expand: build
+	@bash pipelines/expand-check.sh

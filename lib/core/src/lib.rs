@@ -9,6 +9,7 @@ pub mod alloc;
 pub mod budget;
 pub mod cli;
 pub mod env;
+pub mod expand;
 pub mod io;
 pub mod keep;
 pub mod live;

@@ -46,6 +46,7 @@ enum Cmd {
     Import(import::ImportArgs),
     Inspect(InspectArgs),
     Cat(CatArgs),
+    Expand(ExpandArgs),
     /// Dump the real per-rank gradients of a few training steps of a gradtrain model
     Model(model::ModelArgs),
 }
@@ -158,6 +159,37 @@ struct CatArgs {
     allow_nonfinite: bool,
 }
 
+#[derive(Args, Debug)]
+#[command(
+    about = "Make a trace of P ranks from a recording of fewer (for a replay at scale)",
+    long_about = "Make a trace of P ranks from a recording of fewer (for a replay at scale).\n\n\
+                  Per step and layer: the recorded ranks stay as they are; each new rank is the recorded\n\
+                  ranks' mean plus one recorded rank's deviation from it, magnitudes kept and signs drawn\n\
+                  afresh (antithetic in pairs of new ranks). Each rank's norm and k-th magnitude stay the\n\
+                  recorded ranks'; ranks agree a little more than real ones (docs/SIMULATE.md § From P\n\
+                  recorded ranks to any P, measured). Needs dense rows of every recorded rank; reads the\n\
+                  whole recording into memory.",
+    after_help = "Examples:\n  gradtrace expand run/rank-all.parquet --ranks 256 --seed 1 -o run/p256.parquet\n  \
+                  gradallreduce --algo oktopk --density 0.01 --comm-trace rec.parquet run/p256.parquet -o /dev/null"
+)]
+struct ExpandArgs {
+    /// Input trace (Parquet, dense rows of ranks 0..R); `-` or absent reads stdin
+    #[arg(value_name = "FILE")]
+    input: Option<PathBuf>,
+    /// Ranks P of the output (at least the recording's)
+    #[arg(long, value_name = "P")]
+    ranks: u32,
+    /// Seed of the new ranks' signs
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    seed: u64,
+    /// Output table (Parquet); absent writes stdout when it is not a terminal
+    #[arg(short = 'o', long = "output", value_name = "PATH")]
+    output: Option<PathBuf>,
+    /// No progress bar
+    #[arg(short = 'q', long)]
+    quiet: bool,
+}
+
 fn main() -> std::process::ExitCode {
     gradkit_core::paths::install_signal_cleanup();
     let cli = gradkit_comm::launch::parse_args::<Cli>();
@@ -180,6 +212,7 @@ fn main() -> std::process::ExitCode {
             inspect::run(&input, opts, a.format)
         }
         Cmd::Cat(a) => cat(&a),
+        Cmd::Expand(a) => expand(&a),
         Cmd::Model(a) => model::run(&a),
     })
 }
@@ -283,6 +316,50 @@ fn cat(a: &CatArgs) -> Result<()> {
         }
     }
     w.finish()
+}
+
+fn expand(a: &ExpandArgs) -> Result<()> {
+    if a.ranks == 0 {
+        bail!("--ranks must be at least 1");
+    }
+    gradkit_core::paths::check_distinct(
+        &[("FILE", a.input.as_deref())],
+        &[("-o", a.output.as_deref())],
+    )?;
+    let input = gradkit_core::Input::from_arg(a.input.as_deref())?;
+    let loaded = gradkit_core::read_table::<TensorRow>(&input, ReadOptions::default())?;
+    let out = Output::from_arg(a.output.as_deref())?;
+    let mut by_step: std::collections::BTreeMap<u32, Vec<TensorRow>> = Default::default();
+    for r in loaded.rows {
+        by_step.entry(r.step).or_default().push(r);
+    }
+    let recorded = by_step
+        .values()
+        .flat_map(|rows| rows.iter().map(|r| r.rank))
+        .max()
+        .map_or(0, |r| r + 1);
+    let mut meta = Meta::producer("gradtrace");
+    for (k, v) in &loaded.meta.0 {
+        if k != "gradkit.producer" && k.starts_with("gradkit.") {
+            meta.set(k, v);
+        }
+    }
+    meta.set("method", "expand")
+        .set("world_size", a.ranks)
+        .set("expanded_from", recorded)
+        .set("seed", a.seed);
+    let pb = cli::progress("expand", by_step.len() as u64, a.quiet);
+    let mut w = TableWriter::<TensorRow>::create(&out, &meta)?;
+    for (step, rows) in by_step {
+        let rows = gradkit_core::expand::expand_step(&rows, a.ranks, a.seed)
+            .with_context(|| format!("in {}", loaded.source))?;
+        w.write_owned(rows)
+            .with_context(|| format!("step {step}"))?;
+        pb.inc(1);
+    }
+    w.finish()?;
+    pb.finish_and_clear();
+    Ok(())
 }
 
 /// Writes each (step, rank) group of rows as it is generated, with a progress bar.

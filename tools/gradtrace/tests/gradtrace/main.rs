@@ -7,6 +7,7 @@ mod common;
 
 mod cli;
 mod ecosystem;
+mod expand;
 mod interop;
 mod memory;
 mod model;
