@@ -4,7 +4,7 @@
 ## Ok-Topk and its baselines; pipelines/scale-papers.sh: DEFT, 1-bit LAMB, EmbRace, Ok-Topk's
 ## weak scaling; pipelines/scale-sizes.sh, `sizes`: a small recording scaled to the model's size
 ## against one made at that size). SCALE_PARTS="okt deft …" runs some of them.
-.PHONY: repro-sim repro-scale repro-expand
+.PHONY: repro-sim repro-scale repro-expand predict
 repro-sim: build
 	@bash pipelines/sim.sh
 SCALE_PARTS ?= okt deft onebit embrace weak sizes
@@ -17,3 +17,8 @@ repro-scale: build
 ## (pipelines/expand-check.sh): docs/RESULTS.md § expand-check.
 repro-expand: build
 	@bash pipelines/expand-check.sh
+## make predict TRACE=rec.parquet [P="64 256"] [ALGOS=…] [PLATFORM="…"] [SCALE=…] [PROFILE=step.csv]:
+## a recording of a few ranks to a table at P ranks, whole steps and error bars
+## (pipelines/predict.sh, docs/SIMULATE.md § Predict).
+predict: build
+	@bash pipelines/predict.sh

@@ -28,3 +28,4 @@ pub mod table;
 pub mod tensor;
 pub mod validated;
 pub mod volume;
+pub mod wholestep;

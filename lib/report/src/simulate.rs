@@ -60,6 +60,9 @@ pub struct SimulateOpts {
     pub format: Format,
     /// Another recording replayed on the same platform: the speedup over it is printed.
     pub baseline: Option<PathBuf>,
+    /// A step's compute ([`crate::wholestep`]): the whole step around the replayed exchange,
+    /// beside Dense and DenseOvlp on the same links.
+    pub step_profile: Option<PathBuf>,
 }
 
 /// `s` (trimmed) cut where its leading number (digits, `.`, an exponent's `e`) ends.
@@ -644,6 +647,12 @@ pub fn run(opts: &SimulateOpts) -> Result<()> {
         Some(p) => Some(Output::for_flag("-o", Some(p))?),
         None => None,
     };
+    // A bad profile stops before the replay, not after it.
+    let profile = opts
+        .step_profile
+        .as_deref()
+        .map(crate::wholestep::read_profile)
+        .transpose()?;
     let (lines, meta, ranks) = simulate(opts)?;
     let baseline = match &opts.baseline {
         Some(b) => Some(simulate(&SimulateOpts {
@@ -684,8 +693,50 @@ pub fn run(opts: &SimulateOpts) -> Result<()> {
             .unwrap_or_default();
         speedup_note(&lines, base, &name, opts);
     }
+    if let (Some(prof), Some(path)) = (&profile, &opts.step_profile) {
+        whole_step_note(&lines, prof, path, &platform, ranks);
+    }
     error_bar_note(&platform, &algo, opts.scale_bytes, ranks);
     Ok(())
+}
+
+/// `--step-profile`: the whole step around the replayed exchange (the median step), and the
+/// speedup over Dense and DenseOvlp on the same links ([`crate::wholestep`]).
+fn whole_step_note(
+    lines: &[Line],
+    prof: &crate::wholestep::Profile,
+    profile: &std::path::Path,
+    platform: &crate::simgrid::Platform,
+    ranks: usize,
+) {
+    use crate::wholestep as ws;
+    let mut ex: Vec<f64> = step_totals(lines).into_values().collect();
+    if ex.is_empty() {
+        return;
+    }
+    ex.sort_by(f64::total_cmp);
+    let exchange = ex[ex.len() / 2];
+    let (a, b) = (platform.alpha_s(), platform.beta_s_per_byte());
+    let (me, ovlp, dense) = (
+        ws::whole_s(prof, exchange),
+        ws::dense_ovlp_s(prof, ranks, a, b),
+        ws::dense_s(prof, ranks, a, b),
+    );
+    let ms = |s: f64| format!("{:.4} ms", s * 1e3);
+    gradkit_core::noteln!(
+        "whole step (--step-profile {}, {} parameters): {} = forward {} + backward {} + the exchange {} (replayed, median step; after the backward pass) + optimizer {}; DenseOvlp {} (DDP's buckets of 25 MiB, the first 1 MiB, each ring allreduced when ready, overlapped with the backward pass); Dense {}; speedup over DenseOvlp {:.2}×, over Dense {:.2}×",
+        profile.display(),
+        prof.numel(),
+        ms(me),
+        ms(prof.forward_s),
+        ms(prof.backward_s()),
+        ms(exchange),
+        ms(prof.optimizer_s),
+        ms(ovlp),
+        ms(dense),
+        ovlp / me,
+        dense / me
+    );
 }
 
 /// The simulated time of each step (its whole-step line), by step.

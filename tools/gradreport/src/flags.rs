@@ -88,6 +88,12 @@ pub struct SimulateArgs {
     /// over it, step by step
     #[arg(long, value_name = "RECORDING")]
     pub baseline: Option<PathBuf>,
+    /// A step's compute (CSV `name,numel,ms`: rows forward, optimizer, and each layer in the
+    /// order its gradient is ready): prints the whole step around the exchange and its
+    /// speedup over Dense and DenseOvlp (DDP's 25 MiB buckets overlapped with the backward
+    /// pass) on the same links
+    #[arg(long, value_name = "CSV")]
+    pub step_profile: Option<PathBuf>,
 }
 
 impl SimulateArgs {
@@ -193,6 +199,7 @@ impl SimulateArgs {
             output: self.output.clone(),
             format: self.format,
             baseline: self.baseline.clone(),
+            step_profile: self.step_profile.clone(),
         })
     }
 }

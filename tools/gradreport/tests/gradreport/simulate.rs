@@ -536,3 +536,74 @@ fn scale_bytes_keeps_the_fixed_part_of_each_message() {
         );
     }
 }
+
+#[test]
+fn step_profile_gives_the_whole_step_beside_dense_and_dense_ovlp() {
+    smpirun_here();
+    let d = gradkit_testkit::tempdir("gradreport-simulate-profile");
+    let rec = d.path().join("ring.parquet");
+    // The ring on 2 ranks, n = 1024: two messages of 2048 bytes one after the other.
+    record(&rec, algo("ring"), 2, 1024);
+    let prof = d.path().join("profile.csv");
+    // Backward order: b (3,000,000 values, 30 ms) then a (1,000, 10 ms).
+    std::fs::write(
+        &prof,
+        "name,numel,ms\nforward,0,20\nb,3000000,30\na,1000,10\noptimizer,0,5\n",
+    )
+    .unwrap();
+    let (code, _, err) = simulate(&[
+        rec.to_str().unwrap(),
+        "--link-rate",
+        "1Gbps",
+        "--latency",
+        "50us",
+        "--compute",
+        "none",
+        "--no-phases",
+        "--step-profile",
+        prof.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("whole step"))
+        .unwrap_or_else(|| panic!("{err}"));
+    let after = |key: &str| -> f64 {
+        let i = line
+            .find(key)
+            .unwrap_or_else(|| panic!("no `{key}` in {line}"))
+            + key.len();
+        line[i..]
+            .trim_start()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    // Written here: α = 2 · 50 µs, β = 8 ns/B; the exchange = 2 messages of 2048 B.
+    let (alpha, beta) = (100e-6, 8e-9);
+    let exchange = 2.0 * (alpha + 2048.0 * beta);
+    let ring = |bytes: f64| 2.0 * (alpha + bytes / 2.0 * beta);
+    let whole = 0.020 + 0.040 + exchange + 0.005;
+    // DDP's buckets: b's 12 MB close the first (1 MiB) bucket at 30 ms; a's 4 kB the last at 40 ms.
+    let b_end = 0.030 + ring(12e6);
+    let a_end = b_end.max(0.040) + ring(4000.0);
+    let ovlp = 0.020 + a_end.max(0.040) + 0.005;
+    let dense = 0.020 + 0.040 + ring(12_004_000.0) + 0.005;
+    for (key, want) in [("):", whole), ("DenseOvlp ", ovlp), ("; Dense ", dense)] {
+        let got = after(key) * 1e-3;
+        assert!(
+            (got / want - 1.0).abs() < 0.01,
+            "{key}: {got} s vs {want} s written here ({line})"
+        );
+    }
+    // A profile without its optimizer row stops before the replay, naming the flag.
+    std::fs::write(&prof, "name,numel,ms\nforward,0,20\nb,3000000,30\n").unwrap();
+    let (code, _, err) = simulate(&[
+        rec.to_str().unwrap(),
+        "--step-profile",
+        prof.to_str().unwrap(),
+    ]);
+    one_error_line(code, &err, 1, "--step-profile");
+}
