@@ -28,11 +28,16 @@ for p in $PS; do
   LARGE=$(large_of "$p")
   SCALE=$(python3 -c "print($LARGE / $SMALL)")
   for a in ${ALGOS//,/ }; do
-    [ "$REUSE" != 0 ] && [ -s all-p$p-$a.csv ] && continue
+    [ "$REUSE" != 0 ] && { [ -s all-p$p-$a.csv ] || grep -qx "$a" unfit-p$p.txt 2>/dev/null; } && continue
+    skip=
     for size in $SMALL $LARGE; do
-      run $B/gradallreduce bench --algo "$a" --input dense --sizes $size:$size --warmup 1 --iters 1 \
-        --density 0.01 --ranks "$p" -q --comm-trace rec-p$p-$size-$a.parquet > /dev/null
+      # A recording that does not fit (killed for memory) is said in the table, not fatal.
+      if ! (run $B/gradallreduce bench --algo "$a" --input dense --sizes $size:$size --warmup 1 --iters 1 \
+        --density 0.01 --ranks "$p" -q --comm-trace rec-p$p-$size-$a.parquet > /dev/null); then
+        echo "$a" >> unfit-p$p.txt; skip=1; break
+      fi
     done
+    [ -n "$skip" ] && continue
     "$PY" - rec-p$p-$SMALL-$a.parquet all-p$p-$a.parquet <<'PY'
 import sys, pyarrow as pa, pyarrow.parquet as pq
 t = pq.read_table(sys.argv[1])
@@ -60,6 +65,12 @@ def ms(kind, p):
 rows, worst = [], {}
 for p in ps:
     at, sc, al = ms("at-size", p), ms("scaled", p), ms("all", p)
+    try:
+        unfit = open(f"unfit-p{p}.txt").read().split()
+    except FileNotFoundError:
+        unfit = []
+    for a in unfit:
+        rows.append(f"| {a} | {p} | {large(p):,} | not recorded: more memory than this machine's 24 GiB | | | | |")
     for a in at:
         r, r0 = sc[a] / at[a], al[a] / at[a]
         f = max(r, 1 / r)
@@ -74,8 +85,19 @@ print("| algorithm | P | size | recorded at size (ms) | small, fixed kept (ms) |
 print("|---|---:|---:|---:|---:|---:|---:|---:|")
 print("\n".join(rows))
 print()
+def unfit_of(p):
+    try:
+        return open(f"unfit-p{p}.txt").read().split()
+    except FileNotFoundError:
+        return []
+def goal(p, w):
+    u = unfit_of(p)
+    verdict = "met" if w <= 1.15 else "not met"
+    if u:
+        verdict += f" for the {len(ms('at-size', p))} recorded; {', '.join(u)} not recorded at size"
+    return f"P = {p}: worst {w:.2f}× ({verdict})"
 print("The goal (issue 44): every algorithm within ±15 % of the recording at size, at P = 64 and 256 — "
-      + "; ".join(f"P = {p}: worst {w:.2f}× ({'met' if w <= 1.15 else 'not met'})" for p, w in worst.items()) + ".")
+      + "; ".join(goal(p, w) for p, w in worst.items()) + ".")
 PY
 echo "wall time $(( $(date +%s) - T0 )) s" >&2
 section sim-scale-sizes section.md
