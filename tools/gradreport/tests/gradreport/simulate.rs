@@ -312,30 +312,7 @@ fn messages_of_2_31_bytes_and_more_replay_at_the_alpha_beta_time() {
     // Below 2^31 bytes, just above, and 2^31 · 9.5 (ten pieces).
     for scale in [1_048_000.0, 1_049_000.0, 10_000_000.0] {
         let m = (2 * n) as f64 * scale;
-        let (code, out, err) = simulate(&[
-            rec.to_str().unwrap(),
-            "--link-rate",
-            "10Gbps",
-            "--latency",
-            "5us",
-            "--compute",
-            "none",
-            "--no-phases",
-            "--format",
-            "csv",
-            "--scale-bytes",
-            &scale.to_string(),
-        ]);
-        assert_eq!(code, 0, "{err}");
-        let ms: f64 = out
-            .lines()
-            .nth(1)
-            .unwrap()
-            .split(',')
-            .nth(3)
-            .unwrap()
-            .parse()
-            .unwrap();
+        let ms = replay_ms(&rec, "10Gbps", "5us", scale);
         let formula = 2.0 * (2.0 * 5e-6 + m / 1.25e9);
         assert!(
             (ms * 1e-3 / formula - 1.0).abs() < 0.05,
@@ -410,6 +387,27 @@ fn a_signal_ends_smpirun_and_removes_the_replay_files() {
         }
         assert!(!alive(), "SIG{name}: smpirun's child {pid} still runs");
     }
+}
+
+/// The first step's simulated milliseconds of `rec` replayed on a flat cluster of `rate` and
+/// `latency`, communication only, sizes × `scale`.
+fn replay_ms(rec: &Path, rate: &str, latency: &str, scale: f64) -> f64 {
+    let (code, out, err) = simulate(&[
+        rec.to_str().unwrap(),
+        "--link-rate",
+        rate,
+        "--latency",
+        latency,
+        "--compute",
+        "none",
+        "--no-phases",
+        "--format",
+        "csv",
+        "--scale-bytes",
+        &scale.to_string(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    step_ms(&out)
 }
 
 /// The step's simulated milliseconds of a `--format csv` table (its first row).
@@ -499,36 +497,11 @@ fn scale_bytes_keeps_the_fixed_part_of_each_message() {
         }
     });
     let scale = 100_000.0;
-    let step_ms = |path: &Path| -> f64 {
-        let (code, out, err) = simulate(&[
-            path.to_str().unwrap(),
-            "--link-rate",
-            "10Gbps",
-            "--latency",
-            "5us",
-            "--compute",
-            "none",
-            "--no-phases",
-            "--format",
-            "csv",
-            "--scale-bytes",
-            &scale.to_string(),
-        ]);
-        assert_eq!(code, 0, "{err}");
-        out.lines()
-            .nth(1)
-            .unwrap()
-            .split(',')
-            .nth(3)
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
     // Written here: each message is fixed + (bytes − fixed) · scale bytes.
     let m = |fixed: f64| fixed + ((2 * n) as f64 - fixed) * scale;
     for (path, fixed) in [(&rec, 0.0), (&half, n as f64)] {
         let formula = 2.0 * (2.0 * 5e-6 + m(fixed) / 1.25e9);
-        let ms = step_ms(path);
+        let ms = replay_ms(path, "10Gbps", "5us", scale);
         assert!(
             (ms * 1e-3 / formula - 1.0).abs() < 0.05,
             "{}: simulated {ms} ms vs the formula's {formula} s",
