@@ -61,43 +61,16 @@ pub fn expand_step(recorded: &[TensorRow], p: u32, seed: u64) -> Result<Vec<Tens
             let missing = ranks.iter().position(Option::is_none).unwrap_or(0);
             bail!("step {step}: rank {missing} has no row of layer_id {id}: expand needs every recorded rank's every layer");
         };
-        let n = rows[0].values.len();
-        let rf = f64::from(r);
-        // Per coordinate: the shrunk mean w·m and the ranks' standard deviation σ.
-        let (centre, sigma): (Vec<f64>, Vec<f64>) = (0..n)
-            .map(|i| {
-                let m = rows.iter().map(|x| f64::from(x.values[i])).sum::<f64>() / rf;
-                if r < 2 {
-                    return (m, 0.0);
-                }
-                let var = rows
-                    .iter()
-                    .map(|x| (f64::from(x.values[i]) - m).powi(2))
-                    .sum::<f64>()
-                    / (rf - 1.0);
-                let w = if m == 0.0 {
-                    0.0
-                } else {
-                    (1.0 - var / (rf * m * m)).max(0.0)
-                };
-                (w * m, var.sqrt())
-            })
-            .unzip();
+        let (centre, sigma) = centre_and_spread(&rows);
         for q in 0..p {
             let values = if q < r {
                 rows[q as usize].values.clone()
             } else {
-                let mut noise = StdRng::seed_from_u64(mix(mix(
-                    mix(mix(seed) ^ u64::from(step)) ^ u64::from(id)
-                ) ^ u64::from(q)));
-                centre
-                    .iter()
-                    .zip(&sigma)
-                    .map(|(&c, &s)| {
-                        let xi: f64 = noise.sample(StandardNormal);
-                        (c + s * xi) as f32
-                    })
-                    .collect()
+                new_rank(
+                    &centre,
+                    &sigma,
+                    mix(mix(mix(mix(seed) ^ u64::from(step)) ^ u64::from(id)) ^ u64::from(q)),
+                )
             };
             out[q as usize].push(TensorRow {
                 step,
@@ -112,6 +85,44 @@ pub fn expand_step(recorded: &[TensorRow], p: u32, seed: u64) -> Result<Vec<Tens
         }
     }
     Ok(out.into_iter().flatten().collect())
+}
+
+/// Per coordinate of one layer's recorded rows: the shrunk mean w·m and the ranks' standard
+/// deviation σ (see the module documentation).
+fn centre_and_spread(rows: &[&TensorRow]) -> (Vec<f64>, Vec<f64>) {
+    let rf = rows.len() as f64;
+    (0..rows[0].values.len())
+        .map(|i| {
+            let m = rows.iter().map(|x| f64::from(x.values[i])).sum::<f64>() / rf;
+            if rows.len() < 2 {
+                return (m, 0.0);
+            }
+            let var = rows
+                .iter()
+                .map(|x| (f64::from(x.values[i]) - m).powi(2))
+                .sum::<f64>()
+                / (rf - 1.0);
+            let w = if m == 0.0 {
+                0.0
+            } else {
+                (1.0 - var / (rf * m * m)).max(0.0)
+            };
+            (w * m, var.sqrt())
+        })
+        .unzip()
+}
+
+/// A new rank's values: `centre + σ · ξ`, ξ standard normal from the stream `seed`.
+fn new_rank(centre: &[f64], sigma: &[f64], seed: u64) -> Vec<f32> {
+    let mut noise = StdRng::seed_from_u64(seed);
+    centre
+        .iter()
+        .zip(sigma)
+        .map(|(&c, &s)| {
+            let xi: f64 = noise.sample(StandardNormal);
+            (c + s * xi) as f32
+        })
+        .collect()
 }
 
 /// SplitMix64, as the synthetic generator's streams.
