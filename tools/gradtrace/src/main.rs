@@ -169,8 +169,9 @@ struct CatArgs {
                   recorded ranks'; ranks agree a little more than real ones (docs/SIMULATE.md § From P\n\
                   recorded ranks to any P, measured). Needs dense rows of every recorded rank; reads the\n\
                   whole recording into memory.",
-    after_help = "Examples:\n  gradtrace expand run/rank-all.parquet --ranks 256 --seed 1 -o run/p256.parquet\n  \
-                  gradallreduce --algo oktopk --density 0.01 --comm-trace rec.parquet run/p256.parquet -o /dev/null"
+    after_help = "Examples:\n  gradtrace synthetic --layers 'w=20000' --ranks 2 --steps 2 -o two.parquet\n  \
+                  gradtrace expand two.parquet --ranks 16 --seed 1 -o p16.parquet\n  \
+                  gradallreduce --algo oktopk --density 0.01 --comm-trace rec.parquet p16.parquet -o /dev/null"
 )]
 struct ExpandArgs {
     /// Input trace (Parquet, dense rows of ranks 0..R); `-` or absent reads stdin
