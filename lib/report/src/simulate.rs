@@ -213,6 +213,76 @@ pub struct Line {
     pub simulated_s: Option<f64>,
     pub recorded_s: f64,
     pub model_s: f64,
+    /// What in the recorded messages sets the replay apart from the α-β model (the busiest
+    /// rank's messages one after another): [`why`].
+    pub why: Vec<String>,
+}
+
+/// What in `per_rank`'s messages (one step or phase) the α-β model leaves out or adds, for a
+/// replay more than 1.5× from it (docs/SIMULATE.md § Output): messages posted together (the
+/// model adds them one after another; the replay overlaps them), receives from many ranks at
+/// once (they share the receiver's link), imbalance between the ranks, the share of the
+/// per-message latency, and control bytes.
+pub fn why(per_rank: &[Vec<&CommRow>], alpha: f64, model_s: f64) -> Vec<String> {
+    let mut out = Vec::new();
+    let sends = |evs: &[&CommRow]| evs.iter().filter(|e| e.kind == EventKind::Send).count();
+    let per_call = |k: EventKind| {
+        let mut most = 0usize;
+        for evs in per_rank {
+            let mut calls: std::collections::BTreeMap<u64, usize> = Default::default();
+            for e in evs.iter().filter(|e| e.kind == k) {
+                *calls.entry(e.call).or_default() += 1;
+            }
+            most = most.max(calls.values().copied().max().unwrap_or(0));
+        }
+        most
+    };
+    let together = per_call(EventKind::Send);
+    if together > 1 {
+        out.push(format!("up to {together} messages posted together by a rank (the model adds them one after another, the replay overlaps them)"));
+    }
+    let fan_in = per_call(EventKind::Recv);
+    if fan_in > 2 {
+        out.push(format!(
+            "a rank receives up to {fan_in} messages at once (they share its link)"
+        ));
+    }
+    let bytes: Vec<f64> = per_rank
+        .iter()
+        .map(|evs| {
+            evs.iter()
+                .filter(|e| e.kind == EventKind::Send)
+                .map(|e| e.bytes as f64)
+                .sum()
+        })
+        .collect();
+    let mean = bytes.iter().sum::<f64>() / bytes.len().max(1) as f64;
+    let most = bytes.iter().copied().fold(0.0, f64::max);
+    if mean > 0.0 && most / mean > 1.25 {
+        out.push(format!(
+            "imbalance: the busiest rank sends {:.2}× the mean bytes",
+            most / mean
+        ));
+    }
+    let msgs = per_rank.iter().map(|e| sends(e)).max().unwrap_or(0);
+    if model_s > 0.0 && msgs as f64 * alpha / model_s > 0.25 {
+        out.push(format!(
+            "latency: {msgs} messages, α is {:.0} % of the model's time",
+            100.0 * msgs as f64 * alpha / model_s
+        ));
+    }
+    let (all, fixed) = per_rank
+        .iter()
+        .flatten()
+        .filter(|e| e.kind == EventKind::Send)
+        .fold((0u64, 0u64), |a, e| (a.0 + e.bytes, a.1 + e.fixed_bytes));
+    if all > 0 && fixed as f64 / all as f64 > 0.05 {
+        out.push(format!(
+            "control: {:.0} % of the bytes do not grow with the model (fixed_bytes)",
+            100.0 * fixed as f64 / all as f64
+        ));
+    }
+    out
 }
 
 /// The recorded wall time of `events` on one rank: the span of each call (and compute
@@ -488,7 +558,10 @@ impl Sim<'_> {
             simulated_s: Some(total),
             recorded_s: max_over(&|e| recorded(e)),
             model_s: max_over(&|e| alpha_beta(e, ranks, alpha, beta, scale)),
+            why: Vec::new(),
         });
+        let last = lines.last_mut().expect("just pushed");
+        last.why = why(per_rank, alpha, last.model_s);
         let order = phase_order(per_rank);
         if self.opts.no_phases || order.len() < 2 {
             return Ok(());
@@ -539,7 +612,11 @@ impl Sim<'_> {
                 },
                 recorded_s: max_over(&|e| recorded(&of_phase(e, phase))),
                 model_s: max_over(&|e| alpha_beta(&of_phase(e, phase), ranks, alpha, beta, scale)),
+                why: Vec::new(),
             });
+            let only: Vec<Vec<&CommRow>> = per_rank.iter().map(|e| of_phase(e, phase)).collect();
+            let last = lines.last_mut().expect("just pushed");
+            last.why = why(&only, alpha, last.model_s);
             prev = t;
         }
         Ok(())
@@ -693,6 +770,7 @@ pub fn run(opts: &SimulateOpts) -> Result<()> {
             .unwrap_or_default();
         speedup_note(&lines, base, &name, opts);
     }
+    why_note(&lines);
     if let (Some(prof), Some(path)) = (&profile, &opts.step_profile) {
         whole_step_note(&lines, prof, path, &platform, ranks);
     }
@@ -737,6 +815,38 @@ fn whole_step_note(
         ovlp / me,
         dense / me
     );
+}
+
+/// For each line whose replay is more than 1.5× from the α-β model, what in its messages
+/// the model leaves out ([`why`]); the first ten, then a count.
+fn why_note(lines: &[Line]) {
+    let far: Vec<&Line> = lines
+        .iter()
+        .filter(|l| match l.simulated_s {
+            Some(s) if l.model_s > 0.0 && s > 0.0 => (s / l.model_s).ln().abs() > 1.5f64.ln(),
+            _ => false,
+        })
+        .collect();
+    for l in far.iter().take(10) {
+        let ratio = l.simulated_s.unwrap_or(0.0) / l.model_s;
+        let reasons = if l.why.is_empty() {
+            "no message pattern explains it (waiting on other ranks' chains)".to_string()
+        } else {
+            l.why.join("; ")
+        };
+        gradkit_core::noteln!(
+            "why sim/α-β = {ratio:.2} at step {} ({}), {}: {reasons}",
+            l.step,
+            l.label,
+            l.phase.as_deref().unwrap_or("the whole step")
+        );
+    }
+    if far.len() > 10 {
+        gradkit_core::noteln!(
+            "why: {} more lines are more than 1.5× from the α-β model",
+            far.len() - 10
+        );
+    }
 }
 
 /// The simulated time of each step (its whole-step line), by step.

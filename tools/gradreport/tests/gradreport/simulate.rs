@@ -580,3 +580,40 @@ fn step_profile_gives_the_whole_step_beside_dense_and_dense_ovlp() {
     ]);
     one_error_line(code, &err, 1, "--step-profile");
 }
+
+#[test]
+fn a_replay_far_from_the_alpha_beta_model_says_why() {
+    smpirun_here();
+    let d = gradkit_testkit::tempdir("gradreport-simulate-why");
+    let (ring, onebit) = (
+        d.path().join("ring.parquet"),
+        d.path().join("onebit.parquet"),
+    );
+    // The ring on 2 ranks sends one message per call: the replay is the model.
+    record(&ring, algo("ring"), 2, 4096);
+    // 1-bit on 4 ranks posts its alltoall's 3 messages together: on links where latency
+    // dominates, the model adds the three latencies, the replay overlaps them (≈ 1/3).
+    record(&onebit, algo("onebit"), 4, 1 << 16);
+    let args = |rec: &Path| -> (i32, String) {
+        let (code, _, err) = simulate(&[
+            rec.to_str().unwrap(),
+            "--link-rate",
+            "100Gbps",
+            "--latency",
+            "50us",
+            "--compute",
+            "none",
+        ]);
+        (code, err)
+    };
+    let (code, err) = args(&ring);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("why sim/α-β"), "{err}");
+    let (code, err) = args(&onebit);
+    assert_eq!(code, 0, "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("why sim/α-β") && l.contains("alltoall"));
+    let line = line.unwrap_or_else(|| panic!("no why line for the alltoall: {err}"));
+    assert!(line.contains("up to 3 messages posted together"), "{line}");
+}
