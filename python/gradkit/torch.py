@@ -31,9 +31,9 @@ class ProcessGroupTransport:
     """gradkit's `Comm.exchange_raw` carried by `torch.distributed.batch_isend_irecv` on a
     process group: one round of message lengths (int64), then one of the payloads (uint8),
     so each message arrives whole without a probe. gradkit counts the payload bytes, as on
-    every backend; the length round is this transport's own. Payloads cross as bytearrays
-    (gradkit → torch, read in place) and numpy views of the received tensors (copied once into
-    gradkit)."""
+    every backend; the length round is this transport's own. Payloads cross without a copy
+    out (gradkit's read-only message objects, which `torch.frombuffer` reads in place) and with
+    one copy in (numpy views of the received tensors, copied once into gradkit)."""
 
     def __init__(self, group=None):
         self.group = group

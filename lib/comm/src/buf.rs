@@ -173,6 +173,65 @@ impl Buf {
     pub fn bytes(&self) -> usize {
         self.len() * self.kind().bytes()
     }
+    /// A host buffer's memory as bytes, in this machine's byte order (no copy); `None` for a
+    /// device buffer. What a transport that carries bytes sends (the Python transport, NCCL's
+    /// host staging).
+    pub fn host_bytes(&self) -> Option<&[u8]> {
+        match &self.mem {
+            Mem::Host(Host::F32(v)) => Some(elem_bytes(v)),
+            Mem::Host(Host::F64(v)) => Some(elem_bytes(v)),
+            Mem::Host(Host::U32(v)) => Some(elem_bytes(v)),
+            Mem::Host(Host::U64(v)) => Some(elem_bytes(v)),
+            Mem::Host(Host::U8(v)) => Some(v),
+            Mem::Device { .. } => None,
+        }
+    }
+    /// A host buffer of `kind` holding a copy of `bytes` ([`Buf::host_bytes`] of a buffer of
+    /// that kind, received whole); an error when they are not a whole number of elements.
+    pub fn from_host_bytes(kind: Kind, bytes: &[u8]) -> Result<Buf, CommError> {
+        if !bytes.len().is_multiple_of(kind.bytes()) {
+            return Err(CommError::SizeMismatch(format!(
+                "{} bytes are not a whole number of {kind:?} elements",
+                bytes.len()
+            )));
+        }
+        fn copy<T: Elem>(bytes: &[u8]) -> Buf {
+            let len = bytes.len() / std::mem::size_of::<T>();
+            let mut v: Vec<T> = Vec::with_capacity(len);
+            // SAFETY: `v` has room for `len` elements, `bytes.len()` bytes (a whole number of
+            // them, checked), all written here before the length is set; every bit pattern is
+            // a valid `Elem`. One pass: the memory is not zeroed first.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    bytes.as_ptr(),
+                    v.as_mut_ptr().cast::<u8>(),
+                    bytes.len(),
+                );
+                v.set_len(len);
+            }
+            T::wrap(v)
+        }
+        Ok(match kind {
+            Kind::F32 => copy::<f32>(bytes),
+            Kind::F64 => copy::<f64>(bytes),
+            Kind::U32 => copy::<u32>(bytes),
+            Kind::U64 => copy::<u64>(bytes),
+            Kind::U8 => Buf::from_vec(bytes.to_vec()),
+        })
+    }
+}
+
+/// A slice of plain numbers as its bytes, in this machine's byte order (no copy).
+pub fn elem_bytes<T: Elem>(v: &[T]) -> &[u8] {
+    // SAFETY: every `Elem` (f32, f64, u32, u64, u8; the trait is sealed) is a plain number
+    // without padding, so its memory is `size_of_val(v)` initialised bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+/// [`elem_bytes`] to write: every bit pattern is a valid value of each `Elem`.
+pub fn elem_bytes_mut<T: Elem>(v: &mut [T]) -> &mut [u8] {
+    // SAFETY: as `elem_bytes`, and any bytes written make valid values.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
 impl PartialEq for Buf {
@@ -511,6 +570,34 @@ elem!(u8, U8);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_bytes_round_trip_in_the_machines_byte_order() {
+        let b = Buf::from_vec(vec![1.5f32, -2.0]);
+        let want: Vec<u8> = [1.5f32, -2.0]
+            .iter()
+            .flat_map(|x| x.to_ne_bytes())
+            .collect();
+        assert_eq!(b.host_bytes(), Some(&want[..]));
+        assert_eq!(Buf::from_host_bytes(Kind::F32, &want).unwrap(), b);
+        let u: Vec<u8> = 7u64
+            .to_ne_bytes()
+            .into_iter()
+            .chain(9u64.to_ne_bytes())
+            .collect();
+        assert_eq!(
+            Buf::from_host_bytes(Kind::U64, &u).unwrap(),
+            Buf::from_vec(vec![7u64, 9])
+        );
+        assert_eq!(
+            Buf::from_host_bytes(Kind::U8, &[3, 4]).unwrap(),
+            Buf::from_vec(vec![3u8, 4])
+        );
+        let e = Buf::from_host_bytes(Kind::F64, &[0; 12])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("12 bytes are not a whole number of F64"), "{e}");
+    }
 
     #[derive(Debug)]
     struct FakeDev(usize, usize);

@@ -28,8 +28,8 @@ mod traffic;
 
 pub use backend::Backend;
 pub use buf::{
-    copy_release, huge_vec, release, release_into, release_spare, reserve_huge, Buf, DeviceMemory,
-    Elem, Kind, Location,
+    copy_release, elem_bytes, elem_bytes_mut, huge_vec, release, release_into, release_spare,
+    reserve_huge, Buf, DeviceMemory, Elem, Kind, Location,
 };
 pub use error::{is_peer_failure, CommError, Waiting};
 pub use launch::{Launch, World};

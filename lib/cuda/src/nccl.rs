@@ -206,50 +206,6 @@ impl NcclComm {
     }
 }
 
-/// A host buffer's bytes (little-endian, as the machine holds them).
-fn bytes_of(b: &Buf) -> CommResult<Vec<u8>> {
-    fn le<T: Copy, const N: usize>(v: &[T], f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
-        v.iter().flat_map(|&x| f(x)).collect()
-    }
-    if let Some(v) = b.as_slice::<f32>() {
-        Ok(le(v, f32::to_le_bytes))
-    } else if let Some(v) = b.as_slice::<f64>() {
-        Ok(le(v, f64::to_le_bytes))
-    } else if let Some(v) = b.as_slice::<u32>() {
-        Ok(le(v, u32::to_le_bytes))
-    } else if let Some(v) = b.as_slice::<u64>() {
-        Ok(le(v, u64::to_le_bytes))
-    } else if let Some(v) = b.as_slice::<u8>() {
-        Ok(v.to_vec())
-    } else {
-        Err(err("a send buffer not in host memory"))
-    }
-}
-
-/// A host buffer of `kind` from received bytes.
-fn buf_of(kind: Kind, bytes: &[u8]) -> CommResult<Buf> {
-    if !bytes.len().is_multiple_of(kind.bytes()) {
-        return Err(err(format!(
-            "{} bytes received for {kind:?} elements",
-            bytes.len()
-        )));
-    }
-    fn from<T: gradkit_comm::Elem, const N: usize>(b: &[u8], f: fn([u8; N]) -> T) -> Buf {
-        Buf::from_vec(
-            b.chunks_exact(N)
-                .map(|c| f(c.try_into().expect("N bytes")))
-                .collect::<Vec<T>>(),
-        )
-    }
-    Ok(match kind {
-        Kind::F32 => from(bytes, f32::from_le_bytes),
-        Kind::F64 => from(bytes, f64::from_le_bytes),
-        Kind::U32 => from(bytes, u32::from_le_bytes),
-        Kind::U64 => from(bytes, u64::from_le_bytes),
-        Kind::U8 => Buf::from_vec(bytes.to_vec()),
-    })
-}
-
 /// The peer an exchange waits on, for the watchdog's message: the first it receives from,
 /// else the first it sends to.
 fn waited_on(from: &[(usize, usize)], out_peer: &[usize], me: usize) -> usize {
@@ -361,7 +317,10 @@ impl Comm for NcclComm {
         let mut out_bytes = Vec::new();
         let mut out_peer = Vec::new();
         for (d, b) in &sends {
-            let v = bytes_of(b)?;
+            let v = b
+                .host_bytes()
+                .ok_or_else(|| err("a send buffer not in host memory"))?
+                .to_vec();
             if *d == me {
                 own.push_back(v);
             } else {
@@ -383,14 +342,14 @@ impl Comm for NcclComm {
                 Some(d) => self.down(d)?,
                 None => Vec::new(),
             };
-            got[*i] = Some(buf_of(recvs[*i].1, &bytes)?);
+            got[*i] = Some(Buf::from_host_bytes(recvs[*i].1, &bytes)?);
         }
         for (i, (s, k)) in recvs.iter().enumerate() {
             if *s == me {
                 let v = own
                     .pop_front()
                     .ok_or_else(|| err("a receive from oneself with no message sent"))?;
-                got[i] = Some(buf_of(*k, &v)?);
+                got[i] = Some(Buf::from_host_bytes(*k, &v)?);
             }
         }
         got.into_iter()

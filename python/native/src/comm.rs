@@ -10,7 +10,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use gradkit_comm::{
-    check_exchange, Backend, Buf, Comm, CommError, CommResult, Elem, Kind, Traffic,
+    check_exchange, elem_bytes, elem_bytes_mut, Backend, Buf, Comm, CommError, CommResult, Elem,
+    Kind, Traffic,
 };
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
@@ -285,7 +286,7 @@ impl TransportComm {
             return Ok(());
         }
         self.call(|py, obj| {
-            let ba = PyByteArray::new(py, raw_bytes_of(data));
+            let ba = PyByteArray::new(py, elem_bytes(data));
             obj.call_method1("allreduce", (&ba, dtype))?;
             // SAFETY: no Python code runs while the slice is borrowed (copied out at once), and
             // the bytearray keeps its length (the transport reduces it in place).
@@ -295,36 +296,10 @@ impl TransportComm {
                     "allreduce changed the buffer's length",
                 ));
             }
-            raw_bytes_mut(data).copy_from_slice(reduced);
+            elem_bytes_mut(data).copy_from_slice(reduced);
             Ok(())
         })
     }
-}
-
-/// A slice of plain numbers as its bytes (native byte order).
-pub(crate) fn raw_bytes_of<T: Elem>(v: &[T]) -> &[u8] {
-    // SAFETY: every `Elem` (f32, f64, u32, u64, u8) is a plain number without padding, so its
-    // memory is `size_of_val(v)` initialised bytes.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
-}
-
-/// A slice of plain numbers as its bytes, to write.
-fn raw_bytes_mut<T: Elem>(v: &mut [T]) -> &mut [u8] {
-    // SAFETY: as `raw_bytes_of`; and every bit pattern is a valid value of each `Elem`.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
-}
-
-/// A host buffer's bytes.
-fn raw_bytes(b: &Buf) -> &[u8] {
-    macro_rules! raw {
-        ($($t:ty),*) => {$(
-            if let Some(v) = b.as_slice::<$t>() {
-                return raw_bytes_of(v);
-            }
-        )*};
-    }
-    raw!(f32, f64, u32, u64, u8);
-    &[]
 }
 
 /// A message handed to the transport's `exchange`: it owns the bytes gradkit sends and lends
@@ -346,7 +321,7 @@ impl Message {
         view: *mut pyo3::ffi::Py_buffer,
         flags: std::os::raw::c_int,
     ) -> PyResult<()> {
-        let bytes = raw_bytes(&slf.get().buf);
+        let bytes = slf.get().buf.host_bytes().unwrap_or_default();
         // Read-only: a request for a writable view is refused (BufferError).
         let rc = unsafe {
             pyo3::ffi::PyBuffer_FillInfo(
@@ -365,47 +340,22 @@ impl Message {
     }
 
     fn __len__(&self) -> usize {
-        raw_bytes(&self.buf).len()
+        self.buf.bytes()
     }
 }
 
-/// A buffer of kind `k` read from a Python buffer of bytes (a numpy uint8 array, bytes), one
-/// copy (into memory not zeroed first).
+/// A buffer of kind `k` read from a Python buffer of bytes (a numpy uint8 array, bytes): one
+/// copy ([`Buf::from_host_bytes`]).
 fn buf_from(k: Kind, obj: &Bound<'_, PyAny>) -> PyResult<Buf> {
     let pb = PyBuffer::<u8>::get(obj)?;
-    let n = pb.item_count();
-    if !n.is_multiple_of(k.bytes()) {
-        return Err(pyo3::exceptions::PyValueError::new_err(format!(
-            "{n} bytes are not a whole number of {k:?} elements"
-        )));
-    }
     if !pb.is_c_contiguous() {
         return Err(pyo3::exceptions::PyValueError::new_err(
             "a received message is not a contiguous buffer",
         ));
     }
-    macro_rules! typed {
-        ($t:ty) => {{
-            let len = n / std::mem::size_of::<$t>();
-            let mut v: Vec<$t> = Vec::with_capacity(len);
-            // SAFETY: `pb` is a contiguous buffer of `n` bytes (checked), exported while `pb`
-            // lives; `v` has room for `n` bytes, and every bit pattern is a valid `$t`.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    pb.buf_ptr() as *const u8,
-                    v.as_mut_ptr().cast::<u8>(),
-                    n,
-                );
-                v.set_len(len);
-            }
-            Buf::from_vec(v)
-        }};
-    }
-    Ok(match k {
-        Kind::F32 => typed!(f32),
-        Kind::F64 => typed!(f64),
-        Kind::U32 => typed!(u32),
-        Kind::U64 => typed!(u64),
-        Kind::U8 => typed!(u8),
-    })
+    // SAFETY: `pb` is a contiguous buffer of `item_count` bytes (checked), exported while `pb`
+    // lives; nothing runs Python (or writes it) while the slice is read.
+    let bytes = unsafe { std::slice::from_raw_parts(pb.buf_ptr() as *const u8, pb.item_count()) };
+    Buf::from_host_bytes(k, bytes)
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))
 }

@@ -6,8 +6,8 @@ use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::comm::raw_bytes_of;
 use crate::value_error;
+use gradkit_comm::elem_bytes;
 
 /// Named tensors as (name, bytes) pairs: one copy each.
 pub(crate) fn to_py<'py>(
@@ -16,7 +16,7 @@ pub(crate) fn to_py<'py>(
 ) -> Vec<(String, Bound<'py, PyBytes>)> {
     state
         .into_iter()
-        .map(|(k, v)| (k, PyBytes::new(py, raw_bytes_of(&v))))
+        .map(|(k, v)| (k, PyBytes::new(py, elem_bytes(&v))))
         .collect()
 }
 
