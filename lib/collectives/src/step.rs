@@ -32,14 +32,7 @@ pub fn reduce_step(
 ) -> Result<Flat> {
     let timer = Timer::start(comm, algo, step);
     let out = reducer.reduce(comm, step, layout, input);
-    let timer = timer.stop(comm);
-    let out = out.with_context(|| format!("step {step}"))?;
-    let nnz = match &out.result {
-        Flat::Dense(v) => nonzeros(v),
-        Flat::Sparse(s) => s.len(),
-    };
-    timer.push(sink, algo, layout, k_in, &out.metrics, nnz);
-    Ok(out.result)
+    timer.stop(comm).settle(out, sink, algo, layout, k_in)
 }
 
 /// [`reduce_step`] of dense input reduced where it lies: `data` holds this rank's input and
@@ -59,29 +52,22 @@ pub fn reduce_step_in_place(
 ) -> Result<()> {
     let timer = Timer::start(comm, algo, step);
     if let Some(out) = reducer.reduce_in_place(comm, step, layout, data) {
-        let timer = timer.stop(comm);
+        let measured = timer.stop(comm);
         let out = out.with_context(|| format!("step {step}"))?;
         let nnz = out.nnz.unwrap_or_else(|| nonzeros(data));
-        timer.push(sink, algo, layout, k_in, &out.metrics, nnz);
+        measured.push(sink, algo, layout, k_in, &out.metrics, nnz);
         return Ok(());
     }
     let out = reducer.reduce(comm, step, layout, Flat::Dense(data.to_vec()));
-    let timer = timer.stop(comm);
-    let out = out.with_context(|| format!("step {step}"))?;
-    let nnz = match out.result {
-        Flat::Dense(v) => {
-            data.copy_from_slice(&v[..data.len()]);
-            nonzeros(data)
-        }
+    match timer.stop(comm).settle(out, sink, algo, layout, k_in)? {
+        Flat::Dense(v) => data.copy_from_slice(&v[..data.len()]),
         Flat::Sparse(s) => {
             data.fill(0.0);
             for (i, v) in s.indices.iter().zip(&s.values) {
                 data[*i as usize] = *v;
             }
-            s.len()
         }
-    };
-    timer.push(sink, algo, layout, k_in, &out.metrics, nnz);
+    }
     Ok(())
 }
 
@@ -90,15 +76,21 @@ fn nonzeros(v: &[f32]) -> usize {
     v.iter().filter(|x| **x != 0.0).count()
 }
 
-/// A step's measurement: the traffic counters before and after the reduction and its wall
-/// time (`time_comm_s`: the reduction alone, not the caller's copies nor the `nnz` count).
+/// A step being measured: the traffic counters before the reduction and its start.
 struct Timer {
+    step: u32,
+    before: BTreeMap<String, PhaseCounts>,
+    t0: std::time::Instant,
+}
+
+/// A step measured: the counters before and after the reduction and its wall time
+/// (`time_comm_s`: the reduction alone, not the caller's copies nor the `nnz` count).
+struct Measured {
     step: u32,
     rank: u32,
     size: usize,
     before: BTreeMap<String, PhaseCounts>,
     after: BTreeMap<String, PhaseCounts>,
-    t0: std::time::Instant,
     wall: f64,
 }
 
@@ -107,22 +99,40 @@ impl Timer {
         let before = comm.traffic().snapshot();
         let t0 = std::time::Instant::now();
         comm.traffic().begin_step(step, algo.name());
-        Timer {
-            step,
-            rank: comm.rank() as u32,
-            size: comm.size(),
-            before,
-            after: BTreeMap::new(),
-            t0,
-            wall: 0.0,
-        }
+        Timer { step, before, t0 }
     }
 
-    fn stop(mut self, comm: &dyn Comm) -> Timer {
+    fn stop(self, comm: &dyn Comm) -> Measured {
         comm.traffic().end_step();
-        self.wall = self.t0.elapsed().as_secs_f64();
-        self.after = comm.traffic().snapshot();
-        self
+        Measured {
+            step: self.step,
+            rank: comm.rank() as u32,
+            size: comm.size(),
+            wall: self.t0.elapsed().as_secs_f64(),
+            after: comm.traffic().snapshot(),
+            before: self.before,
+        }
+    }
+}
+
+impl Measured {
+    /// The step's reduction `out` done: its rows pushed (with `nnz` of its result), its
+    /// result given.
+    fn settle(
+        &self,
+        out: Result<crate::StepOutput>,
+        sink: &mut MetricSink,
+        algo: Algo,
+        layout: &Layout,
+        k_in: u64,
+    ) -> Result<Flat> {
+        let out = out.with_context(|| format!("step {}", self.step))?;
+        let nnz = match &out.result {
+            Flat::Dense(v) => nonzeros(v),
+            Flat::Sparse(s) => s.len(),
+        };
+        self.push(sink, algo, layout, k_in, &out.metrics, nnz);
+        Ok(out.result)
     }
 
     /// Pushes the step's rows: its traffic, `time_comm_s`, the reducer's `metrics`, `nnz`,

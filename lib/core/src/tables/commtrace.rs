@@ -178,6 +178,13 @@ impl Table for CommRow {
                         kind[i]
                     );
                 };
+                let fixed_bytes = if fixed.is_null(i) { 0 } else { fixed.value(i) };
+                if fixed_bytes > bytes[i] {
+                    bail!(
+                        "column `fixed_bytes`, row {i}: {fixed_bytes} fixed bytes in a message of {} bytes (column `bytes`)",
+                        bytes[i]
+                    );
+                }
                 Ok(CommRow {
                     step: step[i],
                     rank: rank[i],
@@ -188,11 +195,7 @@ impl Table for CommRow {
                     tag: tag[i],
                     seq: seq[i],
                     bytes: bytes[i],
-                    fixed_bytes: if fixed.is_null(i) {
-                        0
-                    } else {
-                        fixed.value(i).min(bytes[i])
-                    },
+                    fixed_bytes,
                     phase: phase[i].clone(),
                     label: label[i].clone(),
                     start_s: start[i],

@@ -292,6 +292,13 @@ fn rows_the_replay_cannot_run_are_named_with_their_column() {
             }),
             "column `bytes`",
         ),
+        (
+            Box::new(move |r| {
+                let i = first(r, EventKind::Send);
+                r[i].fixed_bytes = r[i].bytes + 1;
+            }),
+            "column `fixed_bytes`",
+        ),
     ];
     for (edit, needle) in cases {
         edited(&rec, &bad, edit);
