@@ -213,9 +213,18 @@ pub struct Line {
     pub simulated_s: Option<f64>,
     pub recorded_s: f64,
     pub model_s: f64,
-    /// What in the recorded messages sets the replay apart from the α-β model (the busiest
-    /// rank's messages one after another): [`why`].
-    pub why: Vec<String>,
+    /// For a replay more than 1.5× from the α-β model ([`far`]), what in the recorded
+    /// messages sets it apart (the model adds the busiest rank's messages one after another):
+    /// [`why`]; `None` for the others.
+    pub why: Option<Vec<String>>,
+}
+
+/// Whether a replay of `simulated_s` is more than 1.5× from the model's `model_s`, either way.
+fn far(simulated_s: Option<f64>, model_s: f64) -> bool {
+    match simulated_s {
+        Some(s) if model_s > 0.0 && s > 0.0 => (s / model_s).ln().abs() > 1.5f64.ln(),
+        _ => false,
+    }
 }
 
 /// What in `per_rank`'s messages (one step or phase) the α-β model leaves out or adds, for a
@@ -303,9 +312,7 @@ fn alpha_beta(evs: &[&CommRow], p: usize, alpha: f64, beta: f64, scale: f64) -> 
     evs.iter()
         .map(|e| match e.kind {
             EventKind::Send => alpha + bytes(e) * beta,
-            EventKind::Allreduce if p > 1 => {
-                2.0 * (p as f64 - 1.0) * (alpha + bytes(e) / p as f64 * beta)
-            }
+            EventKind::Allreduce => crate::wholestep::ring_s(p, bytes(e), alpha, beta),
             _ => 0.0,
         })
         .sum()
@@ -538,9 +545,35 @@ impl Sim<'_> {
     }
 
     /// The step's line (simulated beside recorded and the α-β model), then one per phase.
-    fn step(&self, step: u32, per_rank: &[Vec<&CommRow>], lines: &mut Vec<Line>) -> Result<()> {
+    /// One line of the table: `per_rank`'s events (a step, or a phase of it) replayed in
+    /// `simulated_s`, beside the recorded time and the α-β model, the slowest rank's each,
+    /// and why the replay is far from the model where it is.
+    fn line(
+        &self,
+        step: u32,
+        label: &str,
+        phase: Option<&String>,
+        simulated_s: Option<f64>,
+        per_rank: &[Vec<&CommRow>],
+    ) -> Line {
         let (alpha, beta) = (self.platform.alpha_s(), self.platform.beta_s_per_byte());
         let (ranks, scale) = (self.ranks, self.opts.scale_bytes);
+        let max_over = |f: &dyn Fn(&[&CommRow]) -> f64| -> f64 {
+            per_rank.iter().map(|e| f(e)).fold(0.0, f64::max)
+        };
+        let model_s = max_over(&|e| alpha_beta(e, ranks, alpha, beta, scale));
+        Line {
+            step,
+            label: label.to_string(),
+            phase: phase.cloned(),
+            simulated_s,
+            recorded_s: max_over(&|e| recorded(e)),
+            model_s,
+            why: far(simulated_s, model_s).then(|| why(per_rank, alpha, model_s)),
+        }
+    }
+
+    fn step(&self, step: u32, per_rank: &[Vec<&CommRow>], lines: &mut Vec<Line>) -> Result<()> {
         let label = per_rank
             .iter()
             .flatten()
@@ -548,20 +581,7 @@ impl Sim<'_> {
             .map(|e| e.label.clone())
             .unwrap_or_default();
         let total = self.replay(step, per_rank, "all")?;
-        let max_over = |f: &dyn Fn(&[&CommRow]) -> f64| -> f64 {
-            per_rank.iter().map(|e| f(e)).fold(0.0, f64::max)
-        };
-        lines.push(Line {
-            step,
-            label: label.clone(),
-            phase: None,
-            simulated_s: Some(total),
-            recorded_s: max_over(&|e| recorded(e)),
-            model_s: max_over(&|e| alpha_beta(e, ranks, alpha, beta, scale)),
-            why: Vec::new(),
-        });
-        let last = lines.last_mut().expect("just pushed");
-        last.why = why(per_rank, alpha, last.model_s);
+        lines.push(self.line(step, &label, None, Some(total), per_rank));
         let order = phase_order(per_rank);
         if self.opts.no_phases || order.len() < 2 {
             return Ok(());
@@ -580,11 +600,6 @@ impl Sim<'_> {
         label: &str,
         lines: &mut Vec<Line>,
     ) -> Result<()> {
-        let (alpha, beta) = (self.platform.alpha_s(), self.platform.beta_s_per_byte());
-        let (ranks, scale) = (self.ranks, self.opts.scale_bytes);
-        let max_over = |f: &dyn Fn(&[&CommRow]) -> f64| -> f64 {
-            per_rank.iter().map(|e| f(e)).fold(0.0, f64::max)
-        };
         let idx = |e: &CommRow| order.iter().position(|p| *p == e.phase).unwrap_or(0);
         let mut prev = Some(0.0);
         for (k, phase) in order.iter().enumerate() {
@@ -599,24 +614,15 @@ impl Sim<'_> {
             } else {
                 None
             };
-            fn of_phase<'a>(evs: &[&'a CommRow], phase: &str) -> Vec<&'a CommRow> {
-                evs.iter().filter(|e| e.phase == phase).copied().collect()
-            }
-            lines.push(Line {
-                step,
-                label: label.to_string(),
-                phase: Some(phase.clone()),
-                simulated_s: match (t, prev) {
-                    (Some(t), Some(p)) => Some((t - p).max(0.0)),
-                    _ => None,
-                },
-                recorded_s: max_over(&|e| recorded(&of_phase(e, phase))),
-                model_s: max_over(&|e| alpha_beta(&of_phase(e, phase), ranks, alpha, beta, scale)),
-                why: Vec::new(),
-            });
-            let only: Vec<Vec<&CommRow>> = per_rank.iter().map(|e| of_phase(e, phase)).collect();
-            let last = lines.last_mut().expect("just pushed");
-            last.why = why(&only, alpha, last.model_s);
+            let only: Vec<Vec<&CommRow>> = per_rank
+                .iter()
+                .map(|evs| evs.iter().filter(|e| e.phase == *phase).copied().collect())
+                .collect();
+            let simulated = match (t, prev) {
+                (Some(t), Some(p)) => Some((t - p).max(0.0)),
+                _ => None,
+            };
+            lines.push(self.line(step, label, Some(phase), simulated, &only));
             prev = t;
         }
         Ok(())
@@ -820,19 +826,16 @@ fn whole_step_note(
 /// For each line whose replay is more than 1.5× from the α-β model, what in its messages
 /// the model leaves out ([`why`]); the first ten, then a count.
 fn why_note(lines: &[Line]) {
-    let far: Vec<&Line> = lines
+    let far: Vec<(&Line, &Vec<String>)> = lines
         .iter()
-        .filter(|l| match l.simulated_s {
-            Some(s) if l.model_s > 0.0 && s > 0.0 => (s / l.model_s).ln().abs() > 1.5f64.ln(),
-            _ => false,
-        })
+        .filter_map(|l| l.why.as_ref().map(|w| (l, w)))
         .collect();
-    for l in far.iter().take(10) {
+    for (l, why) in far.iter().take(10) {
         let ratio = l.simulated_s.unwrap_or(0.0) / l.model_s;
-        let reasons = if l.why.is_empty() {
+        let reasons = if why.is_empty() {
             "no message pattern explains it (waiting on other ranks' chains)".to_string()
         } else {
-            l.why.join("; ")
+            why.join("; ")
         };
         gradkit_core::noteln!(
             "why sim/α-β = {ratio:.2} at step {} ({}), {}: {reasons}",

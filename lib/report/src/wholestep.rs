@@ -99,12 +99,10 @@ pub fn parse_profile(text: &str) -> Result<Profile> {
     })
 }
 
-/// The ring allreduce of `bytes` on `p` ranks: 2(P−1) messages of bytes/P, α + β each.
+/// The ring allreduce of `bytes` on `p` ranks at α (seconds per message) and β (seconds per
+/// byte): the cost model's ring ([`gradkit_cost::ring`], 2(P−1) messages of bytes/P).
 pub fn ring_s(p: usize, bytes: f64, alpha: f64, beta: f64) -> f64 {
-    if p < 2 {
-        return 0.0;
-    }
-    2.0 * (p as f64 - 1.0) * (alpha + bytes / p as f64 * beta)
+    gradkit_cost::ring(p, bytes / 4.0).time(alpha, 4.0 * beta)
 }
 
 /// DDP's buckets over the profile's layers in backward order: (the time the last gradient of
