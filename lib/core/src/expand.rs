@@ -26,12 +26,15 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
 
+use std::collections::BTreeMap;
+
+use crate::synth::mix;
 use crate::TensorRow;
 
 /// The rows of one step for P ranks, from `recorded`: that step's rows of every recorded rank
-/// (R ranks, 0 … R−1, each with every layer, dense), in any order. Rows come out rank by rank,
-/// layers in `layer_id` order.
-pub fn expand_step(recorded: &[TensorRow], p: u32, seed: u64) -> Result<Vec<TensorRow>> {
+/// (R ranks, 0 … R−1, each with every layer, dense), in any order, which it keeps (no copy of
+/// them). Rows come out rank by rank, layers in `layer_id` order.
+pub fn expand_step(recorded: Vec<TensorRow>, p: u32, seed: u64) -> Result<Vec<TensorRow>> {
     let Some(first) = recorded.first() else {
         return Ok(Vec::new());
     };
@@ -41,7 +44,7 @@ pub fn expand_step(recorded: &[TensorRow], p: u32, seed: u64) -> Result<Vec<Tens
         bail!("--ranks {p} is fewer than the recording's {r} ranks (expand makes more, not fewer)");
     }
     // layer_id → the recorded ranks' rows.
-    let mut layers: std::collections::BTreeMap<u32, Vec<Option<&TensorRow>>> = Default::default();
+    let mut layers: BTreeMap<u32, Vec<Option<TensorRow>>> = BTreeMap::new();
     for x in recorded {
         if !x.is_dense() {
             bail!(
@@ -53,35 +56,27 @@ pub fn expand_step(recorded: &[TensorRow], p: u32, seed: u64) -> Result<Vec<Tens
         let slot = layers
             .entry(x.layer_id)
             .or_insert_with(|| vec![None; r as usize]);
-        slot[x.rank as usize] = Some(x);
+        let rank = x.rank as usize;
+        slot[rank] = Some(x);
     }
     let mut out: Vec<Vec<TensorRow>> = (0..p).map(|_| Vec::new()).collect();
-    for (&id, ranks) in &layers {
-        let Some(rows) = ranks.iter().copied().collect::<Option<Vec<&TensorRow>>>() else {
-            let missing = ranks.iter().position(Option::is_none).unwrap_or(0);
+    for (id, ranks) in layers {
+        if let Some(missing) = ranks.iter().position(Option::is_none) {
             bail!("step {step}: rank {missing} has no row of layer_id {id}: expand needs every recorded rank's every layer");
-        };
+        }
+        let rows: Vec<TensorRow> = ranks.into_iter().flatten().collect();
         let (centre, sigma) = centre_and_spread(&rows);
-        for q in 0..p {
-            let values = if q < r {
-                rows[q as usize].values.clone()
-            } else {
-                new_rank(
-                    &centre,
-                    &sigma,
-                    mix(mix(mix(mix(seed) ^ u64::from(step)) ^ u64::from(id)) ^ u64::from(q)),
-                )
-            };
+        for q in r..p {
+            let noise = mix(mix(mix(mix(seed) ^ u64::from(step)) ^ u64::from(id)) ^ u64::from(q));
             out[q as usize].push(TensorRow {
-                step,
                 rank: q,
-                layer_id: id,
-                layer: rows[0].layer.clone(),
-                numel: rows[0].numel,
-                shape: rows[0].shape.clone(),
                 indices: None,
-                values,
+                values: new_rank(&centre, &sigma, noise),
+                ..rows[0].key()
             });
+        }
+        for (q, row) in rows.into_iter().enumerate() {
+            out[q].push(row);
         }
     }
     Ok(out.into_iter().flatten().collect())
@@ -89,7 +84,7 @@ pub fn expand_step(recorded: &[TensorRow], p: u32, seed: u64) -> Result<Vec<Tens
 
 /// Per coordinate of one layer's recorded rows: the shrunk mean w·m and the ranks' standard
 /// deviation σ (see the module documentation).
-fn centre_and_spread(rows: &[&TensorRow]) -> (Vec<f64>, Vec<f64>) {
+fn centre_and_spread(rows: &[TensorRow]) -> (Vec<f64>, Vec<f64>) {
     let rf = rows.len() as f64;
     (0..rows[0].values.len())
         .map(|i| {
@@ -125,14 +120,6 @@ fn new_rank(centre: &[f64], sigma: &[f64], seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// SplitMix64, as the synthetic generator's streams.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,7 +146,7 @@ mod tests {
             row(1, vec![2.0, -1.0, 9.0, 0.0]),
         ];
         let p = 4002u32;
-        let out = expand_step(&rec, p, 9).unwrap();
+        let out = expand_step(rec.clone(), p, 9).unwrap();
         assert_eq!(out.len(), p as usize);
         assert_eq!(out[0].values, rec[0].values);
         assert_eq!(out[1].values, rec[1].values);
@@ -193,12 +180,12 @@ mod tests {
         );
         // Same seed, same rows; another seed, other rows.
         assert_eq!(
-            expand_step(&rec, 8, 9).unwrap(),
-            expand_step(&rec, 8, 9).unwrap()
+            expand_step(rec.clone(), 8, 9).unwrap(),
+            expand_step(rec.clone(), 8, 9).unwrap()
         );
         assert_ne!(
-            expand_step(&rec, 8, 10).unwrap(),
-            expand_step(&rec, 8, 9).unwrap()
+            expand_step(rec.clone(), 8, 10).unwrap(),
+            expand_step(rec.clone(), 8, 9).unwrap()
         );
     }
 
@@ -206,17 +193,19 @@ mod tests {
     fn sparse_rows_and_missing_ranks_are_refused() {
         let mut s = row(0, vec![1.0]);
         s.indices = Some(vec![0]);
-        assert!(expand_step(&[s, row(1, vec![1.0])], 4, 0)
+        assert!(expand_step(vec![s, row(1, vec![1.0])], 4, 0)
             .unwrap_err()
             .to_string()
             .contains("sparse"));
-        assert!(expand_step(&[row(1, vec![1.0])], 4, 0)
+        assert!(expand_step(vec![row(1, vec![1.0])], 4, 0)
             .unwrap_err()
             .to_string()
             .contains("rank 0"));
-        assert!(expand_step(&[row(0, vec![1.0]), row(1, vec![1.0])], 1, 0)
-            .unwrap_err()
-            .to_string()
-            .contains("fewer"));
+        assert!(
+            expand_step(vec![row(0, vec![1.0]), row(1, vec![1.0])], 1, 0)
+                .unwrap_err()
+                .to_string()
+                .contains("fewer")
+        );
     }
 }

@@ -309,8 +309,9 @@ pub fn parse_layers(spec: &str) -> Result<Vec<LayerSpec>> {
     Ok(out)
 }
 
-/// SplitMix64: turns (seed, layer, component) into independent stream seeds.
-fn mix(mut x: u64) -> u64 {
+/// SplitMix64: turns (seed, layer, component) into independent stream seeds (also
+/// [`crate::expand`]'s).
+pub(crate) fn mix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

@@ -278,17 +278,15 @@ fn cat(a: &CatArgs) -> Result<()> {
         ranks.extend(s.scan()?.ranks);
         streams.push(s);
     }
-    let mut meta = Meta::producer("gradtrace");
-    if let [only] = &streams[..] {
+    let mut meta = match &streams[..] {
         // One input: keep its parameters (method, seed, …) next to the new producer.
-        for (k, v) in &only.meta.0 {
-            if k != "gradkit.producer" && k.starts_with("gradkit.") {
-                meta.set(k, v);
-            }
+        [only] => inherited(&only.meta),
+        _ => {
+            let mut m = Meta::producer("gradtrace");
+            m.set("method", "cat");
+            m
         }
-    } else {
-        meta.set("method", "cat");
-    }
+    };
     meta.set("world_size", ranks.len());
     let sources: Vec<String> = streams.iter().map(|s| s.source.clone()).collect();
     let mut w = TableWriter::<TensorRow>::create(&out, &meta)?;
@@ -328,32 +326,22 @@ fn expand(a: &ExpandArgs) -> Result<()> {
         &[("-o", a.output.as_deref())],
     )?;
     let input = gradkit_core::Input::from_arg(a.input.as_deref())?;
-    let loaded = gradkit_core::read_table::<TensorRow>(&input, ReadOptions::default())?;
+    // One step in memory at a time (docs/MEMORY.md): its recorded ranks and the new ones.
+    let steps = gradkit_core::io::read_tensor_steps(&input, ReadOptions::default())?;
     let out = Output::from_arg(a.output.as_deref())?;
-    let mut by_step: std::collections::BTreeMap<u32, Vec<TensorRow>> = Default::default();
-    for r in loaded.rows {
-        by_step.entry(r.step).or_default().push(r);
-    }
-    let recorded = by_step
-        .values()
-        .flat_map(|rows| rows.iter().map(|r| r.rank))
-        .max()
-        .map_or(0, |r| r + 1);
-    let mut meta = Meta::producer("gradtrace");
-    for (k, v) in &loaded.meta.0 {
-        if k != "gradkit.producer" && k.starts_with("gradkit.") {
-            meta.set(k, v);
-        }
-    }
+    let recorded = steps.ranks.last().map_or(0, |r| r + 1);
+    let mut meta = inherited(&steps.meta);
     meta.set("method", "expand")
         .set("world_size", a.ranks)
         .set("expanded_from", recorded)
         .set("seed", a.seed);
-    let pb = cli::progress("expand", by_step.len() as u64, a.quiet);
+    let pb = cli::progress("expand", steps.steps.len() as u64, a.quiet);
     let mut w = TableWriter::<TensorRow>::create(&out, &meta)?;
-    for (step, rows) in by_step {
-        let rows = gradkit_core::expand::expand_step(&rows, a.ranks, a.seed)
-            .with_context(|| format!("in {}", loaded.source))?;
+    let source = steps.source.clone();
+    for next in steps {
+        let (step, rows) = next?;
+        let rows = gradkit_core::expand::expand_step(rows, a.ranks, a.seed)
+            .with_context(|| format!("in {source}"))?;
         w.write_owned(rows)
             .with_context(|| format!("step {step}"))?;
         pb.inc(1);
@@ -361,6 +349,18 @@ fn expand(a: &ExpandArgs) -> Result<()> {
     w.finish()?;
     pb.finish_and_clear();
     Ok(())
+}
+
+/// gradtrace's metadata for a table made from one input: the input's parameters
+/// (`gradkit.*` but its producer) beside the new producer.
+fn inherited(input: &Meta) -> Meta {
+    let mut meta = Meta::producer("gradtrace");
+    for (k, v) in &input.0 {
+        if k != "gradkit.producer" && k.starts_with("gradkit.") {
+            meta.set(k, v);
+        }
+    }
+    meta
 }
 
 /// Writes each (step, rank) group of rows as it is generated, with a progress bar.
