@@ -35,8 +35,6 @@ if [ "$REUSE" = 0 ]; then
 else
   cd "$OUT" || { echo "error: REUSE=1: no $OUT from an earlier make repro-cluster" >&2; exit 1; }
 fi
-PY=$ROOT/.venv/bin/python
-[ -x "$PY" ] || PY=python3
 # Every sparse exchange of the headline, dense first (the target of time-to-loss).
 EXCH="dense topk topkdsa gtopk gaussiank oktopk deft"
 if [ "$FAST" != 0 ]; then

@@ -7,7 +7,6 @@
 source "$(dirname "$0")/lib.sh"
 OUT=$ROOT/data/out/deft-figs
 rm -rf "$OUT" && mkdir -p "$OUT" && cd "$OUT"
-PY=${GRADKIT_PYTHON:-$ROOT/.venv/bin/python}
 "$PY" -c 'import numpy, pandas, pyarrow' 2>/dev/null || { echo "error: $PY lacks numpy/pandas/pyarrow (make deps-py)" >&2; exit 1; }
 FIGS="$PY $ROOT/pipelines/sparse_figs.py"
 # run CMD…: as lib.sh's, but the echoed command is shell-quoted, so that the "Commands" list at

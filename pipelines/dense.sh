@@ -8,7 +8,6 @@
 source "$(dirname "$0")/lib.sh"
 OUT=$ROOT/data/out/dense
 rm -rf "$OUT" && mkdir -p "$OUT" && cd "$OUT"
-PY=${GRADKIT_PYTHON:-$ROOT/.venv/bin/python}
 if [ "$FAST" != 0 ]; then
   SIZE=1M; ITERS=2; REPS=${REPS:-2}
 else

@@ -15,8 +15,6 @@ OUT=$ROOT/data/out/embrace-fig7
 REUSE=${REUSE:-0}
 [ "$REUSE" = 0 ] && rm -rf "$OUT"
 mkdir -p "$OUT" && cd "$OUT"
-PY=${PYTHON:-$ROOT/.venv/bin/python}
-[ -x "$PY" ] || PY=python3
 if [ "$FAST" != 0 ]; then
   HOSTS=2; RATES="1gbit"; PS="2"; V=5000; D=32; REPS=1; STEPS=3; SKIP=1
 else

@@ -3,8 +3,6 @@
 source "$(dirname "$0")/lib.sh"
 OUT=$ROOT/data/out/embrace
 rm -rf "$OUT" && mkdir -p "$OUT" && cd "$OUT"
-PY=${PYTHON:-$ROOT/.venv/bin/python}
-[ -x "$PY" ] || PY=python3
 if [ "$FAST" != 0 ]; then
   V=3000; NTOK=30000; PS="2 4"; STEPS=2; MODEL="--d-model 16 --layers 1 --heads 2 --seq-len 16"; BATCH=4
   SWEEP_V=500; SWEEP_B="1 8"; EQ_STEPS=4

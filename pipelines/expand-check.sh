@@ -8,7 +8,6 @@
 # and on the expanded ones. Writes the docs/RESULTS.md section "expand-check".
 source "$(dirname "$0")/lib.sh"
 OUT=$ROOT/data/out/expand-check
-PY=${PYTHON:-$ROOT/.venv/bin/python}
 [ "$FAST" != 0 ] && OUT=$ROOT/data/out/expand-check-fast
 rm -rf "$OUT" && mkdir -p "$OUT" && cd "$OUT"
 if [ "$FAST" != 0 ]; then P=4; MODELS=mlp; else P=${P:-8}; MODELS=${MODELS:-"mlp cnn"}; fi

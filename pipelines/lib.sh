@@ -4,6 +4,10 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 B=${GRADKIT_BIN:-$ROOT/target/release}
 FAST=${FAST:-0}
+# The Python the pipelines' table scripts run with (pyarrow, numpy): the project's venv
+# (make deps-py), or GRADKIT_PYTHON / PYTHON; python3 where the venv is absent.
+PY=${GRADKIT_PYTHON:-${PYTHON:-$ROOT/.venv/bin/python}}
+[ -x "$PY" ] || command -v "$PY" > /dev/null || PY=python3
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 for t in gradtrace gradselect gradpartition gradallreduce gradtrain gradreport; do
   [ -x "$B/$t" ] || { echo "error: $B/$t is not built (run 'make build')" >&2; exit 1; }

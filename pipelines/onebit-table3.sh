@@ -11,7 +11,6 @@
 source "$(dirname "$0")/lib.sh"
 OUT=$ROOT/data/out/onebit-table3
 rm -rf "$OUT" && mkdir -p "$OUT" && cd "$OUT"
-PY=${GRADKIT_PYTHON:-$ROOT/.venv/bin/python}
 "$PY" -c 'import numpy, pandas, pyarrow' 2>/dev/null || { echo "error: $PY lacks numpy/pandas/pyarrow (make deps-py)" >&2; exit 1; }
 TAB="$PY $ROOT/pipelines/closed_loop.py"
 P=4; SEEDS="1 2 3"

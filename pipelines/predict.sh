@@ -9,9 +9,7 @@
 # PROFILE (a step's compute: docs/SIMULATE.md § Whole steps) the whole step and its speedup
 # over Dense and DenseOvlp; each row with the validated error bar nearest it. Prints a
 # Markdown table (and OUT/predict.md).
-set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-B=${GRADKIT_BIN:-$ROOT/target/release}
+source "$(dirname "$0")/lib.sh"
 : "${TRACE:?give TRACE=a recording (tensor/1, dense rows of a few ranks)}"
 [ -r "$TRACE" ] || { echo "error: TRACE=$TRACE: no such file" >&2; exit 1; }
 P=${P:-"64 256"}

@@ -12,7 +12,6 @@
 source "$(dirname "$0")/lib.sh"
 OUT=$ROOT/data/out/scale-sizes
 [ "$FAST" != 0 ] && OUT=$ROOT/data/out/scale-sizes-fast
-PY=$ROOT/.venv/bin/python
 REUSE=${REUSE:-0}
 [ "$REUSE" = 0 ] && rm -rf "$OUT"
 mkdir -p "$OUT" && cd "$OUT"
