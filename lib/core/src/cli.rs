@@ -199,6 +199,8 @@ pub fn run(body: impl FnOnce() -> Result<()>) -> ExitCode {
     install_panic_hook();
     tune_allocator();
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
+    // A signal's cleanup ends the process itself (128 + the signal), whatever the body saw.
+    crate::paths::await_signal_exit();
     let mpi = launcher().copied();
     let finalize = || {
         if let Some(l) = mpi {

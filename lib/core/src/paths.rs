@@ -553,6 +553,21 @@ fn link_unnamed(_file: &std::fs::File, _to: &Path) -> std::io::Result<()> {
 /// Call it first thing in `main`; failing to install is not fatal (the outputs stay atomic,
 /// only the clean-up is lost). It also ignores SIGXFSZ, so a write past `ulimit -f` fails
 /// with EFBIG, reported and cleaned up after like a full disk, instead of killing the process.
+/// The signal being handled by [`install_signal_cleanup`]'s thread (0: none).
+static SIGNALLED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Where a signal is being handled, waits for the cleanup thread to end the process with
+/// 128 + the signal (it removes the temporary files and directories, then exits); returns at
+/// once otherwise. The tools' exit path calls it, so that an error caused by the cleanup
+/// itself (a child it killed) never ends the process first, with another code and files left.
+pub fn await_signal_exit() {
+    if SIGNALLED.load(std::sync::atomic::Ordering::SeqCst) != 0 {
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
 pub fn install_signal_cleanup() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -568,6 +583,10 @@ pub fn install_signal_cleanup() {
                 .name("gradkit-signals".into())
                 .spawn(move || {
                     if let Some(sig) = signals.forever().next() {
+                        // From here the exit is this thread's: a main thread that sees a
+                        // child die of the cleanup below must not exit first with its own
+                        // error ([`await_signal_exit`]).
+                        SIGNALLED.store(sig, std::sync::atomic::Ordering::SeqCst);
                         // Holding the lock keeps a writer from registering a new temporary
                         // file between the removal and the exit.
                         let mut t = temps();
