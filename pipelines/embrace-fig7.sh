@@ -10,11 +10,7 @@
 # data/out/embrace-fig7/ (FAST=1: data/out/embrace-fig7-fast/; 2 hosts, one rate, V = 5000).
 # REUSE=1: keep the runs in the output folder and rewrite the tables, figures and section.
 source "$(dirname "$0")/lib.sh"
-OUT=$ROOT/data/out/embrace-fig7
-[ "$FAST" != 0 ] && OUT=$ROOT/data/out/embrace-fig7-fast
-REUSE=${REUSE:-0}
-[ "$REUSE" = 0 ] && rm -rf "$OUT"
-mkdir -p "$OUT" && cd "$OUT"
+out_dir embrace-fig7
 if [ "$FAST" != 0 ]; then
   HOSTS=2; RATES="1gbit"; PS="2"; V=5000; D=32; REPS=1; STEPS=3; SKIP=1
 else

@@ -13,6 +13,16 @@ for t in gradtrace gradselect gradpartition gradallreduce gradtrain gradreport; 
   [ -x "$B/$t" ] || { echo "error: $B/$t is not built (run 'make build')" >&2; exit 1; }
 done
 
+# out_dir NAME: OUT = data/out/NAME (NAME-fast under FAST=1), emptied first unless REUSE=1
+# (which keeps the files of the last run), and made the working directory.
+out_dir() {
+  OUT=$ROOT/data/out/$1
+  if [ "$FAST" != 0 ]; then OUT=$OUT-fast; fi
+  REUSE=${REUSE:-0}
+  if [ "$REUSE" = 0 ]; then rm -rf "$OUT"; fi
+  mkdir -p "$OUT" && cd "$OUT"
+}
+
 # run CMD…: print the command (as a user would type it) to stderr, then run it.
 run() {
   printf '+ %s\n' "$*" | sed "s#$B/##g" >&2

@@ -16,12 +16,8 @@
 # PARTS="deft onebit …" picks parts; REUSE=1 keeps recordings and replays already in $OUT and
 # only rewrites the sections; FAST=1: small P, a quick check of the pipeline.
 source "$(dirname "$0")/lib.sh"
-OUT=$ROOT/data/out/scale-papers
-[ "$FAST" != 0 ] && OUT=$ROOT/data/out/scale-papers-fast
-REUSE=${REUSE:-0}
 PARTS=${PARTS:-"deft onebit embrace weak"}
-[ "$REUSE" = 0 ] && rm -rf "$OUT"
-mkdir -p "$OUT" && cd "$OUT"
+out_dir scale-papers
 TABLES=("$ROOT/pipelines/scale_papers.py")
 if [ "$FAST" != 0 ]; then
   DEFT_PS="4"; ONEBIT_PS="8"; EMB_PS="4"; WEAK_PS="8 16"

@@ -10,11 +10,7 @@
 # scaled (what the replay did before the column: its fixed bytes set to 0 in a copy).
 # Writes the docs/RESULTS.md section "sim-scale-sizes". REUSE=1 keeps the replays already made.
 source "$(dirname "$0")/lib.sh"
-OUT=$ROOT/data/out/scale-sizes
-[ "$FAST" != 0 ] && OUT=$ROOT/data/out/scale-sizes-fast
-REUSE=${REUSE:-0}
-[ "$REUSE" = 0 ] && rm -rf "$OUT"
-mkdir -p "$OUT" && cd "$OUT"
+out_dir scale-sizes
 ALGOS=ring,topka,topkdsa,gtopk,gaussiank,oktopk,deft,onebit
 if [ "$FAST" != 0 ]; then PS="16"; else PS=${PS:-"64 256"}; fi
 SMALL=81920  # bytes of f32 per rank: 20,480 elements

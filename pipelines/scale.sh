@@ -9,11 +9,7 @@
 # world sizes; REUSE=1 keeps the recordings and replays already in data/out/scale and only
 # rewrites the section.
 source "$(dirname "$0")/lib.sh"
-OUT=$ROOT/data/out/scale
-[ "$FAST" != 0 ] && OUT=$ROOT/data/out/scale-fast
-REUSE=${REUSE:-0}
-[ "$REUSE" = 0 ] && rm -rf "$OUT"
-mkdir -p "$OUT" && cd "$OUT"
+out_dir scale
 ALGOS=ring,topka,topkdsa,gtopk,gaussiank,oktopk
 if [ "$FAST" != 0 ]; then PS="16"; else PS=${PS:-"16 32 64"}; fi
 SIZE=1M                   # bytes of f32 gradient per rank recorded
