@@ -9,18 +9,23 @@
       state, fn = gradkit.torch.hook("oktopk", density=0.01, model=model, metrics="run/m.parquet")
       ddp.register_comm_hook(state, fn)
 
+- `step_profile(model, forward, optimizer, path)`: one rank's training step measured layer by
+  layer, written as the profile `gradreport simulate --step-profile` and `make predict` read.
+
 The reducers are the Rust ones `gradallreduce` runs (`gradkit.Reducer`); nothing here
 implements an algorithm."""
 
 import collections
 import os
+import statistics
+import time
 import warnings
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import native
+from . import _tempfiles, native
 from .native import reads  # noqa: F401  (gradkit.torch.reads(algo, option))
 from .recorder import Recorder, strip_wrappers
 
@@ -396,3 +401,83 @@ class OnebitLamb(_Onebit):
     `factor_min`, `factor_threshold`)."""
 
     METHOD = "onebit-lamb"
+
+
+def step_profile(model, forward, optimizer=None, path=None, *, steps=5, warmup=2):
+    """Measures `model`'s training step on this rank alone, without communication, as the
+    step profile of `gradreport simulate --step-profile` (docs/SIMULATE.md § Whole steps): rows
+    `(name, numel, ms)`, a row `forward`, one row per parameter in the order its gradient
+    became ready in the backward pass (the order DDP fills its buckets in), with the backward
+    time since the one before it, and a row `optimizer`.
+
+    `forward()` runs one forward pass on a batch and returns the loss; `optimizer.step()` and
+    `zero_grad()` are timed as the step's end (`None`: no optimizer row's time). Each time is
+    the median over `steps` steps after `warmup` unmeasured ones (the parameters are updated:
+    profile a copy, or before training). A CUDA model is synchronised at each mark. With
+    `path`, the rows are written there as CSV (complete or not at all). Returns the rows."""
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"step_profile: steps must be >= 1 and warmup >= 0 (got {steps}, {warmup})")
+    params = [(strip_wrappers(n), p) for n, p in model.named_parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("step_profile: the model has no parameter that requires a gradient")
+    cuda = any(p.is_cuda for _, p in params)
+
+    def now():
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    marks = {}
+
+    def mark(i):
+        def hook(_param):  # must return None
+            marks.setdefault(i, now())
+        return hook
+
+    hooks = [p.register_post_accumulate_grad_hook(mark(i)) for i, (_, p) in enumerate(params)]
+    samples = []
+    try:
+        for s in range(warmup + steps):
+            marks.clear()
+            t0 = now()
+            loss = forward()
+            t1 = now()
+            loss.backward()
+            t2 = now()
+            if optimizer is not None:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            else:
+                model.zero_grad(set_to_none=True)
+            t3 = now()
+            if len(marks) != len(params):
+                missing = [params[i][0] for i in range(len(params)) if i not in marks]
+                raise ValueError(f"step_profile: no gradient for {', '.join(missing[:5])}: "
+                                 "forward() must use every parameter that requires a gradient")
+            if s >= warmup:
+                samples.append((t0, t1, t2, t3, dict(marks)))
+    finally:
+        for h in hooks:
+            h.remove()
+    # The ready order of the first measured step; each layer's time since the one before.
+    order = sorted(samples[0][4], key=lambda i: samples[0][4][i])
+    med = lambda xs: statistics.median(xs) * 1e3  # noqa: E731
+    rows = [("forward", 0, med([t1 - t0 for t0, t1, _, _, _ in samples]))]
+    for j, i in enumerate(order):
+        prev = (lambda smp: smp[1]) if j == 0 else (lambda smp, k=order[j - 1]: smp[4][k])
+        # The last layer also takes what the backward pass did after its gradient was ready.
+        end = (lambda smp: max(smp[2], smp[4][i])) if j == len(order) - 1 else (lambda smp: smp[4][i])
+        rows.append((params[i][0], params[i][1].numel(), med([max(end(smp) - prev(smp), 0.0) for smp in samples])))
+    rows.append(("optimizer", 0, med([t3 - t2 for _, _, t2, t3, _ in samples]) if optimizer is not None else 0.0))
+    if path is not None:
+        tmp = _tempfiles.create(path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write("name,numel,ms\n")
+                for name, numel, ms in rows:
+                    f.write(f"{name},{numel},{ms:.6f}\n")
+            _tempfiles.commit(tmp, path)
+        except BaseException:
+            _tempfiles.discard(tmp)
+            raise
+    return rows

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 from collections import OrderedDict
 
@@ -74,6 +75,90 @@ class TorchTest(unittest.TestCase):
             got = t.tensors(0, rank=rank)
             for n, p in net.named_parameters():
                 np.testing.assert_allclose(got[n], p.grad.numpy(), rtol=1e-6, atol=1e-7)
+
+
+@unittest.skipUnless(have_torch(), "PyTorch is not installed")
+class StepProfile(unittest.TestCase):
+    """gradkit.torch.step_profile against delays put into the step by the test: a forward that
+    sleeps, a backward that sleeps between fc2's gradients and fc1's, an optimizer that sleeps.
+    Each lands in its own row; the rows are the model's parameters in backward order."""
+
+    FWD, BWD, OPT = 0.05, 0.2, 0.05  # seconds: well above what a busy machine adds to a tiny step
+
+    def test_delays_land_in_their_rows_in_backward_order(self):
+        import torch
+        from torch import nn
+
+        from gradkit.torch import step_profile
+
+        bwd_delay = self.BWD
+
+        class SlowBackward(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.view_as(x)
+
+            @staticmethod
+            def backward(ctx, g):
+                time.sleep(bwd_delay)
+                return g
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 4)
+
+            def forward(self, x):
+                return self.fc2(SlowBackward.apply(torch.relu(self.fc1(x))))
+
+        torch.manual_seed(0)
+        model, x, y = Net(), torch.randn(8, 16), torch.randn(8, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        real_step = opt.step
+
+        def slow_step(*a, **k):
+            time.sleep(self.OPT)
+            return real_step(*a, **k)
+
+        opt.step = slow_step
+
+        def forward():
+            time.sleep(self.FWD)
+            return nn.functional.mse_loss(model(x), y)
+
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "step.csv")
+            rows = step_profile(model, forward, opt, path, steps=3, warmup=1)
+            with open(path) as f:
+                lines = f.read().splitlines()
+        self.assertEqual(lines[0], "name,numel,ms")
+        self.assertEqual([ln.split(",")[0] for ln in lines[1:]], [r[0] for r in rows])
+        names = [r[0] for r in rows]
+        self.assertEqual((names[0], names[-1]), ("forward", "optimizer"))
+        sizes = {n: p.numel() for n, p in model.named_parameters()}
+        self.assertEqual({r[0]: r[1] for r in rows[1:-1]}, sizes)
+        # Backward order: fc2's gradients are ready before fc1's.
+        layers = names[1:-1]
+        self.assertLess(max(layers.index("fc2.weight"), layers.index("fc2.bias")),
+                        min(layers.index("fc1.weight"), layers.index("fc1.bias")))
+        ms = {r[0]: r[2] for r in rows}
+        self.assertGreaterEqual(ms["forward"], self.FWD * 1e3)
+        self.assertGreaterEqual(ms["optimizer"], self.OPT * 1e3)
+        # The sleep between fc2's and fc1's gradients is in fc1's first row, not in fc2's.
+        first_fc1 = min(("fc1.weight", "fc1.bias"), key=layers.index)
+        self.assertGreaterEqual(ms[first_fc1], self.BWD * 1e3)
+        self.assertLess(ms["fc2.weight"] + ms["fc2.bias"], self.BWD * 1e3)
+
+    def test_a_parameter_without_a_gradient_is_named(self):
+        import torch
+        from torch import nn
+
+        from gradkit.torch import step_profile
+
+        model = nn.ModuleDict({"used": nn.Linear(4, 2), "unused": nn.Linear(4, 2)})
+        x = torch.randn(3, 4)
+        with self.assertRaisesRegex(ValueError, "no gradient for unused.weight"):
+            step_profile(model, lambda: model["used"](x).sum(), None, steps=1, warmup=0)
 
 
 if __name__ == "__main__":
