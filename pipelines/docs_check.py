@@ -669,6 +669,14 @@ def inv_validated_constants():
     rows, errs = sim_validation_rows(), []
     if not consts:
         return ["lib/report/src/validated.rs: no ErrorBar constants"]
+    listed = re.search(r"pub const VALIDATED_ALGOS: &\[&str\] = &\[(.*?)\];", src, re.S)
+    table_algos = sorted({r[2] for r in rows})
+    names = sorted(re.findall(r'"([^"]+)"', listed.group(1))) if listed else None
+    if names is None:
+        errs.append("lib/report/src/validated.rs: no VALIDATED_ALGOS list")
+    elif names != table_algos:
+        errs.append(f"lib/report/src/validated.rs: VALIDATED_ALGOS lists {names}; "
+                    f"the validation table in {RESULTS} has rows for {table_algos}")
     for rate, fam, n, med, worst in consts:
         g = [errbar.factor(r[3]) for r in rows if r[0] == rate and errbar.family(r[2]) == fam]
         want = (len(g), f"{statistics.median(g):.2f}", f"{max(g):.2f}") if g else (0, "-", "-")

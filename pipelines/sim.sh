@@ -8,8 +8,8 @@
 #      processes sharing the 2 cores) and SMPI's piecewise bandwidth factors per size
 #      (pipelines/sim_tables.py fit);
 #   2. validation: every algorithm bench runs (ring, rabenseifner, topka, topkdsa, gtopk,
-#      gaussiank, oktopk, onebit; deft on dense input) and EmbRace's AlltoAlls (gradtrain)
-#      at P = 2, 4 and 8, recorded and replayed with the fitted factors, the per-message
+#      gaussiank, oktopk, onebit; deft, cltk and topk-union on dense input) and EmbRace's
+#      AlltoAlls and its AllGather baseline (gradtrain) at P = 2, 4 and 8, recorded and replayed with the fitted factors, the per-message
 #      overhead as SMPI's send/receive overheads, and the recorded compute;
 #   3. the table simulated vs measured vs α-β (docs/RESULTS.md section "sim-validation").
 # Steps 1–2 run REPEATS times (default 3), interleaved: repeat r of both rates before repeat
@@ -35,7 +35,8 @@ else
   # calls' messages (tens of KiB) fall between 4-fold sizes where the token bucket's burst
   # makes the factor change fastest (docs/SIMULATE.md, "Calibration").
   HOSTS=8; RATES="100mbit 1gbit"; PS="2 4 8"; CAL_SIZES=4:64M; CAL_FACTOR=2; CAL_ITERS=5; ITERS=9; SIZE=4M
-  DENSE="ring,rabenseifner,onebit"; SPARSE="topka,topkdsa,gtopk,gaussiank,oktopk"; DEFT="deft"
+  DENSE="ring,rabenseifner,onebit"; SPARSE="topka,topkdsa,gtopk,gaussiank,oktopk"
+  DEFT="deft,cltk,topk-union"  # these select for themselves: dense input
 fi
 QUIET_TRIES=12; [ "$FAST" != 0 ] && QUIET_TRIES=0
 # tbf's burst: 1 ms of the rate (at least 16 KiB) instead of the cluster's default 2 ms / 64 KiB.
@@ -90,12 +91,16 @@ on_cluster() {
         --warmup 1 --iters $ITERS --density 0.01 --format csv \
         --comm-trace deft-$RATE-p$p.parquet > deft-$RATE-p$p.csv
     fi
-    # EmbRace's AlltoAlls in gradtrain (transformer-lm, an embedding of 4096 × 64).
+    # EmbRace's AlltoAlls in gradtrain (transformer-lm, an embedding of 4096 × 64), and its
+    # AllGather baseline (the embedding's sparse rows allgathered) on the same model.
     [ "$FAST" != 0 ] && continue
-    launch $p $B/gradtrain --model transformer-lm --data synthetic-lm --vocab 4096 --tokens 40000 \
-      --d-model 64 --layers 1 --heads 4 --seq-len 32 --batch 13 --steps $EMB_STEPS \
-      --optimizer sgd --lr 0.05 --exchange embrace --schedule fifo -q \
-      --comm-trace $PWD/emb-$RATE-p$p.parquet
+    local ex
+    for ex in "emb embrace --schedule fifo" "embag allgather"; do
+      set -- $ex
+      launch $p $B/gradtrain --model transformer-lm --data synthetic-lm --vocab 4096 --tokens 40000 \
+        --d-model 64 --layers 1 --heads 4 --seq-len 32 --batch 13 --steps $EMB_STEPS \
+        --optimizer sgd --lr 0.05 --exchange "${@:2}" -q --comm-trace $PWD/$1-$RATE-p$p.parquet
+    done
   done
 }
 
@@ -114,10 +119,10 @@ replays() {
     python3 "$ROOT/pipelines/sim_tables.py" fit calsim-$RATE-p2.csv 2 "${small[@]}" > fit-$RATE-p$p.env
     python3 "$ROOT/pipelines/sim_tables.py" fit calsim-$RATE-p2.csv 2 "${small[@]}" --fastest \
       > fitfast-$RATE-p$p.env
-    for kind in val deft emb; do
+    for kind in val deft emb embag; do
       [ -f $kind-$RATE-p$p.parquet ] || continue
       local phases=(--no-phases)
-      [ $kind = emb ] && phases=()
+      [[ $kind == emb* ]] && phases=()
       for env in fit fitfast; do
         source $env-$RATE-p$p.env  # LATENCY (α/2), OVERHEAD_S (α/2) and BW_FACTOR
         out=sim; [ $env = fitfast ] && out=simfast
@@ -166,7 +171,8 @@ cd "$OUT"
   echo "of the call on its slowest rank (as bench times it, every call between two barriers), its calibrated replay (fitted α and"
   echo "bandwidth factors, the recorded compute), the bare replay (fitted α, factors 1) and the α-β"
   echo "model on the recorded messages with the fitted α. EmbRace: its two AlltoAlls (lookup and"
-  echo "gradient phases) in $ITERS gradtrain steps (transformer-lm, 4096 × 64 embedding, batch 13 × 32)."
+  echo "gradient phases) in $ITERS gradtrain steps (transformer-lm, 4096 × 64 embedding, batch 13 × 32);"
+  echo "AllGather: the same model's embedding rows allgathered (gradtrain --exchange allgather)."
   echo "The cells are the median (min–max) over the repeats where these differ; every ratio is"
   echo "taken within its repeat first."
   echo "1-minute load when each measurement started (it waits up to a minute for < 1.5): median"

@@ -67,22 +67,26 @@ def excess(calsim, p, stat=2):
     return sorted(pts)
 
 
-EMB_PHASES = ("alltoall_forward", "alltoall")
+# gradtrain's embedding exchanges: kind → (its phases, the row's label).
+EMB_PHASES = {"emb": (("alltoall_forward", "alltoall"), "embrace alltoall"),
+              "embag": (("allgather_sparse",), "allgather embedding")}
 
 
-def emb_times(path):
-    """EmbRace's two AlltoAlls (lookup and gradient) in gradtrain's recorded steps after the
-    first: label → median simulated, α-β, recorded seconds over the steps, fastest recorded."""
+def emb_times(path, kind="emb"):
+    """The embedding's exchange in gradtrain's recorded steps after the first (EmbRace's two
+    AlltoAlls, lookup and gradient; AllGather's allgather of the sparse rows): label → median
+    simulated, α-β, recorded seconds over the steps, fastest recorded."""
+    phases, label = EMB_PHASES[kind]
     by = {}
     for r in rows(path):
-        if r["phase"] in EMB_PHASES and r["step"] != "0" and r["simulated_ms"] != "-":
+        if r["phase"] in phases and r["step"] != "0" and r["simulated_ms"] != "-":
             x = by.setdefault(r["step"], [0.0, 0.0, 0.0])
             for i, c in enumerate(("simulated_ms", "alpha_beta_ms", "recorded_ms")):
                 x[i] += float(r[c]) * 1e-3
     if not by:
         return {}
     v = list(by.values())
-    return {"embrace alltoall": tuple(statistics.median(x[i] for x in v) for i in range(3))
+    return {label: tuple(statistics.median(x[i] for x in v) for i in range(3))
             + (min(x[2] for x in v),)}
 
 
@@ -118,7 +122,7 @@ def fit(calsim, p, small=None, psmall=None, stat=2):
 def row_values(d, rate, p, kind):
     """One repeat's rows of KIND at (RATE, P), from the files in D: label → (measured,
     fastest measured, simulated, bare, α-β, fastest-fit simulated), seconds."""
-    times = emb_times if kind == "emb" else sim_times
+    times = (lambda path: emb_times(path, kind)) if kind in EMB_PHASES else sim_times
     try:
         sim = times(f"{d}/sim-{kind}-{rate}-p{p}.csv")
         bare = times(f"{d}/bare-{kind}-{rate}-p{p}.csv")
@@ -150,7 +154,7 @@ def table(rates, ps, dirs=(".",)):
     measured = {}  # (rate, P, algorithm) → the measured seconds of each repeat
     for rate in rates.split():
         for p in ps.split():
-            for kind in ("val", "deft", "emb"):
+            for kind in ("val", "deft", "emb", "embag"):
                 reps = [row_values(d, rate, p, kind) for d in dirs]
                 for label in reps[0]:
                     v = [r[label] for r in reps if label in r]
@@ -158,10 +162,12 @@ def table(rates, ps, dirs=(".",)):
                     sm = [a / b for a, b in zip(s, t)]
                     abm = [a / b for a, b in zip(ab, t)]
                     ff = [a / b for a, b in zip(sf, tmin)]
-                    errs_sim.append(med(sm))
-                    errs_fast.append(med(ff))
-                    errs_ab.append(med(abm))
-                    kinds.append((rate, p, label.split()[0], med(sm)))
+                    # The summary judges the ratios as the table prints them (2 decimals), so
+                    # that the docs check can recompute it from the table.
+                    errs_sim.append(round(med(sm), 2))
+                    errs_fast.append(round(med(ff), 2))
+                    errs_ab.append(round(med(abm), 2))
+                    kinds.append((rate, p, label.split()[0], round(med(sm), 2)))
                     measured[(rate, p, label.split()[0])] = t
                     print(f"| {rate} | {p} | {label} | {ms(t)} | {med(tmin) * 1e3:.3f} | {ms(s)} | {rt(sm)} | "
                           f"{med(bare) * 1e3:.3f} | {med(ab) * 1e3:.3f} | {rt(abm)} | {med(sf) * 1e3:.3f} | {rt(ff)} |")

@@ -901,7 +901,7 @@ fn error_bar_note(platform: &crate::simgrid::Platform, algo: &str, scale: f64, r
         e.worst,
         e.rows
     );
-    let out = crate::validated::outside(platform, scale, ranks);
+    let out = crate::validated::outside(platform, algo, scale, ranks);
     if !out.is_empty() {
         gradkit_core::noteln!(
             "warning: this replay lies outside what was validated ({}): the error bar above was not measured here",
