@@ -144,6 +144,11 @@ impl Knob {
 /// The α-β formula of an algorithm: (P, n elements, k selected) → cost per rank.
 pub type CostFn = fn(usize, f64, f64) -> Cost;
 
+/// An algorithm's formula split by the phases its reducer records (`comm.phase`), in the
+/// order they run: (P, n, k) → (phase, cost) pairs. A phase the reducer records and the list
+/// leaves out is traffic the paper's formula does not count (Ok-Topk's threshold control).
+pub type PhasesFn = fn(usize, f64, f64) -> Vec<(&'static str, Cost)>;
+
 /// One algorithm, declared by its module (see the module docs).
 pub struct Descriptor {
     /// The `--algo` name.
@@ -168,6 +173,10 @@ pub struct Descriptor {
     /// Its best and worst case where its paper gives an interval (two rows of Ok-Topk's
     /// Table 1), or `None`: `gradallreduce model` prints both.
     pub bounds: Option<(CostFn, CostFn)>,
+    /// [`Descriptor::cost`] split by recorded phase, where the paper's formula is a sum of
+    /// its phases' (`gradreport simulate --model-n` compares each phase's replay with its
+    /// share), or `None`.
+    pub phases: Option<PhasesFn>,
     /// How gradtrain runs it as an `--exchange`, or `None` where gradtrain does not.
     pub exchange: Option<AsExchange>,
     /// The reducer, with the options of `params` it reads.
@@ -206,6 +215,7 @@ impl Descriptor {
             plan: None,
             cost: None,
             bounds: None,
+            phases: None,
             exchange: None,
             make,
         }
@@ -260,6 +270,11 @@ impl Algo {
         self.0
             .bounds
             .map(|(best, worst)| (best(p, n, k), worst(p, n, k)))
+    }
+
+    /// Its formula by recorded phase ([`Descriptor::phases`]), `None` where it has none.
+    pub fn phase_costs(self, p: usize, n: f64, k: f64) -> Option<Vec<(&'static str, Cost)>> {
+        self.0.phases.map(|f| f(p, n, k))
     }
 
     /// [`Algo::cost`] for an `--algo` name (as metrics/1 files record it); `None` for a name

@@ -601,8 +601,19 @@ const fn dense_algo(
     }
 }
 
+/// The ring's formula by phase: a reduce-scatter and an allgather, each P − 1 messages of
+/// n/P words.
+fn ring_phases(p: usize, n: f64) -> Vec<(&'static str, gradkit_cost::Cost)> {
+    let half = gradkit_cost::Cost {
+        latency: p as f64 - 1.0,
+        words: n * (p as f64 - 1.0) / p as f64,
+    };
+    vec![("reduce_scatter", half), ("allgather", half)]
+}
+
 /// `--algo ring`.
 pub const RING: Descriptor = Descriptor {
+    phases: Some(|p, n, _| ring_phases(p, n)),
     exchange: Some(crate::algo::AsExchange {
         help: "ring allreduce of the gradients, mean",
         aliases: &["dense"],
@@ -618,13 +629,16 @@ pub const RING: Descriptor = Descriptor {
 
 /// `--algo ring-fp16` (`ring --wire fp16`); its formula counts half-size words: the same
 /// messages carry 2-byte values.
-pub const RING_FP16: Descriptor = dense_algo(
-    "ring-fp16",
-    "the ring with an fp16 wire format (half the bytes; sums rounded to fp16)",
-    &[Knob::Op, Knob::Wire],
-    |p, n, _| gradkit_cost::ring(p, n / 2.0),
-    |params| Ok(Box::new(DenseReducer::new("ring-fp16", params.op)?)),
-);
+pub const RING_FP16: Descriptor = Descriptor {
+    phases: Some(|p, n, _| ring_phases(p, n / 2.0)),
+    ..dense_algo(
+        "ring-fp16",
+        "the ring with an fp16 wire format (half the bytes; sums rounded to fp16)",
+        &[Knob::Op, Knob::Wire],
+        |p, n, _| gradkit_cost::ring(p, n / 2.0),
+        |params| Ok(Box::new(DenseReducer::new("ring-fp16", params.op)?)),
+    )
+};
 
 /// `--algo rabenseifner`.
 pub const RABENSEIFNER: Descriptor = dense_algo(

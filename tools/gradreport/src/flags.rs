@@ -94,6 +94,15 @@ pub struct SimulateArgs {
     /// pass) on the same links
     #[arg(long, value_name = "CSV")]
     pub step_profile: Option<PathBuf>,
+    /// The model's size n in elements (after any --scale-bytes; SI's decimal multiples, 110M,
+    /// or binary ones, 16Mi): adds the papers' idealised formula per step and phase
+    /// (`gradallreduce model`'s, on these links and ranks) beside the replay, and says why a
+    /// line is more than 1.5× from it (latency terms, bytes, imbalance, control, network)
+    #[arg(long, value_name = "N")]
+    pub model_n: Option<String>,
+    /// Density k/n of the formula's model (with --model-n)
+    #[arg(long, value_name = "D", requires = "model_n", default_value_t = gradkit_core::keep::DEFAULT_DENSITY)]
+    pub density: f64,
 }
 
 impl SimulateArgs {
@@ -124,6 +133,9 @@ impl SimulateArgs {
                 "--scale-bytes must be a number > 0, got {} (flag --scale-bytes)",
                 self.scale_bytes
             );
+        }
+        if let Err(e) = gradkit_core::keep::Keep::density(self.density) {
+            bail!("{e} (flag --density)");
         }
         check_piecewise(&self.bw_factor, "--bw-factor", false)?;
         check_piecewise(&self.lat_factor, "--lat-factor", false)?;
@@ -200,6 +212,14 @@ impl SimulateArgs {
             format: self.format,
             baseline: self.baseline.clone(),
             step_profile: self.step_profile.clone(),
+            ideal: match &self.model_n {
+                Some(n) => match gradkit_core::budget::parse_count(n) {
+                    Ok(0) => bail!("--model-n must be at least 1 element (flag --model-n)"),
+                    Ok(v) => Some((v, self.density)),
+                    Err(e) => bail!("--model-n: {e} (flag --model-n)"),
+                },
+                None => None,
+            },
         })
     }
 }

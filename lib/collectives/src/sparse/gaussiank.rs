@@ -35,6 +35,7 @@ pub const DESCRIPTOR: crate::algo::Descriptor = {
         reads: &[Knob::Op],
         dense_input_only: false,
         cost: Some(|p, _, k| cost(p, k)),
+        phases: Some(|p, _, k| vec![("allgatherv", cost(p, k))]),
         exchange: crate::algo::AsExchange::new("Gaussian-threshold selection, TopkA communication"),
         ..Descriptor::base(|params| Ok(Box::new(GaussianK::new(params)?)))
     }

@@ -87,6 +87,14 @@ pub const DESCRIPTOR: crate::algo::Descriptor = {
         reads: &[Knob::Op],
         dense_input_only: false,
         cost: Some(|p, _, k| cost(p, k)),
+        // Table 1's two trees, half of the formula each.
+        phases: Some(|p, _, k| {
+            let half = Cost {
+                latency: log2p(p),
+                words: 2.0 * k * log2p(p),
+            };
+            vec![("reduce_tree", half), ("broadcast", half)]
+        }),
         exchange: crate::algo::AsExchange::new("gTop-k reduction tree keeping top-k per level"),
         ..Descriptor::base(|params| Ok(Box::new(GTopk::new(params)?)))
     }

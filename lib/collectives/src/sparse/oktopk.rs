@@ -456,6 +456,30 @@ pub fn cost_worst(p: usize, k: f64) -> Cost {
     }
 }
 
+/// Ok-Topk's formula by phase (§3.1): `split_and_reduce` Eq. 1, (P−1)α + 2k(P−1)/P·β with
+/// balanced regions, and `balance_and_allgatherv` Eq. 2's bound, (P + 2 log P)α +
+/// 4k(P−1)/P·β. The threshold's control (`th_adjust`, `th_re_evaluate`) and the regions'
+/// repartition are not in Table 1.
+pub fn phase_costs(p: usize, k: f64) -> Vec<(&'static str, Cost)> {
+    let share = k * (pf(p) - 1.0) / pf(p);
+    vec![
+        (
+            "split_and_reduce",
+            Cost {
+                latency: pf(p) - 1.0,
+                words: 2.0 * share,
+            },
+        ),
+        (
+            "balance_and_allgatherv",
+            Cost {
+                latency: pf(p) + 2.0 * log2p(p),
+                words: 4.0 * share,
+            },
+        ),
+    ]
+}
+
 /// `--algo oktopk`.
 /// The formula is the worst case with balanced regions; `bounds` gives both ends.
 pub const DESCRIPTOR: crate::algo::Descriptor = {
@@ -478,6 +502,7 @@ pub const DESCRIPTOR: crate::algo::Descriptor = {
         plan: Some(crate::plan::PlanKind::Oktopk),
         cost: Some(|p, _, k| cost_worst(p, k)),
         bounds: Some((|p, _, k| cost_best(p, k), |p, _, k| cost_worst(p, k))),
+        phases: Some(|p, _, k| phase_costs(p, k)),
         exchange: crate::algo::AsExchange::new(
             "Ok-Topk: split_and_reduce + balance_and_allgatherv (Algorithm 2)",
         ),

@@ -40,6 +40,7 @@ pub const DESCRIPTOR: crate::algo::Descriptor = {
         reads: &[Knob::Op],
         dense_input_only: false,
         cost: Some(|p, _, k| cost(p, k)),
+        phases: Some(|p, _, k| vec![("allgatherv", cost(p, k))]),
         exchange: Some(crate::algo::AsExchange {
             help: "local top-k of residual+gradient, allgatherv (TopkA)",
             aliases: &["topk"],

@@ -624,3 +624,116 @@ fn a_replay_far_from_the_alpha_beta_model_says_why() {
     let line = line.unwrap_or_else(|| panic!("no why line for the alltoall: {err}"));
     assert!(line.contains("up to 3 messages posted together"), "{line}");
 }
+
+/// `--model-n`: the formula column is the papers' formula on the replay's links (α = 2 ×
+/// the link latency host to host, β per byte), written here; a line far from it says why.
+#[test]
+fn the_formula_column_is_the_papers_and_far_lines_say_why() {
+    smpirun_here();
+    let d = gradkit_testkit::tempdir("gradreport-simulate-formula");
+    let (p, n) = (4usize, 1usize << 16);
+    let k = (0.01 * n as f64).floor();
+    let (alpha, beta) = (20e-6, 8e-9); // 2 × 10 µs; 1 Gbit/s in bytes
+    let cols = |rec: &Path| -> (Vec<Vec<String>>, String) {
+        let (code, out, err) = simulate(&[
+            rec.to_str().unwrap(),
+            "--link-rate",
+            "1Gbps",
+            "--latency",
+            "10us",
+            "--compute",
+            "none",
+            "--format",
+            "csv",
+            "--model-n",
+            &n.to_string(),
+            "--density",
+            "0.01",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        let mut lines = out.lines();
+        let head = lines.next().unwrap();
+        assert!(head.ends_with(",formula_ms,sim/formula"), "{head}");
+        (
+            lines
+                .map(|l| l.split(',').map(str::to_string).collect())
+                .collect(),
+            err,
+        )
+    };
+    let formula = |rows: &[Vec<String>], phase: &str| -> f64 {
+        let r = rows.iter().find(|r| r[0] == "0" && r[2] == phase);
+        r.unwrap_or_else(|| panic!("no {phase} row in {rows:?}"))[7]
+            .parse()
+            .unwrap()
+    };
+    let near = |got: f64, want_s: f64, what: &str| {
+        assert!(
+            (got - want_s * 1e3).abs() <= 1e-3 * want_s * 1e3,
+            "{what}: {got} ms, the formula {} ms",
+            want_s * 1e3
+        );
+    };
+    // The ring: 2(P−1)(α + 4n/P·β), each phase half.
+    let ring = d.path().join("ring.parquet");
+    record(&ring, algo("ring"), p, n);
+    let (rows, err) = cols(&ring);
+    let whole = 2.0 * (p as f64 - 1.0) * (alpha + 4.0 * n as f64 / p as f64 * beta);
+    near(formula(&rows, "(step)"), whole, "ring");
+    near(
+        formula(&rows, "reduce_scatter"),
+        whole / 2.0,
+        "reduce_scatter",
+    );
+    assert!(
+        !err.contains("why sim/formula"),
+        "the ring replays at its formula: {err}"
+    );
+    // Ok-Topk: Table 1's worst case, (2P + 2 log P)α + 6k(P−1)/P words; split_and_reduce
+    // Eq. 1, (P−1)α + 2k(P−1)/P words; its threshold phases are not in the formula.
+    let ok = d.path().join("oktopk.parquet");
+    record(&ok, algo("oktopk"), p, n);
+    let (rows, err) = cols(&ok);
+    let share = k * (p as f64 - 1.0) / p as f64;
+    near(
+        formula(&rows, "(step)"),
+        (2.0 * p as f64 + 4.0) * alpha + 6.0 * share * 4.0 * beta,
+        "oktopk",
+    );
+    near(
+        formula(&rows, "split_and_reduce"),
+        (p as f64 - 1.0) * alpha + 2.0 * share * 4.0 * beta,
+        "Eq. 1",
+    );
+    let outside: Vec<&Vec<String>> = rows
+        .iter()
+        .filter(|r| {
+            r[2] != "(step)" && r[2] != "split_and_reduce" && r[2] != "balance_and_allgatherv"
+        })
+        .collect();
+    assert!(
+        outside.iter().any(|r| r[2] == "th_re_evaluate"),
+        "Ok-Topk's first step re-evaluates its thresholds: {rows:?}"
+    );
+    for r in outside {
+        assert_eq!(r[7], "0", "{r:?}");
+        // Named where it takes time (a step's `default` phase may hold no message).
+        let why = format!(
+            "not in the formula at step 0 (oktopk), {}: the formula does not count this phase",
+            r[2]
+        );
+        let timed = r[3].parse::<f64>().unwrap() > 0.0;
+        assert_eq!(err.contains(&why), timed, "'{why}' in {err}");
+    }
+    // Usage: --density needs --model-n; a size of 0 is refused in one line.
+    let (code, _, err) = simulate(&[ok.to_str().unwrap(), "--density", "0.1"]);
+    assert_eq!(code, 2, "{err}");
+    let (code, _, err) = simulate(&[ok.to_str().unwrap(), "--model-n", "0"]);
+    assert_eq!(
+        (code, err.trim()),
+        (
+            2,
+            "error: --model-n must be at least 1 element (flag --model-n)"
+        )
+    );
+}
