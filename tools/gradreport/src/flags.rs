@@ -134,9 +134,6 @@ impl SimulateArgs {
                 self.scale_bytes
             );
         }
-        if let Err(e) = gradkit_core::keep::Keep::density(self.density) {
-            bail!("{e} (flag --density)");
-        }
         check_piecewise(&self.bw_factor, "--bw-factor", false)?;
         check_piecewise(&self.lat_factor, "--lat-factor", false)?;
         for c in &self.smpi_cfg {
@@ -194,6 +191,9 @@ impl SimulateArgs {
     /// The library's options, every usage check made ([`SimulateArgs::check`]).
     pub fn options(&self) -> Result<SimulateOpts> {
         let (platform, compute) = self.check()?;
+        if let Err(e) = gradkit_core::keep::Keep::density(self.density) {
+            bail!("{e} (flag --density)");
+        }
         Ok(SimulateOpts {
             recording: self.recording.clone(),
             platform,
