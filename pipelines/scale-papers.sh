@@ -118,6 +118,13 @@ part_weak() {
         --link-rate 10GBps --latency 1us
     done
   done
+  # Ok-Topk at the largest P phase by phase against Table 1's formula (--model-n: the
+  # formula column, and on stderr why each phase is far from it).
+  p=${WEAK_PS##* }
+  timed sim-weak-phases-p$p $B/gradreport simulate weak-oktopk-p$p.parquet --topology dragonfly \
+    --link-rate 10GBps --latency 1us --scale-bytes "$WEAK_SCALE" --compute none \
+    --model-n 133547324 --density 0.01 --format csv -o sim-weak-phases-p$p.csv \
+    > /dev/null 2> why-weak-p$p.txt
 }
 
 # Scalings: each recording's bytes × (the paper's parameters / the recorded ones).

@@ -11,18 +11,23 @@
 # Writes the docs/RESULTS.md section "sim-scale-sizes". REUSE=1 keeps the replays already made.
 source "$(dirname "$0")/lib.sh"
 out_dir scale-sizes
-ALGOS=ring,topka,topkdsa,gtopk,gaussiank,oktopk,deft,onebit
+ALGOS=ring,topka,topkdsa,gtopk,gaussiank,oktopk,deft,cltk,topk-union,onebit
 if [ "$FAST" != 0 ]; then PS="16"; else PS=${PS:-"64 256"}; fi
 SMALL=81920  # bytes of f32 per rank: 20,480 elements
-large_of() { if [ "$1" -ge 256 ]; then echo 4194304; else echo 8388608; fi; }
+# large_of P ALGO: the size recorded at, in bytes of f32. Gaussiank at P = 256: 524,288
+# elements (25.6×): at 1,048,576 it was killed for memory (2026-11-29).
+large_of() {
+  if [ "$1" -lt 256 ]; then echo 8388608; elif [ "$2" = gaussiank ]; then echo 2097152; else echo 4194304; fi
+}
 PLATFORM=(--topology flat --link-rate 100Gbps --latency 1us --compute none --no-phases --format csv)
 T0=$(date +%s)
 # One algorithm per recording: at P = 256 and 2,097,152 elements the ranks' inputs alone are
 # 2 GiB, and TopkA's allgather gives every rank every other rank's selection.
 for p in $PS; do
-  LARGE=$(large_of "$p")
-  SCALE=$(python3 -c "print($LARGE / $SMALL)")
   for a in ${ALGOS//,/ }; do
+    LARGE=$(large_of "$p" "$a")
+    SCALE=$(python3 -c "print($LARGE / $SMALL)")
+    echo $(( LARGE / 4 )) > size-p$p-$a.txt
     [ "$REUSE" != 0 ] && { [ -s all-p$p-$a.csv ] || grep -qx "$a" unfit-p$p.txt 2>/dev/null; } && continue
     skip=
     for size in $SMALL $LARGE; do
@@ -49,8 +54,11 @@ done
 python3 - $PS > section.md <<'PY'
 import csv, sys
 ps = sys.argv[1:]
-large = lambda p: 1048576 if int(p) >= 256 else 2097152
-import glob
+import glob, os
+def large(p, a):
+    """The elements per rank ALGO was recorded at (size-pP-ALGO.txt; before it: by P)."""
+    f = f"size-p{p}-{a}.txt"
+    return int(open(f).read()) if os.path.exists(f) else (1048576 if int(p) >= 256 else 2097152)
 def ms(kind, p):
     out = {}
     for path in sorted(glob.glob(f"{kind}-p{p}-*.csv")):
@@ -65,12 +73,12 @@ for p in ps:
     except FileNotFoundError:
         unfit = []
     for a in unfit:
-        rows.append(f"| {a} | {p} | {large(p):,} | not recorded: more memory than this machine's 24 GiB | | | | |")
+        rows.append(f"| {a} | {p} | {large(p, a):,} | not recorded: more memory than this machine's 24 GiB | | | | |")
     for a in at:
         r, r0 = sc[a] / at[a], al[a] / at[a]
         f = max(r, 1 / r)
         worst[p] = max(worst.get(p, 1.0), f)
-        rows.append(f"| {a} | {p} | {large(p):,} | {at[a]:.4g} | {sc[a]:.4g} | {r:.2f} | {al[a]:.4g} | {r0:.2f} |")
+        rows.append(f"| {a} | {p} | {large(p, a):,} | {at[a]:.4g} | {sc[a]:.4g} | {r:.2f} | {al[a]:.4g} | {r0:.2f} |")
 print(f"One bench call per algorithm recorded in-process (dense input, density 1 %) at the size "
       f"(elements per rank) and at 20,480 scaled to it, replayed on a flat 100 Gbit/s cluster "
       "(1 µs), communication only (pipelines/scale-sizes.sh). `fixed kept`: the replay's scaling "

@@ -8,6 +8,7 @@ paper's numbers (docs/papers/*.md), with platform, scaling and the error bar, an
 """
 import csv
 import math
+import os
 import statistics
 import sys
 
@@ -230,6 +231,31 @@ def embrace(ps, scale):
 
 
 # ------------------------------------------------------------------ Ok-Topk weak scaling
+def weak_phases(p):
+    """Ok-Topk at P phase by phase beside Table 1's formula (`gradreport simulate --model-n`),
+    and the replay's own account of each phase far from it (its `why` lines)."""
+    path = f"sim-weak-phases-p{p}.csv"
+    if not os.path.exists(path):
+        return
+    print(f"Ok-Topk at P = {p}, phase by phase, against the paper's formula (`gradreport simulate "
+          f"--model-n 133547324`: Table 1's Eq. 1 for split_and_reduce and Eq. 2's bound for "
+          f"balance_and_allgatherv, on the same links; the α-β column is the model on the recorded "
+          f"messages):")
+    print()
+    print("| phase | replay ms | α-β on its messages ms | formula ms | replay / formula |")
+    print("|---|---:|---:|---:|---:|")
+    for r in rows(path):
+        print(f"| {r['phase']} | {r['simulated_ms']} | {r['alpha_beta_ms']} | {r['formula_ms']} | {r['sim/formula']} |")
+    print()
+    why = [ln.strip() for ln in open(f"why-weak-p{p}.txt") if ln.startswith("why ")]
+    if why:
+        print("What the replay says of the lines far from the formula (its stderr):")
+        print()
+        for ln in why:
+            print(f"- {ln}")
+        print()
+
+
 def weak(ps, scale):
     p0 = ps.split()[0]
     t0 = {a: step_ms(f"sim-weak-{a}-p{p0}.csv") for a in ("oktopk", "ring")}
@@ -252,6 +278,7 @@ def weak(ps, scale):
           f"side alone, so the step's efficiency lies between it and 100 % by the share of "
           f"communication in the step.")
     print()
+    weak_phases(ps.split()[-1])
     rec = ", ".join(f"P = {p}: {max(timefile(f'rec-weak-{a}-p{p}')[1] for a in ('oktopk', 'ring'))} MiB"
                     for p in ps.split())
     print(f"Platform: the SimGrid dragonfly after Piz Daint's Cray Aries of the section above "
