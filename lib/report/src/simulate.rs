@@ -1001,50 +1001,14 @@ fn whole_step_note(
     );
 }
 
-/// For each line whose replay is more than 1.5× from the α-β model, what in its messages
-/// the model leaves out ([`why`]); the first ten, then a count.
-fn why_note(lines: &[Line]) {
-    let far: Vec<(&Line, &Vec<String>)> = lines
-        .iter()
-        .filter_map(|l| l.why.as_ref().map(|w| (l, w)))
-        .collect();
-    for (l, why) in far.iter().take(10) {
-        let ratio = l.simulated_s.unwrap_or(0.0) / l.model_s;
+/// Prints a `why` line for each of `items` (a line, what it is far from and by how much, its
+/// reasons; `empty` where it has none), the first ten, then a count of the others (`what`:
+/// what they are far from).
+fn print_whys(items: &[(&Line, String, &[String])], empty: &str, what: &str) {
+    const SHOWN: usize = 10;
+    for (l, head, why) in items.iter().take(SHOWN) {
         let reasons = if why.is_empty() {
-            "no message pattern explains it (waiting on other ranks' chains)".to_string()
-        } else {
-            why.join("; ")
-        };
-        gradkit_core::noteln!(
-            "why sim/α-β = {ratio:.2} at step {} ({}), {}: {reasons}",
-            l.step,
-            l.label,
-            l.phase.as_deref().unwrap_or("the whole step")
-        );
-    }
-    if far.len() > 10 {
-        gradkit_core::noteln!(
-            "why: {} more lines are more than 1.5× from the α-β model",
-            far.len() - 10
-        );
-    }
-}
-
-/// `--model-n`: a line for each step or phase whose replay is more than 1.5× from the papers'
-/// formula (or that the formula does not count), saying what the recorded messages add.
-fn why_ideal_note(lines: &[Line]) {
-    let far: Vec<&Line> = lines.iter().filter(|l| l.why_ideal.is_some()).collect();
-    for l in far.iter().take(12) {
-        let (sim, f) = (l.simulated_s.unwrap_or(0.0), l.ideal_s.unwrap_or(0.0));
-        let head = if f > 0.0 {
-            format!("sim/formula = {:.2}", sim / f)
-        } else {
-            format!("{:.4} ms, not in the formula", sim * 1e3)
-        };
-        let why = l.why_ideal.as_deref().unwrap_or_default();
-        let reasons = if why.is_empty() {
-            "the recorded messages match the formula's terms; the replay's timing of them differs"
-                .to_string()
+            empty.to_string()
         } else {
             why.join("; ")
         };
@@ -1055,12 +1019,47 @@ fn why_ideal_note(lines: &[Line]) {
             l.phase.as_deref().unwrap_or("the whole step")
         );
     }
-    if far.len() > 12 {
+    if items.len() > SHOWN {
         gradkit_core::noteln!(
-            "why: {} more lines are more than 1.5× from the formula",
-            far.len() - 12
+            "why: {} more lines are more than 1.5× from {what}",
+            items.len() - SHOWN
         );
     }
+}
+
+/// A `why` line for each step or phase whose replay is more than 1.5× from the α-β model.
+fn why_note(lines: &[Line]) {
+    let items: Vec<(&Line, String, &[String])> = lines
+        .iter()
+        .filter_map(|l| {
+            let ratio = l.simulated_s.unwrap_or(0.0) / l.model_s;
+            l.why
+                .as_deref()
+                .map(|w| (l, format!("sim/α-β = {ratio:.2}"), w))
+        })
+        .collect();
+    let empty = "no message pattern explains it (waiting on other ranks' chains)";
+    print_whys(&items, empty, "the α-β model");
+}
+
+/// `--model-n`: a `why` line for each step or phase whose replay is more than 1.5× from the
+/// papers' formula (or that the formula does not count), saying what the recorded messages add.
+fn why_ideal_note(lines: &[Line]) {
+    let items: Vec<(&Line, String, &[String])> = lines
+        .iter()
+        .filter_map(|l| {
+            let (sim, f) = (l.simulated_s.unwrap_or(0.0), l.ideal_s.unwrap_or(0.0));
+            let head = if f > 0.0 {
+                format!("sim/formula = {:.2}", sim / f)
+            } else {
+                format!("{:.4} ms, not in the formula", sim * 1e3)
+            };
+            l.why_ideal.as_deref().map(|w| (l, head, w))
+        })
+        .collect();
+    let empty =
+        "the recorded messages match the formula's terms; the replay's timing of them differs";
+    print_whys(&items, empty, "the formula");
 }
 
 /// The simulated time of each step (its whole-step line), by step.
