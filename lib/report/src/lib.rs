@@ -17,6 +17,7 @@
 //! [`plot::Kind`], [`export::FigFormat`], [`figdata::XAxis`], [`metrics::Stat`], and its
 //! `simulate` flags onto [`simulate::SimulateOpts`]).
 
+pub mod explain;
 pub mod export;
 pub mod figdata;
 pub mod metrics;

@@ -15,8 +15,8 @@ use anyhow::{bail, Context, Result};
 use gradkit_core::cli::{fmt_num, Format, TextTable};
 use gradkit_core::{read_table, CommRow, EventKind, Input, Meta, MetricRow, Output, ReadOptions};
 
+use crate::explain::{algo_of, far, why, why_formula, Ideal};
 use crate::simgrid::{self, Compute, Platform, Smpi, Topology};
-use gradkit_collectives::Algo;
 
 /// The most nodes (and ranks per node) a replay's platform may have: SimGrid builds every
 /// host and route before the first event (10^6 flat nodes: 97 s and 4 GB for an empty
@@ -218,220 +218,17 @@ pub struct Line {
     pub simulated_s: Option<f64>,
     pub recorded_s: f64,
     pub model_s: f64,
-    /// For a replay more than 1.5× from the α-β model ([`far`]), what in the recorded
-    /// messages sets it apart (the model adds the busiest rank's messages one after another):
-    /// [`why`]; `None` for the others.
+    /// For a replay more than 1.5× from the α-β model, what in the recorded messages sets it
+    /// apart (the model adds the busiest rank's messages one after another):
+    /// [`crate::explain::why`]; `None` for the others.
     pub why: Option<Vec<String>>,
     /// The paper's idealised formula for this step or phase (`--model-n`: [`Ideal`]); `None`
     /// where the algorithm has no formula, or none by phase. `Some(0)`: a phase the formula
     /// does not count.
     pub ideal_s: Option<f64>,
     /// For a replay more than 1.5× from the formula, what in the recorded messages the
-    /// formula leaves out ([`why_ideal`]).
+    /// formula leaves out ([`crate::explain::why_formula`]).
     pub why_ideal: Option<Vec<String>>,
-}
-
-/// The papers' idealised α-β formula (Ok-Topk Table 1's rows, DeepSpeed's, the descriptors'
-/// [`gradkit_collectives::algo::Descriptor::cost`] and `phases`) for the model of n elements
-/// at density k/n: what `gradallreduce model` prints, on the replay's links and ranks.
-#[derive(Clone, Copy, Debug)]
-pub struct Ideal {
-    pub n: f64,
-    pub k: f64,
-    pub ranks: usize,
-    /// Seconds per message start-up, and per byte.
-    pub alpha: f64,
-    pub beta: f64,
-}
-
-impl Ideal {
-    /// The formula's seconds for `label`'s algorithm (the label's first word, else the
-    /// recording's `algo`), for the whole step (`phase` None) or one phase; `None` where there
-    /// is no formula; `Some(0)` for a phase the formula leaves out.
-    fn seconds(&self, algo: Option<Algo>, phase: Option<&str>) -> Option<f64> {
-        let a = algo?;
-        let t = |c: gradkit_collectives::cost::Cost| c.time(self.alpha, self.beta * 4.0);
-        match phase {
-            None => a.cost(self.ranks, self.n, self.k).map(t),
-            Some(ph) => {
-                let phases = a.phase_costs(self.ranks, self.n, self.k)?;
-                Some(
-                    phases
-                        .iter()
-                        .find(|(name, _)| *name == ph)
-                        .map_or(0.0, |(_, c)| t(*c)),
-                )
-            }
-        }
-    }
-
-    /// The formula's terms: (α start-ups, bytes) of the step or phase.
-    fn terms(&self, algo: Algo, phase: Option<&str>) -> Option<(f64, f64)> {
-        let c = match phase {
-            None => algo.cost(self.ranks, self.n, self.k)?,
-            Some(ph) => {
-                algo.phase_costs(self.ranks, self.n, self.k)?
-                    .into_iter()
-                    .find(|(name, _)| *name == ph)?
-                    .1
-            }
-        };
-        Some((c.latency, c.bytes()))
-    }
-}
-
-/// The algorithm a recorded label names: its first word (`gradallreduce bench` labels are
-/// `oktopk 4194304B top-k`), else the recording's `algo` metadata.
-fn algo_of(label: &str, meta_algo: Option<&str>) -> Option<Algo> {
-    label
-        .split_whitespace()
-        .next()
-        .and_then(|w| w.parse::<Algo>().ok())
-        .or_else(|| meta_algo.and_then(|a| a.parse::<Algo>().ok()))
-}
-
-/// What in `per_rank`'s messages (one step or phase) the papers' formula (`ideal`: its
-/// start-ups and bytes, [`Ideal::terms`]) leaves out, for a replay more than 1.5× from it:
-/// a phase the formula does not count (control), more or fewer messages than its start-ups
-/// (latency terms), more bytes on the busiest rank than the formula's, split into imbalance
-/// between the ranks, control bytes and payload, and what the network does to the recorded
-/// messages (the replay against their α-β sum).
-pub fn why_ideal(
-    per_rank: &[Vec<&CommRow>],
-    scale: f64,
-    formula: Option<(f64, f64)>,
-    simulated_s: f64,
-    model_s: f64,
-) -> Vec<String> {
-    let Some((starts, fbytes)) = formula else {
-        return vec![
-            "the formula does not count this phase (control traffic Table 1 leaves out)".into(),
-        ];
-    };
-    let mut out = Vec::new();
-    let sends: Vec<Vec<&CommRow>> = per_rank
-        .iter()
-        .map(|evs| {
-            evs.iter()
-                .filter(|e| e.kind == EventKind::Send)
-                .copied()
-                .collect()
-        })
-        .collect();
-    let msgs = sends.iter().map(Vec::len).max().unwrap_or(0) as f64;
-    if starts > 0.0 && (msgs / starts).ln().abs() > 1.5f64.ln() {
-        out.push(format!(
-            "latency terms: the busiest rank sends {msgs:.0} messages, the formula counts {starts:.0} start-ups"
-        ));
-    }
-    let bytes: Vec<f64> = sends
-        .iter()
-        .map(|evs| {
-            evs.iter()
-                .map(|e| simgrid::scaled(e, scale).unwrap_or(u64::MAX) as f64)
-                .sum()
-        })
-        .collect();
-    let most = bytes.iter().copied().fold(0.0, f64::max);
-    let mean = bytes.iter().sum::<f64>() / bytes.len().max(1) as f64;
-    if fbytes > 0.0 && (most / fbytes).ln().abs() > 1.25f64.ln() {
-        let fixed: f64 = sends.iter().flatten().map(|e| e.fixed_bytes as f64).sum();
-        let total: f64 = bytes.iter().sum();
-        let mut parts = vec![format!("the mean rank {:.2}×", mean / fbytes)];
-        if mean > 0.0 && most / mean > 1.05 {
-            parts.push(format!("imbalance {:.2}× the mean", most / mean));
-        }
-        if total > 0.0 && fixed / total > 0.01 {
-            parts.push(format!("{:.0} % control bytes", 100.0 * fixed / total));
-        }
-        out.push(format!(
-            "bytes: the busiest rank sends {:.2}× the formula's ({})",
-            most / fbytes,
-            parts.join(", ")
-        ));
-    }
-    if model_s > 0.0 && (simulated_s / model_s).ln().abs() > 1.5f64.ln() {
-        out.push(format!(
-            "network: the replay is {:.2}× the α-β sum of these messages (why sim/α-β)",
-            simulated_s / model_s
-        ));
-    }
-    out
-}
-
-/// Whether a replay of `simulated_s` is more than 1.5× from the model's `model_s`, either way.
-fn far(simulated_s: Option<f64>, model_s: f64) -> bool {
-    match simulated_s {
-        Some(s) if model_s > 0.0 && s > 0.0 => (s / model_s).ln().abs() > 1.5f64.ln(),
-        _ => false,
-    }
-}
-
-/// What in `per_rank`'s messages (one step or phase) the α-β model leaves out or adds, for a
-/// replay more than 1.5× from it (docs/SIMULATE.md § Output): messages posted together (the
-/// model adds them one after another; the replay overlaps them), receives from many ranks at
-/// once (they share the receiver's link), imbalance between the ranks, the share of the
-/// per-message latency, and control bytes.
-pub fn why(per_rank: &[Vec<&CommRow>], alpha: f64, model_s: f64) -> Vec<String> {
-    let mut out = Vec::new();
-    let sends = |evs: &[&CommRow]| evs.iter().filter(|e| e.kind == EventKind::Send).count();
-    let per_call = |k: EventKind| {
-        let mut most = 0usize;
-        for evs in per_rank {
-            let mut calls: std::collections::BTreeMap<u64, usize> = Default::default();
-            for e in evs.iter().filter(|e| e.kind == k) {
-                *calls.entry(e.call).or_default() += 1;
-            }
-            most = most.max(calls.values().copied().max().unwrap_or(0));
-        }
-        most
-    };
-    let together = per_call(EventKind::Send);
-    if together > 1 {
-        out.push(format!("up to {together} messages posted together by a rank (the model adds them one after another, the replay overlaps them)"));
-    }
-    let fan_in = per_call(EventKind::Recv);
-    if fan_in > 2 {
-        out.push(format!(
-            "a rank receives up to {fan_in} messages at once (they share its link)"
-        ));
-    }
-    let bytes: Vec<f64> = per_rank
-        .iter()
-        .map(|evs| {
-            evs.iter()
-                .filter(|e| e.kind == EventKind::Send)
-                .map(|e| e.bytes as f64)
-                .sum()
-        })
-        .collect();
-    let mean = bytes.iter().sum::<f64>() / bytes.len().max(1) as f64;
-    let most = bytes.iter().copied().fold(0.0, f64::max);
-    if mean > 0.0 && most / mean > 1.25 {
-        out.push(format!(
-            "imbalance: the busiest rank sends {:.2}× the mean bytes",
-            most / mean
-        ));
-    }
-    let msgs = per_rank.iter().map(|e| sends(e)).max().unwrap_or(0);
-    if model_s > 0.0 && msgs as f64 * alpha / model_s > 0.25 {
-        out.push(format!(
-            "latency: {msgs} messages, α is {:.0} % of the model's time",
-            100.0 * msgs as f64 * alpha / model_s
-        ));
-    }
-    let (all, fixed) = per_rank
-        .iter()
-        .flatten()
-        .filter(|e| e.kind == EventKind::Send)
-        .fold((0u64, 0u64), |a, e| (a.0 + e.bytes, a.1 + e.fixed_bytes));
-    if all > 0 && fixed as f64 / all as f64 > 0.05 {
-        out.push(format!(
-            "control: {:.0} % of the bytes do not grow with the model (fixed_bytes)",
-            100.0 * fixed as f64 / all as f64
-        ));
-    }
-    out
 }
 
 /// The recorded wall time of `events` on one rank: the span of each call (and compute
@@ -715,11 +512,12 @@ impl Sim<'_> {
         let model_s = max_over(&|e| alpha_beta(e, ranks, alpha, beta, scale));
         let algo = algo_of(label, self.meta_algo.as_deref());
         let ph = phase.map(String::as_str);
-        let ideal_s = self.ideal.and_then(|i| i.seconds(algo, ph));
-        let why_ideal = match (ideal_s, simulated_s, self.ideal, algo) {
+        let formula = self.ideal.and_then(|i| Some((i, i.formula(algo, ph)?)));
+        let ideal_s = formula.map(|(i, f)| i.seconds(f));
+        let why_ideal = match (formula, simulated_s, ideal_s) {
             // A phase outside the formula is named where it takes time.
-            (Some(f), Some(s), Some(i), Some(a)) if (f == 0.0 && s > 0.0) || far(Some(s), f) => {
-                Some(why_ideal(per_rank, scale, i.terms(a, ph), s, model_s))
+            (Some((_, f)), Some(s), Some(t)) if (t == 0.0 && s > 0.0) || far(Some(s), t) => {
+                Some(why_formula(per_rank, scale, f, s, model_s))
             }
             _ => None,
         };
@@ -730,7 +528,7 @@ impl Sim<'_> {
             simulated_s,
             recorded_s: max_over(&|e| recorded(e)),
             model_s,
-            why: far(simulated_s, model_s).then(|| why(per_rank, alpha, model_s)),
+            why: far(simulated_s, model_s).then(|| why(per_rank, scale, alpha, model_s)),
             ideal_s,
             why_ideal,
         }
@@ -954,7 +752,7 @@ pub fn run(opts: &SimulateOpts) -> Result<()> {
         speedup_note(&lines, base, &name, opts);
     }
     why_note(&lines);
-    why_ideal_note(&lines);
+    why_formula_note(&lines);
     if let (Some(prof), Some(path)) = (&profile, &opts.step_profile) {
         whole_step_note(&lines, prof, path, &platform, ranks);
     }
@@ -1044,7 +842,7 @@ fn why_note(lines: &[Line]) {
 
 /// `--model-n`: a `why` line for each step or phase whose replay is more than 1.5× from the
 /// papers' formula (or that the formula does not count), saying what the recorded messages add.
-fn why_ideal_note(lines: &[Line]) {
+fn why_formula_note(lines: &[Line]) {
     let items: Vec<(&Line, String, &[String])> = lines
         .iter()
         .filter_map(|l| {
@@ -1117,93 +915,5 @@ fn error_bar_note(platform: &crate::simgrid::Platform, algo: &str, scale: f64, r
             "warning: this replay lies outside what was validated ({}): the error bar above was not measured here",
             out.join("; ")
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn send(rank: u32, call: u64, bytes: u64, fixed: u64) -> CommRow {
-        CommRow {
-            step: 0,
-            rank,
-            event: call,
-            call,
-            kind: EventKind::Send,
-            peer: 1 - rank,
-            tag: 0,
-            seq: call,
-            bytes,
-            fixed_bytes: fixed,
-            phase: "p".into(),
-            label: "x".into(),
-            start_s: 0.0,
-            end_s: 0.0,
-        }
-    }
-
-    #[test]
-    fn why_ideal_names_latency_terms_imbalance_control_and_the_network() {
-        // Rank 0 sends three messages of 1000 B (100 of them control), rank 1 one: the
-        // formula's one start-up of 1000 B. Busiest 3000 B = 3× the formula, the mean rank
-        // 2000 B = 2×, imbalance 1.5×, control 300 of 4000 B = 8 %.
-        let rows = [
-            send(0, 0, 1000, 100),
-            send(0, 1, 1000, 100),
-            send(0, 2, 1000, 100),
-            send(1, 0, 1000, 0),
-        ];
-        let per_rank = vec![rows[..3].iter().collect::<Vec<_>>(), vec![&rows[3]]];
-        let why = why_ideal(&per_rank, 1.0, Some((1.0, 1000.0)), 4.0, 1.0);
-        assert_eq!(why.len(), 3, "{why:?}");
-        assert_eq!(
-            why[0],
-            "latency terms: the busiest rank sends 3 messages, the formula counts 1 start-ups"
-        );
-        assert_eq!(
-            why[1],
-            "bytes: the busiest rank sends 3.00× the formula's (the mean rank 2.00×, imbalance 1.50× the mean, 8 % control bytes)"
-        );
-        assert!(
-            why[2].starts_with("network: the replay is 4.00× the α-β sum"),
-            "{why:?}"
-        );
-        // Scaled ×10, the control bytes stay: 3 × (900·10 + 100) = 27 300 B on rank 0.
-        let why = why_ideal(&per_rank, 10.0, Some((3.0, 27_300.0)), 1.0, 1.0);
-        assert!(why.is_empty(), "{why:?}");
-        // A phase the formula does not count says so, whatever its messages.
-        let why = why_ideal(&per_rank, 1.0, None, 1.0, 1.0);
-        assert_eq!(
-            why,
-            ["the formula does not count this phase (control traffic Table 1 leaves out)"]
-        );
-    }
-
-    #[test]
-    fn the_formula_is_the_descriptors_by_phase_and_whole() {
-        let ideal = Ideal {
-            n: 1e6,
-            k: 1e4,
-            ranks: 8,
-            alpha: 1e-5,
-            beta: 1e-9,
-        };
-        let ring: Algo = "ring".parse().unwrap();
-        // The ring: 2(P−1)(α + n/P·4β), half in each phase.
-        let whole = 14.0 * (1e-5 + 1e6 / 8.0 * 4e-9);
-        assert!((ideal.seconds(Some(ring), None).unwrap() - whole).abs() < 1e-12);
-        assert!(
-            (ideal.seconds(Some(ring), Some("allgather")).unwrap() - whole / 2.0).abs() < 1e-12
-        );
-        // Ok-Topk: Eq. 1 for split_and_reduce; th_adjust is not in the formula.
-        let ok: Algo = "oktopk".parse().unwrap();
-        let eq1 = 7.0 * 1e-5 + 2.0 * 1e4 * 7.0 / 8.0 * 4e-9;
-        assert!((ideal.seconds(Some(ok), Some("split_and_reduce")).unwrap() - eq1).abs() < 1e-12);
-        assert_eq!(ideal.seconds(Some(ok), Some("th_adjust")), Some(0.0));
-        // DEFT has no formula: no column.
-        assert_eq!(ideal.seconds(Some("deft".parse().unwrap()), None), None);
-        assert_eq!(algo_of("oktopk 4194304B top-k", None), Some(ok));
-        assert_eq!(algo_of("run-1", Some("ring")), Some(ring));
     }
 }
