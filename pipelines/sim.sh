@@ -94,12 +94,12 @@ on_cluster() {
     # EmbRace's AlltoAlls in gradtrain (transformer-lm, an embedding of 4096 × 64), and its
     # AllGather baseline (the embedding's sparse rows allgathered) on the same model.
     [ "$FAST" != 0 ] && continue
-    local ex
-    for ex in "emb embrace --schedule fifo" "embag allgather"; do
-      set -- $ex
+    local kind ex
+    for kind in emb embag; do
+      ex=(embrace --schedule fifo); [ $kind = embag ] && ex=(allgather)
       launch $p $B/gradtrain --model transformer-lm --data synthetic-lm --vocab 4096 --tokens 40000 \
         --d-model 64 --layers 1 --heads 4 --seq-len 32 --batch 13 --steps $EMB_STEPS \
-        --optimizer sgd --lr 0.05 --exchange "${@:2}" -q --comm-trace $PWD/$1-$RATE-p$p.parquet
+        --optimizer sgd --lr 0.05 --exchange "${ex[@]}" -q --comm-trace $PWD/$kind-$RATE-p$p.parquet
     done
   done
 }

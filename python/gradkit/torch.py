@@ -459,15 +459,19 @@ def step_profile(model, forward, optimizer=None, path=None, *, steps=5, warmup=2
     finally:
         for h in hooks:
             h.remove()
-    # The ready order of the first measured step; each layer's time since the one before.
-    order = sorted(samples[0][4], key=lambda i: samples[0][4][i])
+    # The ready order of the first measured step; each layer's time since the one before
+    # (the first's since the forward ended; the last's until the backward did).
+    first = samples[0][4]
+    order = sorted(first, key=first.get)
     med = lambda xs: statistics.median(xs) * 1e3  # noqa: E731
     rows = [("forward", 0, med([t1 - t0 for t0, t1, _, _, _ in samples]))]
     for j, i in enumerate(order):
-        prev = (lambda smp: smp[1]) if j == 0 else (lambda smp, k=order[j - 1]: smp[4][k])
-        # The last layer also takes what the backward pass did after its gradient was ready.
-        end = (lambda smp: max(smp[2], smp[4][i])) if j == len(order) - 1 else (lambda smp: smp[4][i])
-        rows.append((params[i][0], params[i][1].numel(), med([max(end(smp) - prev(smp), 0.0) for smp in samples])))
+        spans = []
+        for _, t1, t2, _, mark in samples:
+            start = t1 if j == 0 else mark[order[j - 1]]
+            end = max(t2, mark[i]) if j == len(order) - 1 else mark[i]
+            spans.append(max(end - start, 0.0))
+        rows.append((params[i][0], params[i][1].numel(), med(spans)))
     rows.append(("optimizer", 0, med([t3 - t2 for _, _, t2, t3, _ in samples]) if optimizer is not None else 0.0))
     if path is not None:
         tmp = _tempfiles.create(path)
