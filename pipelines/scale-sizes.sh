@@ -65,14 +65,15 @@ def ms(kind, p):
         for r in csv.DictReader(open(path)):
             out[r["label"].split()[0]] = float(r["simulated_ms"])
     return out
+def unfit_of(p):
+    try:
+        return open(f"unfit-p{p}.txt").read().split()
+    except FileNotFoundError:
+        return []
 rows, worst = [], {}
 for p in ps:
     at, sc, al = ms("at-size", p), ms("scaled", p), ms("all", p)
-    try:
-        unfit = open(f"unfit-p{p}.txt").read().split()
-    except FileNotFoundError:
-        unfit = []
-    for a in unfit:
+    for a in unfit_of(p):
         rows.append(f"| {a} | {p} | {large(p, a):,} | not recorded: more memory than this machine's 24 GiB | | | | |")
     for a in at:
         r, r0 = sc[a] / at[a], al[a] / at[a]
@@ -88,11 +89,6 @@ print("| algorithm | P | size | recorded at size (ms) | small, fixed kept (ms) |
 print("|---|---:|---:|---:|---:|---:|---:|---:|")
 print("\n".join(rows))
 print()
-def unfit_of(p):
-    try:
-        return open(f"unfit-p{p}.txt").read().split()
-    except FileNotFoundError:
-        return []
 def goal(p, w):
     u = unfit_of(p)
     verdict = "met" if w <= 1.15 else "not met"
